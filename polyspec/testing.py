@@ -1,0 +1,117 @@
+"""Tiny random-weight targets for tests and smoke runs: seconds to build, no downloads.
+
+A byte-level BPE tokenizer (so every language encodes without unknown tokens) is trained in-process on
+the built-in language seeds, and small Gemma3 and Llama models are initialised from a fixed seed. Each
+is saved as an ordinary transformers model folder, so it loads through the same path as any target:
+
+    path = build_tiny_target(tmp_path / "tiny-llama", family="llama")
+    target = load_target(str(path))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from polyspec.io import atomic_directory
+from polyspec.languages import builtin_codes, get_language
+
+Family = Literal["gemma3", "llama"]
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # ids 0..3, as in Gemma
+# A minimal ChatML-style template so the chat-template code path has a tokenizer to run on.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def corpus() -> list[str]:
+    """Every system prompt, instruction and response of the built-in languages."""
+    texts = []
+    for code in builtin_codes():
+        lang = get_language(code)
+        texts.append(lang.system_prompt)
+        for s in lang.seeds:
+            texts += [s.instruction, s.response]
+    texts += ["### Instruction:\n", "### Response:\n", "<|user|>\n", "<|assistant|>\n", "<|end|>\n"]
+    return texts
+
+
+def build_tokenizer(vocab_size: int = 768, chat: bool = False):
+    """Byte-level BPE trained on :func:`corpus`, wrapped as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    extra = ["<|user|>", "<|assistant|>", "<|system|>", "<|end|>"] if chat else []
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS + extra,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", 2)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(family: Family, vocab_size: int, seed: int = 0, hidden_size: int = 64, layers: int = 2):
+    """A small causal LM of ``family`` with random weights from ``seed`` (float32, eval mode)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=2048,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    if family == "gemma3":
+        config = Gemma3TextConfig(**common, sliding_window=64, query_pre_attn_scalar=hidden_size // 4)
+        model = Gemma3ForCausalLM(config)
+    elif family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    # The default init (std 0.02) gives near-uniform logits and, with tied weights, a model that repeats
+    # one token. Untied unit-scale embedding and head give varied greedy output with well separated
+    # top logits, so tests comparing decoders are not decided by float rounding between near-ties.
+    with torch.no_grad():
+        model.get_input_embeddings().weight.normal_(0.0, 1.0)
+        model.get_output_embeddings().weight.normal_(0.0, 1.0)
+    return model.eval()
+
+
+def build_tiny_target(path: str | Path, family: Family = "llama", seed: int = 0, chat: bool | None = None) -> Path:
+    """Write a tiny target folder (model + tokenizer) at ``path`` if it is not there yet; return it.
+
+    ``chat`` (default: True for llama, False for gemma3) adds a chat template to the tokenizer; without
+    one the target is treated as a base model with the completion prompt format.
+    """
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    chat = (family == "llama") if chat is None else chat
+    tok = build_tokenizer(chat=chat)
+    model = build_tiny_model(family, vocab_size=len(tok), seed=seed)
+    with atomic_directory(path, overwrite=True) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+    return path

@@ -1,0 +1,54 @@
+"""The real default target (Gemma-3-270m from its PyPI GGUF), offline. Marked `integration`: slower
+(the GGUF conversion takes about a minute on 2 cores) but part of `make test` and CI."""
+
+import json
+import time
+
+import pytest
+from conftest import run_cli
+
+from polyspec.languages import get_language
+from polyspec.prompts import encode, render
+from polyspec.targets import greedy_generate, load_from_gguf, load_target, locate_gguf, resolve_target
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return load_target("gemma3-270m")  # prepares the user cache on first use, then reads it
+
+
+def test_facts(gemma):
+    assert gemma.vocab_size == 262144
+    assert gemma.hidden_size == 640
+    assert gemma.num_layers == 18
+    assert gemma.spec.prompt_format.kind == "completion"
+    assert (gemma.path / "model.safetensors").is_file()
+
+
+def test_cached_safetensors_generate_the_same_tokens_as_the_gguf(gemma):
+    gguf_model, gguf_tok = load_from_gguf(locate_gguf(resolve_target("gemma3-270m")))
+    gguf_model.eval()
+    gguf = type(gemma)(**{**gemma.__dict__, "model": gguf_model, "tokenizer": gguf_tok})
+    fmt = gemma.spec.prompt_format
+    for code in ("vi", "de", "ja", "zh", "en"):
+        lang = get_language(code)
+        msgs = [{"role": "system", "content": lang.system_prompt}, {"role": "user", "content": lang.seeds[1].instruction}]
+        text = render(fmt, gemma.tokenizer, msgs)
+        ids = encode(fmt, gemma.tokenizer, text)
+        assert ids == encode(fmt, gguf_tok, text), f"{code}: tokenizers disagree"
+        cached = greedy_generate(gemma, ids, 24)
+        direct = greedy_generate(gguf, ids, 24)
+        assert cached == direct, f"{code}: cached model diverges from the GGUF"
+        assert len(set(cached)) > 3
+
+
+def test_cli_info_from_cache(gemma):
+    t0 = time.time()
+    proc = run_cli("-m", "polyspec.targets", "info", "gemma3-270m", "--json")
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout)
+    assert (facts["vocab_size"], facts["hidden_size"], facts["layers"]) == (262144, 640, 18)
+    assert facts["tokenizer_sha256"] == gemma.tokenizer_sha256
+    print(f"info from cache: load {facts['load_seconds']} s, whole command {time.time() - t0:.1f} s")

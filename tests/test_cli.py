@@ -1,0 +1,86 @@
+"""Bad input at the command line: one line on stderr, a non-zero exit, no traceback."""
+
+import pytest
+from conftest import REPO, run_cli
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in proc.stderr
+    for n in needles:
+        assert n in lines[0]
+
+
+def test_unknown_target():
+    assert_one_line_error(run_cli("-m", "polyspec.targets", "info", "does-not-exist"), "does-not-exist", "gemma3-270m")
+
+
+def test_unknown_language():
+    assert_one_line_error(run_cli("-m", "polyspec.languages", "check", "vi,xx"), "'xx'", "vi")
+
+
+def test_unreadable_cache(tmp_path):
+    bad = tmp_path / "cache" / "targets" / "gemma3-270m-1.0.0"
+    bad.mkdir(parents=True)
+    (bad / "polyspec_target.json").write_text("{}")
+    (bad / "config.json").write_text("{broken")
+    proc = run_cli("-m", "polyspec.targets", "info", "gemma3-270m", env={"POLYSPEC_CACHE": str(tmp_path / "cache")})
+    assert_one_line_error(proc, str(bad))
+
+
+def test_languages_cli_lists_and_shows():
+    proc = run_cli("-m", "polyspec.languages", "list")
+    assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 7
+    proc = run_cli("-m", "polyspec.languages", "show", "ja")
+    assert proc.returncode == 0 and "__label__ja" in proc.stdout
+
+
+def test_targets_cli_info_on_local_folder(tiny_llama_dir):
+    proc = run_cli("-m", "polyspec.targets", "info", str(tiny_llama_dir), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert '"vocab_size": 768' in proc.stdout and '"layers": 2' in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["synth", "LANG=xx"], ["'xx'", "vi"]),
+        (["vocab", "LANGS=vi,qq"], ["'qq'"]),
+        (["synth", "LANG=vi", "TARGET=does-not-exist"], ["does-not-exist"]),
+    ],
+)
+def test_make_bad_input(args, needles):
+    proc = run_cli("make", "-s", *args)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in errors[0]
+
+
+def test_make_lang_comes_only_from_the_command_line():
+    # The shell's LANG is a locale: ignored, default language used, locale passed on untouched.
+    proc = run_cli("make", "-s", "show-config", env={"LANG": "C.UTF-8"})
+    assert "lang=vi" in proc.stdout and "child_LANG=C.UTF-8" in proc.stdout, proc.stdout
+    # Given on the command line it is the language, and children still get a locale, not "de".
+    proc = run_cli("make", "-s", "show-config", "LANG=de", env={"LANG": "C.UTF-8"})
+    assert "lang=de" in proc.stdout and "child_LANG=C.UTF-8" in proc.stdout, proc.stdout
+
+
+def test_unimplemented_stage_says_so():
+    proc = run_cli("-m", "pipelines")
+    assert proc.returncode != 0 and "not implemented yet" in proc.stderr
+
+
+def test_repo_layout():
+    for d in ("pipelines", "synth", "train", "vocab", "export", "decoder", "configs", "tests", "polyspec"):
+        assert (REPO / d).is_dir(), d
+    for f in ("Makefile", "pyproject.toml", "README.md", ".ci/run"):
+        assert (REPO / f).is_file(), f
+    import importlib
+
+    for pkg in ("synth", "vocab", "train", "export", "decoder", "pipelines", "polyspec"):
+        doc = importlib.import_module(pkg).__doc__
+        assert doc and len(doc.split()) > 20, f"{pkg} needs a module docstring saying what it reads and writes"

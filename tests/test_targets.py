@@ -1,0 +1,133 @@
+import json
+import shutil
+
+import pytest
+import torch
+
+from polyspec.errors import PolyspecError
+from polyspec.targets import (
+    CACHE_RECORD,
+    DEFAULT_TARGET,
+    greedy_generate,
+    load_target,
+    registry_names,
+    resolve_target,
+    target_cache_path,
+    tokenizer_sha256,
+)
+from polyspec.testing import build_tokenizer
+
+
+def test_registry_has_defaults_and_presets():
+    assert DEFAULT_TARGET == "gemma3-270m"
+    assert {"gemma3-270m", "smollm2-135m-instruct", "llama-3.1-8b-instruct", "qwen2.5-7b-instruct"} <= set(registry_names())
+    gemma = resolve_target("gemma3-270m")
+    assert gemma.source == "gguf-package" and gemma.prompt_format.kind == "completion"
+    assert gemma.prompt_format.stop, "a base model needs next-turn stop strings"
+    assert resolve_target("smollm2-135m-instruct").prompt_format.kind == "chat-template"
+    for preset in ("llama-3.1-8b-instruct", "qwen2.5-7b-instruct"):
+        spec = resolve_target(preset)
+        assert spec.source == "hf" and "/" in spec.model_id and not spec.trust_remote_code
+
+
+def test_hub_ids_and_unknown_names():
+    spec = resolve_target("some-org/some-model")
+    assert spec.source == "hf" and spec.model_id == "some-org/some-model"
+    with pytest.raises(PolyspecError) as e:
+        resolve_target("does-not-exist")
+    assert "\n" not in str(e.value) and "gemma3-270m" in str(e.value)
+
+
+def test_missing_hub_model_offline_is_one_line(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(PolyspecError) as e:
+        load_target("polyspec-test/no-such-model")
+    assert "\n" not in str(e.value) and "HF_HUB_OFFLINE" in str(e.value)
+
+
+def test_local_folder_loads_with_facts(tiny_target_dir):
+    t = load_target(str(tiny_target_dir))
+    assert t.device.type == "cpu" and t.dtype == torch.float32
+    assert t.vocab_size == len(t.tokenizer) and t.hidden_size == 64 and t.num_layers == 2
+    assert not any(p.requires_grad for p in t.model.parameters())
+    assert not t.model.training
+    info = t.info()
+    assert info["tokenizer_sha256"] == t.tokenizer_sha256 and len(info["tokenizer_sha256"]) == 64
+    assert set(t.pin()) == {"name", "source", "vocab_size", "hidden_size", "tokenizer_sha256"}
+
+
+def test_local_prompt_format_follows_chat_template(tiny_llama_dir, tiny_gemma_dir):
+    assert resolve_target(str(tiny_llama_dir)).prompt_format.kind == "chat-template"
+    base = resolve_target(str(tiny_gemma_dir)).prompt_format
+    assert base.kind == "completion" and base.stop
+
+
+def test_tokenizer_hash_is_content_based(tmp_path, tiny_llama_dir):
+    a = build_tokenizer()
+    a.save_pretrained(tmp_path / "copy")
+    from transformers import AutoTokenizer
+
+    b = AutoTokenizer.from_pretrained(tmp_path / "copy")
+    assert tokenizer_sha256(a) == tokenizer_sha256(b)
+    assert tokenizer_sha256(build_tokenizer(vocab_size=600)) != tokenizer_sha256(a)
+
+
+def test_dtype_and_device_resolution(tiny_gemma_dir):
+    t = load_target(str(tiny_gemma_dir), device="cpu", dtype="bfloat16")
+    assert t.dtype == torch.bfloat16 and next(t.model.parameters()).dtype == torch.bfloat16
+    with pytest.raises(PolyspecError, match="dtype"):
+        load_target(str(tiny_gemma_dir), dtype="float8")
+    if not torch.cuda.is_available():
+        with pytest.raises(PolyspecError, match="CUDA is not available"):
+            load_target(str(tiny_gemma_dir), device="cuda")
+
+
+def test_greedy_generate_matches_manual_argmax_loop(tiny_target_dir):
+    t = load_target(str(tiny_target_dir))
+    prompt = t.tokenizer("Xin chào các bạn")["input_ids"]
+    out = greedy_generate(t, prompt, 12)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(12):
+            ids.append(int(t.model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert out == ids[len(prompt):]
+    assert len(set(out)) > 1, "tiny models should not just repeat one token"
+
+
+def _fake_gguf_cache(isolated_cache, tiny_gemma_dir):
+    """Lay out the default target's cache folder with a tiny model, as prepare_gguf_cache would."""
+    spec = resolve_target("gemma3-270m")
+    path = target_cache_path(spec)
+    assert str(path).startswith(str(isolated_cache))
+    shutil.copytree(tiny_gemma_dir, path)
+    from transformers import AutoTokenizer
+
+    sha = tokenizer_sha256(AutoTokenizer.from_pretrained(path))
+    (path / CACHE_RECORD).write_text(json.dumps({"name": spec.name, "tokenizer_sha256": sha}))
+    return spec, path
+
+
+def test_gguf_target_is_served_from_cache(isolated_cache, tiny_gemma_dir):
+    spec, path = _fake_gguf_cache(isolated_cache, tiny_gemma_dir)
+    t = load_target(spec)  # no GGUF conversion happens: the cache record is there
+    assert t.path == path and t.vocab_size == 768
+
+
+@pytest.mark.parametrize("damage", ["truncate-weights", "garbage-config", "no-weights", "garbage-record", "other-tokenizer"])
+def test_unreadable_cache_is_one_line_error(isolated_cache, tiny_gemma_dir, damage):
+    spec, path = _fake_gguf_cache(isolated_cache, tiny_gemma_dir)
+    if damage == "truncate-weights":
+        data = (path / "model.safetensors").read_bytes()
+        (path / "model.safetensors").write_bytes(data[: len(data) // 3])
+    elif damage == "garbage-config":
+        (path / "config.json").write_text("{not json")
+    elif damage == "no-weights":
+        (path / "model.safetensors").unlink()
+    elif damage == "garbage-record":
+        (path / CACHE_RECORD).write_text("[")
+    elif damage == "other-tokenizer":
+        build_tokenizer(vocab_size=600).save_pretrained(path)
+    with pytest.raises(PolyspecError) as e:
+        load_target(spec)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg
