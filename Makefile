@@ -7,6 +7,8 @@
 #   TARGET=gemma3-270m registry name (configs/targets/), HF id org/name, or a local model folder
 #   RUN=runs/default   run directory the stages read and write
 #   PROFILE=cpu-demo   pipeline profile (configs/pipelines/)
+#   N=64               synth: pairs to keep;  ENGINE=transformers|vllm
+#   SOURCES=wordfreq   vocab: corpora, name[@weight][=path] comma-separated (fineweb2, wikipedia, files, synth)
 #   TORCH=torch==2.13.0  how `setup` installs torch (GPU users: TORCH=torch, or install it beforehand)
 
 SHELL := /bin/bash
@@ -26,6 +28,7 @@ TARGET  ?= gemma3-270m
 RUN     ?= runs/default
 PROFILE ?= cpu-demo
 N       ?= 64
+ENGINE  ?= transformers
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
@@ -89,10 +92,10 @@ check-langs: $(STAMP)
 	@$(PY) -m polyspec.targets check $(TARGET)
 
 synth: check-lang
-	$(PY) -m synth --lang $(LANG_CODE) --n $(N) --target $(TARGET) --run $(RUN)
+	$(PY) -m synth --lang $(LANG_CODE) --n $(N) --target $(TARGET) --run $(RUN) --engine $(ENGINE)
 
 vocab: check-langs
-	$(PY) -m vocab --langs $(LANGS) --target $(TARGET) --run $(RUN)
+	$(PY) -m vocab --langs $(LANGS) --target $(TARGET) --run $(RUN) $(if $(SOURCES),--sources $(SOURCES))
 
 train: check-lang
 	$(PY) -m train --lang $(LANG_CODE) --target $(TARGET) --run $(RUN)

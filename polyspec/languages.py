@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from polyspec.config import StrictModel, read_yaml, validate
 from polyspec.errors import PolyspecError, cli_entry
-from polyspec.paths import configs_dir
+from polyspec.paths import cache_dir, configs_dir
 
 DEFAULT_LANGUAGE = "vi"
 TASKS = ("qa", "math", "code", "summarization", "translation", "advice", "rag", "multi-turn")
@@ -53,6 +54,7 @@ class Language(StrictModel):
     lid_threshold: float = Field(0.5, ge=0.0, le=1.0, description="min fastText probability to keep a pair")
     system_prompt: str = Field(min_length=1)
     seeds: list[Seed] = Field(min_length=5)
+    translation: dict | None = Field(None, description="set when the target translated this entry (synth)")
 
     @field_validator("fasttext_label")
     @classmethod
@@ -80,12 +82,54 @@ def _load(code: str) -> Language:
     return lang
 
 
-def get_language(code: str) -> Language:
-    """Registry entry for ``code``; a one-line error listing the supported codes otherwise."""
+def is_valid_code(code: str) -> bool:
+    """A two-letter ISO-639-1 code that langcodes knows (e.g. ``sw``), built in or not."""
+    import langcodes
+
+    return len(code) == 2 and code.isalpha() and langcodes.tag_is_valid(code) and langcodes.Language.get(code).is_valid()
+
+
+def derived_metadata(code: str) -> dict:
+    """Registry fields of a language that is not built in, derived from its ISO code (no prompt/seeds)."""
+    import langcodes
+
+    lang = langcodes.Language.get(code)
+    script = lang.maximize().script or "Latn"
+    return {
+        "code": code,
+        "name": lang.display_name(),
+        "native_name": lang.autonym(),
+        "fasttext_label": f"__label__{code}",
+        "script": script,
+        "wordfreq": code,
+        "fineweb2": {"dataset": "HuggingFaceFW/fineweb-2", "config": f"{lang.to_alpha3()}_{script}"},
+        "wikipedia": {"dataset": "wikimedia/wikipedia", "config": f"20231101.{code}"},
+        "lid_threshold": 0.5,
+    }
+
+
+def translated_path(code: str, target_name: str) -> Path:
+    """Where the synth stage caches a language translated by ``target_name`` (ADASPEC Alg. 1 lines 2–10)."""
+    return cache_dir() / "languages" / target_name.replace("/", "--") / f"{code}.yaml"
+
+
+def get_language(code: str, target: str | None = None) -> Language:
+    """Registry entry for ``code``: built in, or translated earlier by ``target`` (synth stage).
+
+    Anything else is a one-line error listing the supported codes.
+    """
     code = (code or "").strip().lower()
     if code in builtin_codes():
         return _load(code)
-    raise PolyspecError(f"unsupported language {code!r}; supported: {', '.join(builtin_codes())}")
+    if target and is_valid_code(code) and translated_path(code, target).is_file():
+        path = translated_path(code, target)
+        return validate(Language, read_yaml(path), source=str(path))
+    if is_valid_code(code):
+        raise PolyspecError(
+            f"language {code!r} is not built in (built in: {', '.join(builtin_codes())}); "
+            f"`make synth LANG={code}` translates the English seeds with the target first"
+        )
+    raise PolyspecError(f"unsupported language {code!r}; supported: {', '.join(builtin_codes())} or any ISO-639-1 code via synth")
 
 
 def parse_languages(spec: str | list[str]) -> list[Language]:
@@ -108,8 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="validate a comma-separated list of codes")
     check.add_argument("codes")
     args = ap.parse_args(argv)
-    if args.cmd == "check":
-        parse_languages(args.codes)
+    if args.cmd == "check":  # built-in codes, or valid ISO codes that synth will translate
+        codes = [c.strip().lower() for c in args.codes.split(",") if c.strip()]
+        unknown = [c for c in codes if c not in builtin_codes() and not is_valid_code(c)]
+        if not codes:
+            parse_languages(args.codes)  # raises the one-line error
+        if unknown:
+            get_language(unknown[0])  # raises the one-line error
         return 0
     if args.cmd == "list":
         for c in builtin_codes():

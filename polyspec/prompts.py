@@ -31,6 +31,20 @@ def render(fmt: PromptFormat, tokenizer: Any, messages: list[Message], add_gener
     return "".join(parts)
 
 
+def render_open_turn(fmt: PromptFormat, tokenizer: Any, messages: list[Message], role: str = "user") -> str:
+    """Messages followed by an *opened* turn of ``role`` whose content the model is to write.
+
+    Used by ADASPEC Alg. 1 line 13: after the few-shot turns the target writes the next instruction.
+    Works for both kinds by rendering a sentinel turn and cutting at the sentinel.
+    """
+    sentinel = "\u2063POLYSPEC_OPEN_TURN\u2063"
+    text = render(fmt, tokenizer, [*messages, {"role": role, "content": sentinel}], add_generation_prompt=False)
+    cut = text.find(sentinel)
+    if cut < 0:
+        raise PolyspecError(f"the prompt format dropped the content of a {role} turn")
+    return text[:cut]
+
+
 def encode(fmt: PromptFormat, tokenizer: Any, text: str) -> list[int]:
     """Prompt text -> token ids. Completion prompts get the tokenizer's BOS; chat templates carry their own."""
     return tokenizer(text, add_special_tokens=fmt.kind == "completion")["input_ids"]

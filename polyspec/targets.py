@@ -181,14 +181,24 @@ def load_target(
     device: str | torch.device | None = "auto",
     dtype: str | torch.dtype | None = None,
     rebuild: bool = False,
+    with_model: bool = True,
 ) -> Target:
     """Load a target's model (eval mode, no grad) and tokenizer on ``device``.
 
     ``dtype=None`` takes the spec's dtype. ``rebuild=True`` re-creates a gguf-package cache.
+    ``with_model=False`` loads the tokenizer only (``model`` is None), for engines such as vLLM that
+    load the weights themselves.
     """
     spec = name_or_spec if isinstance(name_or_spec, TargetSpec) else resolve_target(name_or_spec)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype if dtype is not None else spec.dtype, dev)
+    if not with_model:
+        where = model_path(spec)
+        tok = _load_hf_dir(where, dt, spec, what=f"tokenizer of {where}", tokenizer_only=True)[1]
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        local = Path(where) if Path(where).is_dir() else None
+        return Target(spec=spec, model=None, tokenizer=tok, device=dev, dtype=dt, tokenizer_sha256=tokenizer_sha256(tok), path=local)
     if spec.source == "gguf-package":
         path = prepare_gguf_cache(spec, rebuild=rebuild)
         model, tok = _load_hf_dir(path, dt, spec, what=f"target cache {path}")
@@ -209,6 +219,11 @@ def load_target(
     model.eval()
     model.requires_grad_(False)
     return Target(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dt, tokenizer_sha256=sha, path=path)
+
+
+def model_path(spec: TargetSpec) -> str:
+    """What an external engine (vLLM) loads: the prepared cache folder or the hub id / local folder."""
+    return str(prepare_gguf_cache(spec)) if spec.source == "gguf-package" else str(spec.model_id)
 
 
 def tokenizer_sha256(tokenizer: Any) -> str:
@@ -324,7 +339,9 @@ def _load_hf(spec: TargetSpec, dtype: torch.dtype) -> tuple[Any, Any]:
     return _load_hf_dir(spec.model_id, dtype, spec, what=f"model {spec.model_id}{hint}")
 
 
-def _load_hf_dir(where: str | Path, dtype: torch.dtype, spec: TargetSpec, what: str) -> tuple[Any, Any]:
+def _load_hf_dir(
+    where: str | Path, dtype: torch.dtype, spec: TargetSpec, what: str, tokenizer_only: bool = False
+) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
@@ -332,6 +349,8 @@ def _load_hf_dir(where: str | Path, dtype: torch.dtype, spec: TargetSpec, what: 
         kw["revision"] = spec.revision
     try:
         tok = AutoTokenizer.from_pretrained(where, **kw)
+        if tokenizer_only:
+            return None, tok
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, use_safetensors=True, **kw)
     except Exception as e:
         # OSError/ValueError: missing or malformed files; safetensors and tokenizers raise their own

@@ -1,6 +1,84 @@
-"""`python -m synth`: placeholder until issue #3 lands."""
+"""``python -m synth`` — ADASPEC Alg. 1 self-synthesis (default) and ``distill`` (seed 004).
 
+    python -m synth --lang vi --n 64 [--target gemma3-270m] [--run runs/default] [--engine vllm] [key=value ...]
+    python -m synth distill --lang vi [--prompts seeds|file.jsonl|org/dataset] [--temperatures 0,0.3,0.7,1]
+
+Trailing ``key.path=value`` arguments override the YAML config (``instruction.max_new_tokens=64``).
+Exit status: 0 when N pairs are kept, 3 when the attempt budget ran out first (what was kept stays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
 import sys
 
-print("synth: stage not implemented yet (issue #3)", file=sys.stderr)
-raise SystemExit(3)
+from polyspec.config import load_config
+from polyspec.errors import cli_entry
+from polyspec.paths import configs_dir
+from synth.config import DistillConfig, SynthConfig
+
+
+def _common(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--config", default=None, help="YAML config (default: configs/synth/default.yaml)")
+    ap.add_argument("--lang")
+    ap.add_argument("--target")
+    ap.add_argument("--run")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--engine", choices=["transformers", "vllm"])
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--device")
+    ap.add_argument("overrides", nargs="*", help="key.path=value")
+
+
+def _overrides(args: argparse.Namespace, extra: dict[str, str]) -> list[str]:
+    flags = {"lang": args.lang, "target": args.target, "run": args.run, "seed": args.seed,
+             "engine.name": args.engine, "engine.batch_size": args.batch_size, "engine.device": args.device, **extra}
+    return [f"{k}={v}" for k, v in flags.items() if v is not None] + list(args.overrides)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["distill"]:
+        ap = argparse.ArgumentParser(prog="python -m synth distill", description=DistillConfig.__doc__)
+        _common(ap)
+        ap.add_argument("--prompts")
+        ap.add_argument("--temperatures", help="comma-separated, e.g. 0,0.3,0.7,1.0")
+        ap.add_argument("--limit", type=int)
+        ap.add_argument("--continuation", action="store_true", help="free-text continuation (pretraining text)")
+        ap.add_argument("--out-name")
+        args = ap.parse_args(argv[1:])
+        extra = {"prompts": args.prompts, "limit": args.limit, "out_name": args.out_name,
+                 "temperatures": f"[{args.temperatures}]" if args.temperatures else None,
+                 "continuation": "true" if args.continuation else None}
+        path = args.config or configs_dir() / "synth" / "distill.yaml"
+        cfg = load_config(DistillConfig, path, _overrides(args, extra))
+        from synth.distill import run_distill
+
+        stats = run_distill(cfg)
+        print(json.dumps(stats, indent=2, ensure_ascii=False))
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m synth", description=SynthConfig.__doc__)
+    _common(ap)
+    ap.add_argument("--n", type=int)
+    ap.add_argument("--max-attempts", type=int)
+    args = ap.parse_args(argv)
+    path = args.config or configs_dir() / "synth" / "default.yaml"
+    cfg = load_config(SynthConfig, path, _overrides(args, {"n": args.n, "max_attempts": args.max_attempts}))
+    from synth.selfsynth import run_selfsynth
+
+    stats = run_selfsynth(cfg)
+    print(json.dumps(stats, indent=2, ensure_ascii=False))
+    if not stats["complete"]:
+        print(
+            f"synth: attempt budget spent ({stats['attempted']} attempts): kept {stats['accepted']} of {cfg.n} "
+            f"pairs in {cfg.run}/synth/{stats['lang']}/; raise max_attempts or rerun to continue",
+            file=sys.stderr,
+        )
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Options of the synth stage, declared once (YAML `configs/synth/*.yaml`, then CLI overrides)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from polyspec.config import StrictModel
+
+
+class SamplingConfig(StrictModel):
+    temperature: float = Field(1.0, ge=0.0, description="ADASPEC Alg. 1 samples at T=1.0")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(128, ge=1)
+
+
+class EngineConfig(StrictModel):
+    name: Literal["transformers", "vllm"] = "transformers"
+    batch_size: int = Field(16, ge=1, description="transformers: prompts per forward batch")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    dtype: str | None = Field(None, description="None: the target's dtype")
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm")
+    data_parallel_size: int = Field(1, ge=1, description="vllm")
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="vllm")
+
+
+class FilterConfig(StrictModel):
+    lid_threshold: float | None = Field(None, ge=0.0, le=1.0, description="None: the language's own threshold")
+    min_instruction_chars: int = Field(8, ge=0)
+    max_instruction_chars: int = Field(1000, ge=1)
+    min_response_chars: int = Field(16, ge=0)
+    max_response_chars: int = Field(4000, ge=1)
+    require_language: bool = Field(
+        True, description="False records the LID label but keeps pairs in any language (debugging, code-only data)"
+    )
+    keep_unfinished_instructions: bool = Field(
+        False, description="keep instructions that ran into max_new_tokens (usually a runaway few-shot continuation)"
+    )
+    keep_unfinished_responses: bool = Field(
+        True, description="keep responses cut by max_new_tokens (still the target's own text)"
+    )
+
+
+class SynthConfig(StrictModel):
+    """`make synth LANG=vi N=64` == `python -m synth --lang vi --n 64`."""
+
+    lang: str = "vi"
+    n: int = Field(64, ge=1, description="pairs to keep")
+    max_attempts: int | None = Field(None, ge=1, description="attempt budget (default 8*n)")
+    target: str = "gemma3-270m"
+    run: str = Field("runs/default", description="run directory; output goes to <run>/synth/<lang>/")
+    seed: int = 0
+    few_shot: int = Field(6, ge=0, description="seeds shown in the instruction prompt")
+    response_with_system_prompt: bool = Field(
+        False, description="Alg. 1 line 14 answers the instruction alone; True adds the language's system prompt"
+    )
+    translation_max_new_tokens: int = Field(256, ge=1, description="Alg. 1 lines 2–10, languages not built in")
+    instruction: SamplingConfig = SamplingConfig(max_new_tokens=96)
+    response: SamplingConfig = SamplingConfig(max_new_tokens=192)
+    engine: EngineConfig = EngineConfig()
+    filters: FilterConfig = FilterConfig()
+
+    @property
+    def attempt_budget(self) -> int:
+        return self.max_attempts or 8 * self.n
+
+
+class DistillConfig(StrictModel):
+    """`python -m synth distill --prompts prompts.jsonl --lang vi` (seed 004 self-distillation)."""
+
+    lang: str = "vi"
+    prompts: str = Field("seeds", description="jsonl/ShareGPT file, a synth data.jsonl, 'seeds' (free-text "
+                         "continuations of the language seeds) or an HF dataset name when online")
+    prompt_field: str = Field("instruction", description="field holding the prompt text in a plain jsonl")
+    limit: int | None = Field(None, ge=1, description="use at most this many prompts")
+    temperatures: list[float] = Field(default_factory=lambda: [0.0, 0.3, 0.7, 1.0])
+    target: str = "gemma3-270m"
+    run: str = "runs/default"
+    out_name: str = Field("distill", description="output folder <run>/synth/<lang>-<out_name>/")
+    seed: int = 0
+    continuation: bool = Field(False, description="free-text continuation (no prompt format): pretraining text")
+    sampling: SamplingConfig = SamplingConfig(max_new_tokens=192)
+    engine: EngineConfig = EngineConfig()

@@ -1,0 +1,228 @@
+"""Generation engines behind one interface: ``engine.generate(requests) -> results``.
+
+- ``transformers``: our own batched sampling loop (left padding, KV cache, CPU or CUDA). Each request
+  carries its own seed and is sampled with its own ``torch.Generator``, so a sample depends only on
+  (prompt, seed) and a resumed run reproduces an uninterrupted one exactly.
+- ``vllm``: offline ``LLM.generate`` with one ``SamplingParams`` per request (``seed`` set per request),
+  tensor parallelism and data-parallel workers from the config. Optional extra ``polyspec[vllm]``.
+
+Both stop at EOS or at any of the request's stop strings; the stop string is not part of the text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from polyspec.errors import PolyspecError
+from polyspec.prompts import truncate_at_stop
+
+
+@dataclass
+class Request:
+    prompt: str
+    seed: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    text: str
+    num_tokens: int  # generated tokens, up to and including the stop (or EOS)
+    finished: bool  # stopped at EOS or a stop string (False: ran into max_new_tokens)
+
+
+class Engine(Protocol):
+    def generate(self, requests: list[Request]) -> list[Result]: ...
+
+
+# ------------------------------------------------------------------------------------- transformers
+
+
+class TransformersEngine:
+    """Batched sampling with per-request generators on a loaded :class:`polyspec.targets.Target`."""
+
+    def __init__(self, target: Any, batch_size: int = 16):
+        self.target = target
+        self.batch_size = batch_size
+        self.stats = {"tokens": 0, "seconds": 0.0}
+
+    def generate(self, requests: list[Request]) -> list[Result]:
+        out: list[Result] = []
+        for i in range(0, len(requests), self.batch_size):
+            t0 = time.perf_counter()
+            res = self._generate_batch(requests[i : i + self.batch_size])
+            self.stats["seconds"] += time.perf_counter() - t0
+            self.stats["tokens"] += sum(r.num_tokens for r in res)
+            out += res
+        return out
+
+    @torch.inference_mode()
+    def _generate_batch(self, reqs: list[Request]) -> list[Result]:
+        tok, model, dev = self.target.tokenizer, self.target.model, self.target.device
+        add_special = self.target.spec.prompt_format.kind == "completion"
+        encoded = [tok(r.prompt, add_special_tokens=add_special)["input_ids"] for r in reqs]
+        B, L = len(reqs), max(len(e) for e in encoded)
+        pad = tok.pad_token_id
+        shared = all(e == encoded[0] for e in encoded)  # Alg. 1 instruction prompts: one few-shot prefix
+        # 1. left-pad the prompts (positions count real tokens only), or keep the one shared prompt
+        ids = torch.full((1 if shared else B, L), pad, dtype=torch.long)
+        mask = torch.zeros((1 if shared else B, L), dtype=torch.long)
+        for b, e in enumerate(encoded[:1] if shared else encoded):
+            ids[b, L - len(e) :] = torch.tensor(e)
+            mask[b, L - len(e) :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        gens = [torch.Generator(device="cpu").manual_seed(r.seed) for r in reqs]
+        eos = _eos_ids(tok, model)
+        max_new = max(r.max_new_tokens for r in reqs)
+        new_tokens: list[list[int]] = [[] for _ in reqs]
+        done = [False] * B
+        finished = [False] * B
+        past = None
+        step_ids = ids
+        for _ in range(max_new):
+            # 2. one forward for the whole batch (prefill on the first step, then one token per row)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
+            o = model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=past,
+                use_cache=True,
+                logits_to_keep=1,  # the LM head only where we sample: prefill would otherwise cost L x |V|
+            )
+            past = o.past_key_values
+            logits = o.logits[:, -1, :].float().cpu()
+            if mask.shape[0] != B:  # shared prompt: prefilled once, now fan out the cache to B rows
+                past.batch_repeat_interleave(B)
+                mask = mask.expand(B, -1).contiguous()
+                logits = logits.expand(B, -1)
+            # 3. sample each row with its own generator
+            nxt = []
+            for b, r in enumerate(reqs):
+                if done[b]:
+                    nxt.append(pad)
+                    continue
+                t = _sample(logits[b], r.temperature, r.top_p, gens[b])
+                new_tokens[b].append(t)
+                if t in eos:
+                    done[b] = finished[b] = True
+                elif r.stop and _hit_stop(tok, new_tokens[b], r.stop):
+                    done[b] = finished[b] = True
+                elif len(new_tokens[b]) >= r.max_new_tokens:
+                    done[b] = True
+                nxt.append(t)
+            if all(done):
+                break
+            step_ids = torch.tensor(nxt, device=dev).unsqueeze(1)
+            # finished rows keep feeding pad tokens; only they attend to them, so other rows are unaffected
+            mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
+        results = []
+        for b, r in enumerate(reqs):
+            toks = [t for t in new_tokens[b] if t not in eos]
+            text, _ = truncate_at_stop(tok.decode(toks, skip_special_tokens=True), r.stop)
+            results.append(Result(text=text, num_tokens=len(new_tokens[b]), finished=finished[b]))
+        return results
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int:
+    if temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _hit_stop(tok: Any, toks: list[int], stop: list[str]) -> bool:
+    tail = tok.decode(toks[-24:], skip_special_tokens=True)  # stop strings are short: the tail suffices
+    return any(s in tail for s in stop)
+
+
+def _eos_ids(tok: Any, model: Any) -> set[int]:
+    ids = {tok.eos_token_id}
+    cfg = getattr(model, "generation_config", None)
+    extra = getattr(cfg, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra:
+        ids.update(extra)
+    return {i for i in ids if i is not None}
+
+
+# --------------------------------------------------------------------------------------------- vLLM
+
+
+class VLLMEngine:
+    """vLLM offline inference. ``llm`` may be passed in (tests use a fake with vLLM's API)."""
+
+    def __init__(
+        self,
+        model: str,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.9,
+        llm: Any = None,
+        sampling_params_cls: Any = None,
+    ):
+        if llm is None or sampling_params_cls is None:
+            try:
+                from vllm import LLM, SamplingParams
+            except ImportError:
+                raise PolyspecError("ENGINE=vllm needs the optional extra: pip install 'polyspec[vllm]'") from None
+            llm = llm or LLM(
+                model=model,
+                tensor_parallel_size=tensor_parallel_size,
+                data_parallel_size=data_parallel_size,
+                dtype=dtype,
+                gpu_memory_utilization=gpu_memory_utilization,
+                trust_remote_code=False,
+            )
+            sampling_params_cls = sampling_params_cls or SamplingParams
+        self.llm = llm
+        self.sampling_params_cls = sampling_params_cls
+        self.stats = {"tokens": 0, "seconds": 0.0}
+
+    def generate(self, requests: list[Request]) -> list[Result]:
+        params = [
+            self.sampling_params_cls(
+                temperature=r.temperature,
+                top_p=r.top_p,
+                max_tokens=r.max_new_tokens,
+                stop=list(r.stop) or None,
+                seed=r.seed,
+            )
+            for r in requests
+        ]
+        t0 = time.perf_counter()
+        outputs = self.llm.generate([r.prompt for r in requests], params, use_tqdm=False)
+        self.stats["seconds"] += time.perf_counter() - t0
+        results = []
+        for out in outputs:  # vLLM returns outputs in request order
+            c = out.outputs[0]
+            n = len(c.token_ids)
+            self.stats["tokens"] += n
+            results.append(Result(text=c.text, num_tokens=n, finished=c.finish_reason == "stop"))
+        return results
+
+
+def make_engine(cfg: Any, target: Any = None, model: str | None = None) -> Engine:
+    """``cfg`` is a :class:`synth.config.EngineConfig`; transformers needs a loaded target, vLLM a path."""
+    if cfg.name == "vllm":
+        return VLLMEngine(
+            model=model or "",
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            data_parallel_size=cfg.data_parallel_size,
+            dtype=cfg.dtype or "auto",
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+        )
+    return TransformersEngine(target, batch_size=cfg.batch_size)

@@ -1,0 +1,127 @@
+"""Append-only, resumable output of a synth job.
+
+Files in the output folder (schemas in DESIGN.md):
+- ``data.jsonl`` / ``rejected.jsonl``: one JSON object per line, appended and flushed per batch.
+- ``progress.json``: the commit point, written atomically *after* a batch's lines are flushed:
+  ``{"next_attempt", "args_hash"}``. Lines of attempts at or past ``next_attempt`` belong to a batch
+  that was interrupted; on resume they are dropped (and a torn last line with them), so the
+  finished files equal those of an uninterrupted run.
+- ``stats.json``: counts derived from the files (attempted = accepted + Σ rejected by reason).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from polyspec.errors import PolyspecError
+from polyspec.io import atomic_write_json, atomic_write_text
+
+
+class SynthStore:
+    def __init__(self, out_dir: str | Path, args_hash: str):
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.data_path = self.dir / "data.jsonl"
+        self.rejected_path = self.dir / "rejected.jsonl"
+        self.progress_path = self.dir / "progress.json"
+        self.args_hash = args_hash
+        self.next_attempt = 0
+        self.accepted: list[dict[str, Any]] = []
+        self.rejected: list[dict[str, Any]] = []
+        self._commits = 0
+        self.seconds = 0.0  # generation time summed over sessions (committed batches only)
+        self._recover()
+
+    # -- resume ------------------------------------------------------------------------------------
+    def _recover(self) -> None:
+        if self.progress_path.exists():
+            progress = json.loads(self.progress_path.read_text(encoding="utf-8"))
+            if progress.get("args_hash") != self.args_hash:
+                raise PolyspecError(
+                    f"{self.dir} holds a synth run with other arguments (seed, prompts, sampling); "
+                    "use another RUN directory or delete it"
+                )
+            self.next_attempt = int(progress["next_attempt"])
+            self.seconds = float(progress.get("seconds", 0.0))
+        self.accepted = self._read_committed(self.data_path)
+        self.rejected = self._read_committed(self.rejected_path)
+
+    def _read_committed(self, path: Path) -> list[dict[str, Any]]:
+        """Lines of committed attempts; rewrites the file if an interrupted batch left more behind."""
+        if not path.exists():
+            return []
+        kept, dropped = [], False
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # torn last line of a killed write
+                    dropped = True
+                    continue
+                if rec.get("attempt", -1) < self.next_attempt:
+                    kept.append(rec)
+                else:
+                    dropped = True
+        if dropped:
+            atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+        return kept
+
+    # -- writing -----------------------------------------------------------------------------------
+    def commit(self, accepted: list[dict], rejected: list[dict], next_attempt: int, seconds: float = 0.0) -> None:
+        """Append a finished batch, flush both files to disk, then move the commit point."""
+        self._commits += 1
+        for path, recs in ((self.data_path, accepted), (self.rejected_path, rejected)):
+            with open(path, "a", encoding="utf-8") as f:
+                for r in recs:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+                _maybe_die(self._commits, f)
+        self.accepted += accepted
+        self.rejected += rejected
+        self.next_attempt = next_attempt
+        self.seconds += seconds
+        atomic_write_json(
+            self.progress_path,
+            {"next_attempt": next_attempt, "args_hash": self.args_hash, "seconds": round(self.seconds, 3)},
+        )
+
+    def stats(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        reasons = Counter(r["reason"] for r in self.rejected)
+        tokens = sum(sum((r.get("tokens") or {}).values()) for r in self.accepted + self.rejected)
+        lid_rejects = Counter(
+            r["lid"]["label"] for r in self.rejected if r.get("lid") and r["reason"].startswith("lid_")
+        )
+        return {
+            "attempted": len(self.accepted) + len(self.rejected),
+            "accepted": len(self.accepted),
+            "rejected": sum(reasons.values()),
+            "rejected_by_reason": dict(sorted(reasons.items())),
+            "lid_labels_of_rejects": dict(lid_rejects.most_common()),
+            "acceptance_rate": round(len(self.accepted) / max(1, len(self.accepted) + len(self.rejected)), 4),
+            "tokens": tokens,
+            "seconds": round(self.seconds, 1),
+            "tokens_per_second": round(tokens / self.seconds, 1) if self.seconds else None,
+            **(extra or {}),
+        }
+
+    def write_stats(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        stats = self.stats(extra)
+        atomic_write_json(self.dir / "stats.json", stats)
+        return stats
+
+
+def _maybe_die(commit_no: int, f) -> None:
+    """Crash-test hook: ``POLYSPEC_TEST_KILL_AT_COMMIT=k`` SIGKILLs this process during its k-th commit,
+    after ``data.jsonl`` got its lines and half a torn line, before ``rejected.jsonl`` and the commit
+    point: the worst moment for a resume. Unset in normal use."""
+    at = os.environ.get("POLYSPEC_TEST_KILL_AT_COMMIT")
+    if at and int(at) == commit_no:
+        f.write('{"torn": ')
+        f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,332 @@
+"""synth/ on tiny random targets: engine correctness, Alg. 1 bookkeeping, crash-resume, translation,
+the vLLM adapter and self-distillation."""
+
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from polyspec.config import apply_overrides, validate
+from polyspec.errors import PolyspecError
+from polyspec.languages import get_language, translated_path
+from polyspec.prompts import render
+from polyspec.targets import greedy_generate, load_target
+from synth.config import DistillConfig, SynthConfig
+from synth.distill import run_distill
+from synth.engines import Request, TransformersEngine, VLLMEngine, make_engine
+from synth.filters import dedup_keys, normalize, strip_leakage
+from synth.selfsynth import derive_seed, instruction_prompt, run_selfsynth
+
+# Tiny random models ramble in every script: these checks are about bookkeeping, not language.
+TINY = [
+    "instruction.max_new_tokens=16",
+    "response.max_new_tokens=16",
+    "filters.keep_unfinished_instructions=true",
+    "filters.min_response_chars=1",
+    "filters.min_instruction_chars=1",
+    "filters.require_language=false",
+]
+
+
+def synth_cfg(run, target_dir, *extra, n=8, batch=3):
+    data = apply_overrides({}, [f"n={n}", f"run={run}", f"target={target_dir}", f"engine.batch_size={batch}", *TINY, *extra])
+    return validate(SynthConfig, data)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
+
+
+# ------------------------------------------------------------------------------------------- engine
+
+
+def test_batched_greedy_equals_hf_generate_with_left_padding(tiny_target_dir):
+    t = load_target(str(tiny_target_dir))
+    prompts = ["Xin chào", "Warum fallen im Herbst die Blätter von den Bäumen?", "日本", "Bonjour à tous, comment allez-vous ?"]
+    engine = TransformersEngine(t, batch_size=4)
+    res = engine.generate([Request(p, seed=0, temperature=0.0, max_new_tokens=12) for p in prompts])
+    for p, r in zip(prompts, res):
+        ids = t.tokenizer(p, add_special_tokens=t.spec.prompt_format.kind == "completion")["input_ids"]
+        ref = greedy_generate(t, ids, 12)
+        eos = t.tokenizer.eos_token_id
+        ref = ref[: ref.index(eos) + 1] if eos in ref else ref
+        assert r.num_tokens == len(ref)
+        assert r.text == t.tokenizer.decode([x for x in ref if x != eos], skip_special_tokens=True)
+
+
+def test_shared_prompt_fan_out_equals_separate_rows(tiny_llama_dir):
+    t = load_target(str(tiny_llama_dir))
+    engine = TransformersEngine(t, batch_size=8)
+    shared = engine.generate([Request("Một hai ba", seed=s, max_new_tokens=10) for s in range(4)])
+    alone = [engine.generate([Request("Một hai ba", seed=s, max_new_tokens=10)])[0] for s in range(4)]
+    assert [r.text for r in shared] == [r.text for r in alone]
+    assert len({r.text for r in shared}) > 1, "different seeds must give different samples"
+
+
+def test_sampling_is_a_function_of_prompt_and_seed(tiny_gemma_dir):
+    engine = TransformersEngine(load_target(str(tiny_gemma_dir)), batch_size=2)
+    reqs = [Request(p, seed=7, max_new_tokens=10) for p in ("a b c", "hello world", "xin chào")]
+    assert [r.text for r in engine.generate(reqs)] == [r.text for r in engine.generate(reqs)]
+
+
+def test_stop_strings_end_generation_and_are_cut(tiny_llama_dir):
+    t = load_target(str(tiny_llama_dir))
+    engine = TransformersEngine(t, batch_size=1)
+    free = engine.generate([Request("abc", seed=1, max_new_tokens=20)])[0]
+    assert len(free.text) > 4
+    stop = free.text[2:4]
+    cut = engine.generate([Request("abc", seed=1, max_new_tokens=20, stop=[stop])])[0]
+    assert cut.finished and stop not in cut.text and free.text.startswith(cut.text)
+    assert cut.num_tokens < free.num_tokens
+
+
+# ------------------------------------------------------------------------------------------ filters
+
+
+def test_strip_leakage_and_dedup_keys():
+    stop = ["### Instruction:", "### Response:"]
+    assert strip_leakage("Trả lời.\n\n### Instruction:\nTiếp", stop) == "Trả lời."
+    assert strip_leakage("Antwort hier.\n### Feedback:\nblah", stop) == "Antwort hier."
+    assert strip_leakage("ok<|im_end|>junk", stop) == "ok"
+    assert strip_leakage("  a ### b is fine  ", stop) == "a ### b is fine"
+    assert normalize("Xin  CHÀO, bạn!") == "xin chào bạn"
+    a, b = dedup_keys("Hello, World!", "Hi"), dedup_keys("hello world", "hi.")
+    assert a[0] != b[0] and a[1] == b[1]
+
+
+def test_derive_seed_is_stable_and_spread():
+    assert derive_seed(0, 5, "instruction") == derive_seed(0, 5, "instruction")
+    seeds = {derive_seed(0, a, s) for a in range(100) for s in ("instruction", "response")}
+    assert len(seeds) == 200 and all(0 <= s < 2**31 for s in seeds)
+
+
+# ---------------------------------------------------------------------------------------- Alg. 1
+
+
+def test_instruction_prompt_opens_a_user_turn(tiny_gemma_dir, tiny_llama_dir):
+    vi = get_language("vi")
+    base = load_target(str(tiny_gemma_dir))
+    p = instruction_prompt(base, vi, few_shot=6)
+    assert p.startswith(vi.system_prompt) and p.endswith("### Instruction:\n")
+    assert all(s.instruction in p and s.response in p for s in vi.seeds)
+    chat = instruction_prompt(load_target(str(tiny_llama_dir)), vi, few_shot=2)
+    assert chat.endswith("<|user|>\n") and vi.seeds[1].response in chat and vi.seeds[2].instruction not in chat
+
+
+def test_selfsynth_keeps_n_with_consistent_stats(tmp_path, tiny_gemma_dir):
+    stats = run_selfsynth(synth_cfg(tmp_path, tiny_gemma_dir, n=7), log=lambda *_: None)
+    out = tmp_path / "synth" / "vi"
+    data, rejected = read_jsonl(out / "data.jsonl"), read_jsonl(out / "rejected.jsonl")
+    assert stats["complete"] and len(data) == 7
+    assert stats["attempted"] == stats["accepted"] + sum(stats["rejected_by_reason"].values())
+    assert stats["accepted"] == len(data) and stats["rejected"] == len(rejected)
+    assert len({r["id"] for r in data + rejected}) == len(data) + len(rejected)
+    assert json.loads((out / "stats.json").read_text()) == stats
+    rec = data[0]
+    assert {"id", "lang", "source", "temperature", "conversations", "lid", "target"} <= set(rec)
+    assert rec["source"] == "self-synth" and rec["lang"] == "vi" and rec["temperature"] == 1.0
+    assert [c["from"] for c in rec["conversations"]] == ["human", "gpt"]
+    assert set(rec["lid"]) == {"label", "prob"}
+
+
+def test_language_gate_rejects_off_language_pairs(tmp_path, tiny_gemma_dir):
+    cfg = synth_cfg(tmp_path, tiny_gemma_dir, "filters.require_language=true", "max_attempts=9", n=3)
+    stats = run_selfsynth(cfg, log=lambda *_: None)
+    rejected = read_jsonl(tmp_path / "synth" / "vi" / "rejected.jsonl")
+    lid_rejects = [r for r in rejected if r["reason"].startswith("lid_")]
+    assert lid_rejects, "random text must fail the Vietnamese language-ID gate"
+    assert all(r["lid"]["label"] != "vi" or r["lid"]["prob"] < 0.5 for r in lid_rejects)
+    assert sum(stats["lid_labels_of_rejects"].values()) == len(lid_rejects)
+    if not stats["complete"]:
+        assert stats["attempted"] == 9
+
+
+def test_budget_spent_exits_3_keeping_what_was_kept(tmp_path, tiny_gemma_dir):
+    args = ["-m", "synth", "--lang", "vi", "--n", "50", "--target", str(tiny_gemma_dir), "--run", str(tmp_path),
+            "--max-attempts", "6", "--batch-size", "3", *TINY[:-1]]
+    proc = run_cli(*args)
+    assert proc.returncode == 3 and "attempt budget spent" in proc.stderr
+    stats = json.loads((tmp_path / "synth" / "vi" / "stats.json").read_text())
+    assert stats["attempted"] == 6 and not stats["complete"]
+
+
+def test_rerun_with_other_arguments_is_refused(tmp_path, tiny_gemma_dir):
+    run_selfsynth(synth_cfg(tmp_path, tiny_gemma_dir, n=2), log=lambda *_: None)
+    with pytest.raises(PolyspecError, match="other arguments"):
+        run_selfsynth(synth_cfg(tmp_path, tiny_gemma_dir, "seed=1", n=2), log=lambda *_: None)
+
+
+def test_kill_9_then_rerun_equals_uninterrupted_run(tmp_path, tiny_llama_dir):
+    args = lambda run: ["-m", "synth", "--lang", "de", "--n", "10", "--target", str(tiny_llama_dir),  # noqa: E731
+                        "--run", str(run), "--batch-size", "2", *TINY]
+    ref = run_cli(*args(tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr
+    killed = run_cli(*args(tmp_path / "crash"), env={"POLYSPEC_TEST_KILL_AT_COMMIT": "3"})
+    assert killed.returncode == -signal.SIGKILL
+    crash_dir = tmp_path / "crash" / "synth" / "de"
+    assert '{"torn": ' in (crash_dir / "data.jsonl").read_text()  # the worst moment: half a line on disk
+    resumed = run_cli(*args(tmp_path / "crash"), env={"POLYSPEC_TEST_KILL_AT_COMMIT": ""})
+    assert resumed.returncode == 0, resumed.stderr
+    for name in ("data.jsonl", "rejected.jsonl"):
+        a = (tmp_path / "ref" / "synth" / "de" / name).read_text()
+        b = (crash_dir / name).read_text()
+        assert a == b, name
+    data = read_jsonl(crash_dir / "data.jsonl")
+    assert len(data) == 10 and len({r["id"] for r in data}) == 10
+    stats = json.loads((crash_dir / "stats.json").read_text())
+    assert stats["attempted"] == stats["accepted"] + stats["rejected"]
+
+
+def test_invalid_language_is_one_line_error(tmp_path, tiny_gemma_dir):
+    proc = run_cli("-m", "synth", "--lang", "xx", "--target", str(tiny_gemma_dir), "--run", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "'xx'" in proc.stderr and "vi" in proc.stderr
+
+
+def test_unbuilt_language_is_translated_cached_and_synthesized(tmp_path, tiny_gemma_dir, isolated_cache):
+    logs = []
+    cfg = synth_cfg(tmp_path, tiny_gemma_dir, "lang=sw", "translation_max_new_tokens=24", n=2)
+    stats = run_selfsynth(cfg, log=logs.append)
+    target_name = Path(tiny_gemma_dir).name
+    cached = translated_path("sw", target_name)
+    assert cached.is_file() and any("translated" in m for m in logs)
+    sw = get_language("sw", target=target_name)
+    assert sw.fasttext_label == "__label__sw" and sw.fineweb2.config == "swa_Latn" and len(sw.seeds) >= 5
+    assert len(sw.translation["lid"]) == 1 + 2 * len(sw.seeds)  # LID ran on every translation
+    assert stats["complete"] and stats["lang"] == "sw"
+    logs.clear()
+    run_selfsynth(synth_cfg(tmp_path / "again", tiny_gemma_dir, "lang=sw", "translation_max_new_tokens=24", n=2),
+                  log=logs.append)
+    assert not any("translated" in m for m in logs), "second run must use the cached translation"
+
+
+# ------------------------------------------------------------------------------------------- vLLM
+
+
+@dataclass
+class FakeSamplingParams:  # the fields of vllm.SamplingParams that the adapter sets
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: list | None = None
+    seed: int | None = None
+
+
+class FakeLLM:
+    """Follows vllm.LLM.generate: list of RequestOutput with .outputs[0].{text, token_ids, finish_reason}."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append((list(prompts), list(sampling_params)))
+
+        @dataclass
+        class Completion:
+            text: str
+            token_ids: list
+            finish_reason: str
+
+        @dataclass
+        class Output:
+            outputs: list
+
+        return [
+            Output([Completion(f"Câu trả lời số {sp.seed % 97} về cây xanh và ánh sáng mặt trời.", [1] * 9, "stop")])
+            for p, sp in zip(prompts, sampling_params)
+        ]
+
+
+def test_vllm_adapter_maps_requests_and_outputs():
+    llm = FakeLLM()
+    engine = VLLMEngine("unused", llm=llm, sampling_params_cls=FakeSamplingParams)
+    res = engine.generate([Request("p1", seed=3, temperature=0.7, top_p=0.9, max_new_tokens=5, stop=["###"]),
+                           Request("p2", seed=4)])
+    prompts, params = llm.calls[0]
+    assert prompts == ["p1", "p2"]
+    assert params[0] == FakeSamplingParams(temperature=0.7, top_p=0.9, max_tokens=5, stop=["###"], seed=3)
+    assert params[1].stop is None
+    assert res[0].finished and res[0].num_tokens == 9 and "cây xanh" in res[0].text
+    assert engine.stats["tokens"] == 18
+
+
+def test_selfsynth_runs_on_the_vllm_engine(tmp_path, tiny_gemma_dir):
+    llm = FakeLLM()
+    engine = VLLMEngine("unused", llm=llm, sampling_params_cls=FakeSamplingParams)
+    target = load_target(str(tiny_gemma_dir), with_model=False)
+    assert target.model is None
+    cfg = synth_cfg(tmp_path, tiny_gemma_dir, "engine.name=vllm", "filters.require_language=true", n=3)
+    stats = run_selfsynth(cfg, target=target, engine=engine, log=lambda *_: None)
+    assert stats["accepted"] + stats["rejected"] == stats["attempted"] >= 3
+    assert all(sp.seed == derive_seed(0, i, "instruction") for i, sp in enumerate(llm.calls[0][1]))
+
+
+def test_vllm_without_the_extra_is_one_line_error(tiny_gemma_dir):
+    pytest.importorskip("torch")
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vllm is installed here: the missing-extra error cannot be shown")
+    except ImportError:
+        pass
+    cfg = validate(SynthConfig, {"engine": {"name": "vllm"}}).engine
+    with pytest.raises(PolyspecError, match=r"polyspec\[vllm\]"):
+        make_engine(cfg, model=str(tiny_gemma_dir))
+
+
+# ------------------------------------------------------------------------------------ distillation
+
+
+def test_distill_at_several_temperatures(tmp_path, tiny_llama_dir):
+    cfg = validate(DistillConfig, {"lang": "ja", "run": str(tmp_path), "target": str(tiny_llama_dir),
+                                   "temperatures": [0.0, 1.0], "sampling": {"max_new_tokens": 8},
+                                   "engine": {"batch_size": 4}})
+    stats = run_distill(cfg)
+    data = read_jsonl(tmp_path / "synth" / "ja-distill" / "data.jsonl")
+    n_prompts = len(get_language("ja").seeds)
+    assert stats["attempted"] == 2 * n_prompts == len(data) + stats["rejected"]
+    assert {r["temperature"] for r in data} <= {0.0, 1.0} and all(r["source"] == "self-distill" for r in data)
+    assert len({r["id"] for r in data}) == len(data)
+    # T=0 answers are the target's greedy answers to the rendered prompt
+    t = load_target(str(tiny_llama_dir))
+    fmt = t.spec.prompt_format
+    for r in [r for r in data if r["temperature"] == 0.0][:3]:
+        prompt = render(fmt, t.tokenizer, [{"role": "user", "content": r["conversations"][0]["value"]}])
+        ids = t.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ref = t.tokenizer.decode(greedy_generate(t, ids, 8), skip_special_tokens=True)
+        assert r["conversations"][1]["value"] == strip_leakage(ref, fmt.stop)
+
+
+def test_distill_from_file_and_continuation_mode(tmp_path, tiny_gemma_dir):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(x) for x in [
+        {"instruction": "Viết một bài thơ ngắn."},
+        {"conversations": [{"from": "human", "value": "Kể một câu chuyện."}, {"from": "gpt", "value": "..."}]},
+    ]) + "\n")
+    cfg = validate(DistillConfig, {"lang": "vi", "run": str(tmp_path), "target": str(tiny_gemma_dir),
+                                   "prompts": str(prompts), "temperatures": [0.3], "sampling": {"max_new_tokens": 6}})
+    run_distill(cfg)
+    data = read_jsonl(tmp_path / "synth" / "vi-distill" / "data.jsonl")
+    assert [r["conversations"][0]["value"] for r in data] == ["Viết một bài thơ ngắn.", "Kể một câu chuyện."]
+    cont = validate(DistillConfig, {"lang": "vi", "run": str(tmp_path), "target": str(tiny_gemma_dir),
+                                    "continuation": True, "out_name": "pretrain", "temperatures": [1.0],
+                                    "limit": 4, "sampling": {"max_new_tokens": 6}})
+    run_distill(cont)
+    data = read_jsonl(tmp_path / "synth" / "vi-pretrain" / "data.jsonl")
+    assert len(data) + len(read_jsonl(tmp_path / "synth" / "vi-pretrain" / "rejected.jsonl")) == 4
+    assert all(r["text"].startswith(r["conversations"][0]["value"]) for r in data)
+
+
+def test_distill_bad_prompt_source(tmp_path):
+    with pytest.raises(PolyspecError, match="not a file"):
+        run_distill(validate(DistillConfig, {"prompts": "nothing-here", "run": str(tmp_path)}))
+
+
+def test_make_synth_invalid_and_untranslated_language():
+    proc = run_cli("make", "-s", "synth", "LANG=xx")
+    assert proc.returncode != 0 and "'xx'" in proc.stderr
+    assert os.environ.get("LANG", "") != "xx"

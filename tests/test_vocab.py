@@ -1,0 +1,192 @@
+"""vocab/: counting, ranking, coverage/overlap, language masks (ADASPEC Alg. 2 lines 6–18), validation."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_cli
+
+from polyspec.config import validate
+from polyspec.errors import PolyspecError
+from polyspec.languages import get_language
+from polyspec.targets import load_target
+from vocab.analysis import coverage_curve, k_for_coverage, overlap_matrix
+from vocab.build import run_vocab
+from vocab.config import VocabConfig
+from vocab.count import count_documents, rank, structural_ids
+from vocab.files import load_ranked
+from vocab.masks import build_masks, load_masks, save_masks, size_offsets
+
+# ------------------------------------------------------------------------------------------- masks
+
+
+def test_mask_rows_are_top_s_ids_in_row_order_s_times_L_plus_l(tmp_path):
+    rng = np.random.default_rng(0)
+    V, sizes = 50, [3, 7, 12]
+    ranked = [rng.permutation(V)[:20].astype(np.int32) for _ in range(4)]  # 4 languages
+    mask = build_masks(ranked, sizes, V)
+    L = len(ranked)
+    assert mask.shape == (L * len(sizes), V) and mask.dtype == torch.bool
+    for s, size in enumerate(sizes):
+        for l, ids in enumerate(ranked):
+            row = mask[s * L + l]
+            assert set(torch.nonzero(row).flatten().tolist()) == set(ids[:size].tolist())
+    # ADASPEC Alg. 2 literally: for l, for s, for t in range(s): M[s*|L| + l, V_l[t]] = 1
+    ref = torch.zeros_like(mask)
+    for l in range(L):
+        for s in range(len(sizes)):
+            for t in range(sizes[s]):
+                ref[s * L + l, int(ranked[l][t])] = True
+    assert torch.equal(mask, ref)
+    path = save_masks(tmp_path / "m.safetensors", mask, ["vi", "de", "ja", "en"], sizes)
+    back, langs, sz = load_masks(path)
+    assert torch.equal(back, mask) and langs == ["vi", "de", "ja", "en"] and sz == sizes
+    from safetensors.numpy import load_file
+
+    packed = load_file(path)["mask_packed"]
+    assert packed.dtype == np.uint8 and packed.shape == (12, (V + 7) // 8)  # bit-packed along |V|
+
+
+def test_size_offsets_favour_smaller_sizes():
+    off = size_offsets(num_languages=2, num_sizes=3, z=2)
+    assert off.tolist() == [4, 4, 2, 2, 0, 0]
+
+
+def test_mask_sizes_are_validated():
+    with pytest.raises(PolyspecError, match="exceeds the ranked list"):
+        build_masks([np.arange(5)], [8], 10)
+    with pytest.raises(PolyspecError, match="increasing order"):
+        validate(VocabConfig, {"mask_sizes": [16, 8]})
+
+
+def test_corrupted_mask_file_is_one_line_error(tmp_path):
+    bad = tmp_path / "m.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(PolyspecError) as e:
+        load_masks(bad)
+    assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------- counting
+
+
+def test_rank_puts_structural_first_then_count_then_id():
+    counts = np.array([5, 0, 9, 5, 1, 9, 0], dtype=np.int64)
+    assert rank(counts, first=[6, 4]).tolist() == [6, 4, 2, 5, 0, 3]
+
+
+def test_count_documents_holds_out_every_kth(tiny_gemma_dir):
+    t = load_target(str(tiny_gemma_dir))
+    texts = [f"Tài liệu số {i} về lá cây." for i in range(30)]
+    c = count_documents(iter(texts), t.tokenizer, t.vocab_size, batch_size=7, heldout_every=10)
+    assert c.documents == 27 and c.heldout_documents == 3
+    total = sum(len(t.tokenizer(x, add_special_tokens=False)["input_ids"]) for x in texts)
+    assert c.counts.sum() + c.heldout.sum() == total == c.tokens + c.heldout.sum()
+
+
+def test_coverage_and_overlap_math():
+    ranked = np.array([3, 1, 2, 0])
+    held = np.array([1, 2, 3, 4])  # tokens 3 (4x), 2 (3x), 1 (2x), 0 (1x)
+    assert coverage_curve(ranked, held, [1, 2, 4]) == {"1": 0.4, "2": 0.6, "4": 1.0}
+    assert k_for_coverage(ranked, held, (0.5, 0.95)) == {"50%": 2, "95%": 4}
+    m = overlap_matrix({"a": np.array([1, 2, 3, 4]), "b": np.array([4, 3, 9, 8])}, k=2)
+    assert m["a"]["a"] == 1.0 and m["a"]["b"] == 0.0 and m["b"]["a"] == 0.0
+
+
+# ------------------------------------------------------------------------------------------- stage
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A local FineWeb-like dataset per language: jsonl with a 'text' column."""
+    root = tmp_path / "corpus"
+    for code in ("vi", "de"):
+        lang = get_language(code)
+        texts = [s.response for s in lang.seeds] * 5 + [s.instruction for s in lang.seeds] * 5
+        (root / code).mkdir(parents=True)
+        with open(root / code / "part-0.jsonl", "w", encoding="utf-8") as f:
+            for i, t in enumerate(texts):
+                f.write(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n")
+    return root
+
+
+def test_stage_end_to_end_on_local_fineweb_schema(tmp_path, tiny_gemma_dir, corpus):
+    cfg = validate(VocabConfig, {
+        "langs": ["vi", "de"], "target": str(tiny_gemma_dir), "run": str(tmp_path / "run"),
+        "sources": [{"name": "fineweb2", "path": str(corpus / "{lang}")}, {"name": "wordfreq", "weight": 0.5}],
+        "mask_sizes": [64, 128], "coverage_ks": [16, 64, 256], "overlap_k": 64,
+    })
+    summary = run_vocab(cfg, log=lambda *_: None)
+    out = tmp_path / "run" / "vocab"
+    for f in ("vi.safetensors", "vi.json", "de.safetensors", "coverage.json", "coverage.png", "overlap.json",
+              "overlap.png", "language_masks.safetensors", "summary.json"):
+        assert (out / f).is_file(), f
+    target = load_target(str(tiny_gemma_dir))
+    vi = load_ranked(out / "vi.safetensors", tokenizer_sha256=target.tokenizer_sha256)
+    first = structural_ids(target.tokenizer, target.spec.prompt_format.stop)
+    assert vi.ranked_ids[: len(first)].tolist() == first
+    rest = vi.counts[len(first):]
+    assert (np.diff(rest) <= 0).all(), "descending counts after the structural tokens"
+    assert len(set(vi.ranked_ids.tolist())) == len(vi.ranked_ids)
+    assert vi.meta["heldout"]["kind"] == "split" and vi.meta["heldout"]["documents"] == 6
+    assert [s["name"] for s in vi.meta["sources"]] == ["fineweb2", "wordfreq"]
+    cov = summary["coverage"]["vi"]
+    assert 0 < cov["16"] <= cov["64"] <= cov["256"] <= 1
+    overlap = json.loads((out / "overlap.json").read_text())["overlap"]
+    assert overlap["vi"]["vi"] == 1.0 and overlap["vi"]["de"] < 1.0
+    mask, langs, sizes = load_masks(out / "language_masks.safetensors")
+    assert langs == ["vi", "de"] and sizes == [64, 128] and mask.shape == (4, target.vocab_size)
+    assert set(torch.nonzero(mask[2 + 1]).flatten().tolist()) == set(load_ranked(out / "de.safetensors").top(128).tolist())
+
+
+def test_wordfreq_only_measures_coverage_on_other_text(tmp_path, tiny_llama_dir):
+    cfg = validate(VocabConfig, {"langs": ["ja"], "target": str(tiny_llama_dir), "run": str(tmp_path),
+                                 "mask_sizes": [64], "coverage_ks": [64, 256]})
+    summary = run_vocab(cfg, log=lambda *_: None)
+    assert summary["heldout"]["ja"]["kind"] == "seeds" and summary["heldout"]["ja"]["tokens"] > 0
+
+
+def test_wrong_tokenizer_is_refused(tmp_path, tiny_gemma_dir, tiny_llama_dir):
+    run_vocab(validate(VocabConfig, {"langs": ["vi"], "target": str(tiny_gemma_dir), "run": str(tmp_path),
+                                     "mask_sizes": [64]}), log=lambda *_: None)
+    other = load_target(str(tiny_llama_dir)).tokenizer_sha256
+    with pytest.raises(PolyspecError) as e:
+        load_ranked(tmp_path / "vocab" / "vi.safetensors", tokenizer_sha256=other)
+    assert "another tokenizer" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(PolyspecError, match="larger than the ranked list"):
+        load_ranked(tmp_path / "vocab" / "vi.safetensors").top(10**6)
+
+
+def test_empty_corpus_and_missing_data_are_clear_errors(tmp_path, tiny_gemma_dir):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    base = {"langs": ["vi"], "target": str(tiny_gemma_dir), "run": str(tmp_path), "mask_sizes": [64]}
+    with pytest.raises(PolyspecError, match="empty corpus"):
+        run_vocab(validate(VocabConfig, {**base, "sources": [{"name": "files", "path": str(empty)}]}), log=lambda *_: None)
+    with pytest.raises(PolyspecError, match="no txt/jsonl/parquet"):
+        run_vocab(validate(VocabConfig, {**base, "sources": [{"name": "files", "path": str(tmp_path / "none*.txt")}]}),
+                  log=lambda *_: None)
+    with pytest.raises(PolyspecError, match="gave no tokens"):  # no synth output for this language in the run
+        run_vocab(validate(VocabConfig, {**base, "sources": [{"name": "synth"}], "heldout": "seeds"}), log=lambda *_: None)
+    with pytest.raises(PolyspecError, match="would measure coverage on the text that was counted"):
+        run_vocab(validate(VocabConfig, {**base, "sources": [{"name": "synth"}], "heldout": "synth"}), log=lambda *_: None)
+
+
+def test_online_sources_fail_in_one_line_when_offline(tmp_path, tiny_gemma_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    cfg = validate(VocabConfig, {"langs": ["vi"], "target": str(tiny_gemma_dir), "run": str(tmp_path),
+                                 "sources": [{"name": "wikipedia", "max_tokens": 1000}]})
+    with pytest.raises(PolyspecError) as e:
+        run_vocab(cfg, log=lambda *_: None)
+    assert "wikimedia/wikipedia" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli(tmp_path, tiny_gemma_dir, corpus):
+    proc = run_cli("-m", "vocab", "--langs", "vi", "--sources", f"files={corpus / 'vi'},wordfreq@0.2",
+                   "--target", str(tiny_gemma_dir), "--run", str(tmp_path), "mask_sizes=[32,64]")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["mask_sizes"] == [32, 64]
+    bad = run_cli("-m", "vocab", "--langs", "vi,qq", "--target", str(tiny_gemma_dir), "--run", str(tmp_path))
+    assert bad.returncode == 2 and "'qq'" in bad.stderr and bad.stderr.count("\n") == 1

@@ -1,0 +1,130 @@
+"""The vocab stage end to end: count → rank → save per language, then coverage, overlap and masks.
+
+Writes under ``<run>/vocab/``: ``<lang>.safetensors`` + ``<lang>.json``, ``coverage.json/png``,
+``overlap.json/png``, ``language_masks.safetensors`` (ADASPEC Alg. 2 lines 6–16, sizes S that every
+ranked list can fill) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import numpy as np
+
+from polyspec.errors import PolyspecError
+from polyspec.io import atomic_write_json
+from polyspec.languages import Language, get_language
+from polyspec.targets import load_target
+from vocab.analysis import coverage_curve, k_for_coverage, overlap_matrix, write_coverage, write_overlap
+from vocab.config import VocabConfig
+from vocab.count import count_documents, count_weighted, encode_batch, rank, structural_ids
+from vocab.files import RankedVocab, save_ranked
+from vocab.masks import build_masks, save_masks
+from vocab.sources import documents, wordfreq_items
+
+TEXT_SOURCES = {"fineweb2", "wikipedia", "files", "synth"}
+
+
+def heldout_kind(cfg: VocabConfig, lang: Language) -> str:
+    names = {s.name for s in cfg.sources}
+    kind = cfg.heldout
+    if kind == "auto":
+        if names & TEXT_SOURCES:
+            kind = "split"
+        elif glob.glob(str(Path(cfg.run) / "synth" / f"{lang.code}*" / "data.jsonl")):
+            kind = "synth"
+        else:
+            kind = "seeds"
+    if kind == "split" and not names & TEXT_SOURCES:
+        raise PolyspecError("heldout=split needs a running-text source (fineweb2, wikipedia, files or synth)")
+    if kind == "synth" and "synth" in names:
+        raise PolyspecError("heldout=synth would measure coverage on the text that was counted; use heldout=split")
+    return kind
+
+
+def heldout_counts(kind: str, cfg: VocabConfig, lang: Language, tokenizer, vocab_size: int) -> tuple[np.ndarray, dict]:
+    """Held-out token counts for the kinds that are not a split of the counted text."""
+    if kind == "synth":
+        from vocab.config import SourceConfig
+
+        texts = list(documents(SourceConfig(name="synth"), lang, cfg.run))
+    else:  # seeds: the human-written system prompt and few-shot pairs of the registry entry
+        texts = [lang.system_prompt] + [t for s in lang.seeds for t in (s.instruction, s.response)]
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for ids in encode_batch(tokenizer, texts):
+        if ids:
+            counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    return counts, {"kind": kind, "documents": len(texts), "tokens": int(counts.sum())}
+
+
+def build_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -> tuple[RankedVocab, np.ndarray, dict]:
+    tok, V = target.tokenizer, target.vocab_size
+    kind = heldout_kind(cfg, lang)
+    mixed = np.zeros(V, dtype=np.float64)
+    held = np.zeros(V, dtype=np.int64)
+    held_docs, total_tokens, source_meta = 0, 0, []
+    for src in cfg.sources:
+        if src.name == "wordfreq":
+            c = count_weighted(wordfreq_items(lang, cfg.wordfreq_space_share), tok, V)
+        else:
+            c = count_documents(
+                documents(src, lang, cfg.run), tok, V, batch_size=cfg.batch_size, max_documents=src.max_documents,
+                max_tokens=src.max_tokens, heldout_every=cfg.heldout_every if kind == "split" else None,
+                desc=f"{lang.code}/{src.name}",
+            )
+            if c.heldout is not None:
+                held += c.heldout
+                held_docs += c.heldout_documents
+        if c.counts.sum() == 0:
+            raise PolyspecError(f"source {src.name!r} gave no tokens for {lang.code!r} (empty corpus?)")
+        mixed += src.weight * c.counts / c.counts.sum()  # each source as a distribution, mixed by weight
+        total_tokens += c.tokens
+        source_meta.append({"name": src.name, "weight": src.weight, "path": src.path, "documents": c.documents,
+                            "tokens": c.tokens, "seconds": round(c.seconds, 2),
+                            "tokens_per_second": round(c.tokens / c.seconds) if c.seconds else None})
+    counts = np.rint(mixed / mixed.sum() * total_tokens).astype(np.int64)
+    if kind == "split":
+        held_info = {"kind": "split", "every": cfg.heldout_every, "documents": held_docs, "tokens": int(held.sum())}
+    else:
+        held, held_info = heldout_counts(kind, cfg, lang, tok, V)
+    if held.sum() == 0:
+        raise PolyspecError(f"no held-out text for {lang.code!r} (kind {kind}); add documents or use heldout=seeds")
+    ranked_ids = rank(counts, first)
+    meta = {"target": target.spec.name, "tokenizer_sha256": target.tokenizer_sha256, "vocab_size": V,
+            "sources": source_meta, "documents": sum(s["documents"] for s in source_meta), "tokens": total_tokens,
+            "structural_ids": first, "heldout": held_info}
+    return RankedVocab(lang.code, ranked_ids, counts[ranked_ids.astype(np.int64)], meta), held, held_info
+
+
+def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
+    langs = [get_language(code, target=cfg.target) for code in cfg.langs]
+    if not cfg.sources:
+        raise PolyspecError("no sources given")
+    target = target or load_target(cfg.target, device="cpu")
+    out = Path(cfg.run) / "vocab"
+    first = structural_ids(target.tokenizer, target.spec.prompt_format.stop)
+    ranked, curves, ks_needed, held_infos = {}, {}, {}, {}
+    for lang in langs:
+        vocab, held, held_info = build_language(cfg, lang, target, first)
+        save_ranked(out, vocab)
+        ranked[lang.code] = vocab.ranked_ids
+        curves[lang.code] = coverage_curve(vocab.ranked_ids, held, cfg.coverage_ks)
+        ks_needed[lang.code] = k_for_coverage(vocab.ranked_ids, held)
+        held_infos[lang.code] = held_info
+        c = curves[lang.code]
+        log(f"[vocab] {lang.code}: {len(vocab.ranked_ids)} ranked ids from {vocab.meta['tokens']:,} tokens; held-out "
+            f"({held_info['kind']}) coverage 8K {c.get('8192', float('nan')):.3f} 16K {c.get('16384', float('nan')):.3f} "
+            f"32K {c.get('32768', float('nan')):.3f}")
+    write_coverage(out, curves, ks_needed, held_infos)
+    write_overlap(out, overlap_matrix(ranked, cfg.overlap_k), cfg.overlap_k)
+    sizes = [s for s in cfg.mask_sizes if all(s <= len(r) for r in ranked.values())]
+    if sizes != cfg.mask_sizes:
+        log(f"[vocab] mask sizes {sorted(set(cfg.mask_sizes) - set(sizes))} skipped: larger than a ranked list")
+    if sizes:
+        save_masks(out / "language_masks.safetensors", build_masks(list(ranked.values()), sizes, target.vocab_size),
+                   list(ranked), sizes)
+    summary = {"languages": list(ranked), "target": target.spec.name, "tokenizer_sha256": target.tokenizer_sha256,
+               "mask_sizes": sizes, "coverage": curves, "k_for_coverage": ks_needed, "heldout": held_infos}
+    atomic_write_json(out / "summary.json", summary)
+    return summary

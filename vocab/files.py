@@ -1,0 +1,64 @@
+"""Ranked-vocabulary files — the vocab stage's public format, read by train, export and decoder.
+
+``<lang>.safetensors``: ``ranked_ids`` int32 [n] (descending frequency, structural tokens first) and
+``counts`` int64 [n] (``counts[i]`` is the count of ``ranked_ids[i]``). Sidecar ``<lang>.json``: language,
+target, ``tokenizer_sha256``, vocab size, sources, documents, tokens, held-out text used for coverage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load, save
+
+from polyspec.errors import PolyspecError
+from polyspec.io import atomic_write_bytes, atomic_write_json
+
+
+@dataclass
+class RankedVocab:
+    lang: str
+    ranked_ids: np.ndarray  # int32 [n]
+    counts: np.ndarray  # int64 [n]
+    meta: dict[str, Any]
+
+    def top(self, size: int) -> np.ndarray:
+        if size > len(self.ranked_ids):
+            raise PolyspecError(
+                f"vocab size {size} is larger than the ranked list of {self.lang!r} ({len(self.ranked_ids)} ids)"
+            )
+        return self.ranked_ids[:size]
+
+
+def save_ranked(out_dir: str | Path, vocab: RankedVocab) -> Path:
+    out_dir = Path(out_dir)
+    path = out_dir / f"{vocab.lang}.safetensors"
+    data = {"ranked_ids": vocab.ranked_ids.astype(np.int32), "counts": vocab.counts.astype(np.int64)}
+    atomic_write_bytes(path, save(data, metadata={"lang": vocab.lang, "tokenizer_sha256": vocab.meta["tokenizer_sha256"]}))
+    atomic_write_json(out_dir / f"{vocab.lang}.json", {"lang": vocab.lang, **vocab.meta})
+    return path
+
+
+def load_ranked(path: str | Path, tokenizer_sha256: str | None = None) -> RankedVocab:
+    """Read a ranked vocabulary; refuse it when it was built with another tokenizer."""
+    path = Path(path)
+    try:
+        tensors = load(path.read_bytes())
+        meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise PolyspecError(f"vocab file missing: {e.filename}") from None
+    except Exception as e:  # noqa: BLE001 - corrupted safetensors / json
+        raise PolyspecError(f"cannot read vocab file {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if tokenizer_sha256 is not None and meta.get("tokenizer_sha256") != tokenizer_sha256:
+        raise PolyspecError(
+            f"{path} was built for another tokenizer (tokenizer_sha256 {str(meta.get('tokenizer_sha256'))[:12]}… "
+            f"≠ target's {tokenizer_sha256[:12]}…); rebuild it with `make vocab` for this target"
+        )
+    ids, counts = tensors.get("ranked_ids"), tensors.get("counts")
+    if ids is None or counts is None or ids.shape != counts.shape or ids.ndim != 1:
+        raise PolyspecError(f"{path}: expected 1-D ranked_ids and counts of equal length")
+    return RankedVocab(lang=meta.get("lang", path.stem), ranked_ids=ids, counts=counts, meta=meta)

@@ -1,0 +1,104 @@
+"""Corpus sources behind one interface: ``documents(source, lang, run) -> iterator of texts``.
+
+- ``fineweb2`` / ``wikipedia``: ``datasets`` streaming of the language's configured dataset and config
+  (FineWeb-2, English: FineWeb; Wikipedia ``20231101.<code>``); ``path`` points at a local folder with
+  the same schema instead (mirrors, tests). Nothing is downloaded unless the hub is reachable.
+- ``files``: local txt / jsonl / parquet (a file, glob or folder) read through ``datasets``.
+- ``synth``: the text of the run's synth output (``<run>/synth/<lang>*/data.jsonl``).
+- ``wordfreq``: not running text. :func:`wordfreq_items` gives (text, weight) pairs — each word with and
+  without a leading space, weighted by the word's frequency — an *approximation* of running-text counts
+  (no context effects, no punctuation, numbers or markup).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from polyspec.errors import PolyspecError
+from polyspec.languages import Language
+from vocab.config import SourceConfig
+
+_SPACELESS_SCRIPTS = {"Hani", "Hans", "Hant", "Jpan", "Thai", "Khmr", "Laoo", "Mymr"}
+
+
+def documents(src: SourceConfig, lang: Language, run: str | Path) -> Iterator[str]:
+    """Texts of one source for one language, in a stable order."""
+    if src.name in ("fineweb2", "wikipedia"):
+        ref = lang.fineweb2 if src.name == "fineweb2" else lang.wikipedia
+        field = src.text_field or ref.text_field
+        if src.path:
+            yield from _dataset_texts(_load_local(src.path.format(lang=lang.code)), field, src.path)
+        else:
+            yield from _dataset_texts(_load_hub(ref.dataset, ref.config, ref.split), field, f"{ref.dataset}/{ref.config}")
+    elif src.name == "files":
+        if not src.path:
+            raise PolyspecError("source 'files' needs a path (txt, jsonl or parquet file, glob or folder)")
+        yield from _dataset_texts(_load_local(src.path.format(lang=lang.code)), src.text_field or "text", src.path)
+    elif src.name == "synth":
+        paths = sorted(glob.glob(str(Path(run) / "synth" / f"{lang.code}*" / "data.jsonl")))
+        for path in paths:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    rec = json.loads(line)
+                    yield "\n".join(t["value"] for t in rec.get("conversations", []))
+    else:
+        raise PolyspecError(f"source {src.name!r} yields no documents (wordfreq is counted from word lists)")
+
+
+def wordfreq_items(lang: Language, space_share: float) -> list[tuple[str, float]]:
+    """(text, weight) pairs: every listed word of the language, in the forms it takes in running text."""
+    import wordfreq
+
+    try:
+        freqs = wordfreq.get_frequency_dict(lang.wordfreq, wordlist="best")
+    except (LookupError, ValueError):
+        raise PolyspecError(f"wordfreq has no frequency list for {lang.code!r} ({lang.wordfreq})") from None
+    if lang.script in _SPACELESS_SCRIPTS:
+        return list(freqs.items())
+    items = []
+    for word, f in freqs.items():
+        items.append((" " + word, f * space_share))
+        items.append((word, f * (1.0 - space_share)))
+    return items
+
+
+def _load_local(path: str):
+    from datasets import load_dataset
+
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(str(f) for f in p.rglob("*") if f.suffix in (".parquet", ".jsonl", ".json", ".txt"))
+    else:
+        files = sorted(glob.glob(path))
+    if not files:
+        raise PolyspecError(f"no txt/jsonl/parquet files at {path}")
+    files = [f for f in files if Path(f).stat().st_size > 0]
+    if not files:
+        raise PolyspecError(f"empty corpus: every file at {path} is empty")
+    kinds = {Path(f).suffix for f in files}
+    if len(kinds) > 1:
+        raise PolyspecError(f"{path}: mixed file kinds {sorted(kinds)}; point at one kind")
+    builder = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}[kinds.pop()]
+    return load_dataset(builder, data_files=files, split="train", streaming=True)
+
+
+def _load_hub(dataset: str, config: str, split: str):
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(dataset, name=config, split=split, streaming=True)
+    except Exception as e:  # noqa: BLE001 - offline, gated, missing config: one line for the user
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PolyspecError(f"cannot stream {dataset} ({config}): {first}; offline, use SOURCES=wordfreq or files") from None
+
+
+def _dataset_texts(ds, field: str, where: str) -> Iterator[str]:
+    for rec in ds:
+        if field not in rec:
+            raise PolyspecError(f"{where}: records have no {field!r} field (fields: {', '.join(rec)})")
+        text = rec[field]
+        if isinstance(text, str) and text:
+            yield text
