@@ -8,6 +8,7 @@
 #   RUN=runs/default   run directory the stages read and write
 #   PROFILE=cpu-demo   pipeline profile (configs/pipelines/)
 #   N=64               synth: pairs to keep;  ENGINE=transformers|vllm
+#   RECIPE=eagle-cpu STAGE=both   train: configs/train/<RECIPE>.yaml, pretrain|finetune|both
 #   SOURCES=wordfreq   vocab: corpora, name[@weight][=path] comma-separated (fineweb2, wikipedia, files, synth)
 #   TORCH=torch==2.13.0  how `setup` installs torch (GPU users: TORCH=torch, or install it beforehand)
 
@@ -29,6 +30,10 @@ RUN     ?= runs/default
 PROFILE ?= cpu-demo
 N       ?= 64
 ENGINE  ?= transformers
+RECIPE  ?= eagle-cpu
+STAGE   ?= both
+# One process on this machine; GPU users: ACCELERATE_ARGS="--config_file configs/deepspeed/zero2.yaml"
+ACCELERATE_ARGS ?= --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
@@ -98,7 +103,8 @@ vocab: check-langs
 	$(PY) -m vocab --langs $(LANGS) --target $(TARGET) --run $(RUN) $(if $(SOURCES),--sources $(SOURCES))
 
 train: check-lang
-	$(PY) -m train --lang $(LANG_CODE) --target $(TARGET) --run $(RUN)
+	$(VENV)/bin/accelerate launch $(ACCELERATE_ARGS) train/drafter.py --config configs/train/$(RECIPE).yaml \
+		lang=$(LANG_CODE) target=$(TARGET) run=$(RUN) stage=$(STAGE)
 
 export: check-langs
 	$(PY) -m export --langs $(LANGS) --target $(TARGET) --run $(RUN)

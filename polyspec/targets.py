@@ -343,10 +343,12 @@ def _load_hf_dir(
     where: str | Path, dtype: torch.dtype, spec: TargetSpec, what: str, tokenizer_only: bool = False
 ) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
     if spec.revision:
         kw["revision"] = spec.revision
+    hf_logging.disable_progress_bar()  # a cached load takes a second: no bar for it
     try:
         tok = AutoTokenizer.from_pretrained(where, **kw)
         if tokenizer_only:
@@ -359,6 +361,8 @@ def _load_hf_dir(
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PolyspecError(f"cannot load {what}: {first}") from None
+    finally:
+        hf_logging.enable_progress_bar()
     return model, tok
 
 

@@ -1,6 +1,6 @@
-"""`python -m train`: placeholder until issue #5 lands."""
+"""`python -m train …` runs the recipe in this process (same arguments as `train/drafter.py`); use
+`accelerate launch train/drafter.py …` (or `make train`) for several processes or DeepSpeed."""
 
-import sys
+from train.drafter import main
 
-print("train: stage not implemented yet (issue #5)", file=sys.stderr)
-raise SystemExit(3)
+raise SystemExit(main())

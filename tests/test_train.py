@@ -1,0 +1,255 @@
+"""train/: drafters on tiny targets — shapes, losses, online = offline features, resume after kill -9,
+DDP on CPU, bad input."""
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, run_cli
+
+from polyspec.config import apply_overrides, validate
+from polyspec.errors import PolyspecError
+from polyspec.targets import load_target
+from synth.config import DistillConfig, SynthConfig
+from synth.distill import run_distill
+from synth.selfsynth import run_selfsynth
+from train.config import TrainConfig
+from train.drafter import DrafterRecipe, run
+from train.models import EagleDrafter, eagle_layer_config, load_drafter, project_embedding
+from train.objectives import acceptance_from_hits
+from vocab.build import run_vocab
+from vocab.config import VocabConfig
+
+
+def prepare_run(run_dir: Path, target_dir: Path, lang: str = "vi") -> Path:
+    """synth (finetune data), distill --continuation (pretrain text) and vocab for a tiny target."""
+    if (run_dir / "vocab" / f"{lang}.safetensors").is_file():
+        return run_dir
+    tiny = ["instruction.max_new_tokens=12", "response.max_new_tokens=24", "filters.keep_unfinished_instructions=true",
+            "filters.min_response_chars=1", "filters.min_instruction_chars=1", "filters.require_language=false"]
+    run_selfsynth(validate(SynthConfig, apply_overrides({}, [f"lang={lang}", "n=24", f"run={run_dir}", f"target={target_dir}",
+                                                             "engine.batch_size=8", *tiny])), log=lambda *_: None)
+    run_distill(validate(DistillConfig, {"lang": lang, "run": str(run_dir), "target": str(target_dir), "continuation": True,
+                                         "out_name": "pretrain", "temperatures": [0.7, 1.0], "sampling": {"max_new_tokens": 24},
+                                         "engine": {"batch_size": 16}}))
+    run_vocab(validate(VocabConfig, {"langs": [lang], "target": str(target_dir), "run": str(run_dir), "mask_sizes": [128],
+                                     "sources": [{"name": "synth"}, {"name": "wordfreq", "weight": 0.5}], "heldout": "seeds"}),
+              log=lambda *_: None)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def gemma_run(tmp_path_factory, tiny_gemma_dir):
+    return prepare_run(tmp_path_factory.mktemp("run-gemma"), tiny_gemma_dir)
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory, tiny_llama_dir):
+    return prepare_run(tmp_path_factory.mktemp("run-llama"), tiny_llama_dir)
+
+
+def tcfg(run_dir, target_dir, *extra) -> TrainConfig:
+    base = [f"run={run_dir}", f"target={target_dir}", "lang=vi", "eagle.vocab_size=128", "report_to=none",
+            "pretrain.steps=6", "finetune.steps=6", "eval_every=3", "checkpoint_every=2", "log_every=1",
+            "optim.batch_size=2", "data.max_length=64", "data.eval_max_examples=3", "eval_depth=3",
+            "small_lm.hidden_size=32", "small_lm.intermediate_size=64", "small_lm.num_heads=2"]
+    return validate(TrainConfig, apply_overrides({}, [*base, *extra]))
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_eagle_layer_is_one_layer_of_the_target_family(family, tiny_gemma_dir, tiny_llama_dir, tmp_path):
+    t = load_target(str(tiny_gemma_dir if family == "gemma3" else tiny_llama_dir))
+    d = EagleDrafter(eagle_layer_config(t.model.config))
+    assert type(d.layer).__name__.startswith("Gemma3" if family == "gemma3" else "Llama")
+    assert len(d.layer.layers) == 1 and d.hidden_size == t.hidden_size
+    x = torch.randn(2, 5, t.hidden_size)
+    out, _ = d(x, x)
+    assert out.shape == (2, 5, t.hidden_size)
+    from train.models import save_drafter
+
+    save_drafter(tmp_path / "d", d, {"target": t.pin()})
+    back, meta = load_drafter(tmp_path / "d")
+    assert meta["drafter_type"] == "eagle"
+    torch.testing.assert_close(back(x, x)[0], d.eval()(x, x)[0])
+    # the frozen target embedding/head are not stored with the drafter
+    from safetensors.torch import load_file
+
+    assert all(v.numel() < t.vocab_size * t.hidden_size for v in load_file(tmp_path / "d" / "model.safetensors").values())
+
+
+def test_missing_weights_fail_loudly(tmp_path, tiny_llama_dir):
+    t = load_target(str(tiny_llama_dir))
+    from train.models import save_drafter
+
+    save_drafter(tmp_path / "d", EagleDrafter(eagle_layer_config(t.model.config)), {})
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(tmp_path / "d" / "model.safetensors")
+    state.pop("fc.bias")
+    save_file(state, tmp_path / "d" / "model.safetensors")
+    with pytest.raises(PolyspecError, match="missing"):
+        load_drafter(tmp_path / "d")
+
+
+def test_pca_projection_keeps_the_top_directions():
+    torch.manual_seed(0)
+    w = torch.randn(500, 3) @ torch.diag(torch.tensor([10.0, 1.0, 0.1]))
+    p = project_embedding(w, 1, init_std=1.0)
+    assert abs(torch.corrcoef(torch.stack([p[:, 0], w[:, 0]]))[0, 1]) > 0.99
+    assert project_embedding(w, 5).shape == (500, 5)
+
+
+def test_acceptance_from_hits():
+    hits = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    m = acceptance_from_hits(hits, torch.tensor([True, True, True, False]))
+    assert m["accept_len"] == pytest.approx((2 + 1 + 0) / 3) and m["alpha"] == [0.6667, 0.3333, 0.0]
+
+
+# ---------------------------------------------------------------------------------------- training
+
+
+def test_online_and_offline_features_give_the_same_loss(gemma_run, tiny_gemma_dir):
+    losses = []
+    for mode in ("online", "offline"):
+        r = DrafterRecipe(tcfg(gemma_run, tiny_gemma_dir, f"features={mode}", "eagle.feature_noise=0"), "finetune")
+        r.out = gemma_run / f"train-{mode}"
+        r.setup()
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in r.model.parameters():
+                p.copy_(torch.randn_like(p) * 0.02)
+        batch = next(r.batches())
+        losses.append(r.loss(batch)[0].item())
+        r.cleanup()
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "small-lm"])
+def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tiny_llama_dir):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    results = run(tcfg(run_dir, tiny_llama_dir, f"drafter_type={kind}", "eagle.ttt_steps=2"))
+    assert [r["stage"] for r in results] == ["pretrain", "finetune"]
+    base = run_dir / "train" / "vi"
+    for stage in ("pretrain", "finetune"):
+        assert (base / stage / "final" / "model.safetensors").is_file()
+        assert (base / stage / "best" / "config.json").is_file()
+        lines = [json.loads(x) for x in (base / stage / "metrics.jsonl").read_text().splitlines()]
+        assert any("eval" in x for x in lines) and any("loss" in x for x in lines)
+        assert len(list((base / stage).glob("checkpoint-*"))) <= 2
+    model, meta = load_drafter(base / "final")
+    assert meta["drafter_type"] == kind and meta["stage"] == "finetune"
+    assert meta["vocab"]["size"] == 128 and meta["target"]["tokenizer_sha256"]
+    first = json.loads((base / "finetune" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["init_from"].endswith("pretrain/final"), "finetune starts from the pretrain weights"
+    assert 0.0 <= results[1]["eval"]["accept_len"] <= 3
+
+
+def test_training_reduces_the_loss(tmp_path, llama_run, tiny_llama_dir):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=40", "optim.lr=3e-3", "eval_every=100",
+             "checkpoint_every=100", "log_every=1"))
+    losses = [json.loads(x)["loss"] for x in (run_dir / "train/vi/finetune/metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+
+
+def test_kill_9_then_resume_reaches_the_same_final_loss(tmp_path, llama_run, tiny_llama_dir):
+    import shutil
+
+    args = lambda d: [str(REPO / "train" / "drafter.py"), f"run={d}", f"target={tiny_llama_dir}", "lang=vi",  # noqa: E731
+                      "stage=finetune", "eagle.vocab_size=128", "report_to=none", "finetune.steps=8", "eval_every=4",
+                      "checkpoint_every=2", "log_every=1", "optim.batch_size=2", "data.max_length=64",
+                      "data.eval_max_examples=2", "eval_depth=2"]
+    for name in ("ref", "crash"):
+        shutil.copytree(llama_run, tmp_path / name)
+    ref = run_cli(*args(tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    crashed = run_cli(*args(tmp_path / "crash"), env={"POLYSPEC_TEST_KILL_AT_STEP": "5"})
+    assert crashed.returncode == -signal.SIGKILL
+    resumed = run_cli(*args(tmp_path / "crash"), env={"POLYSPEC_TEST_KILL_AT_STEP": ""})
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed vi/finetune from checkpoint-4" in resumed.stdout + resumed.stderr
+
+    def losses(d):
+        rows = [json.loads(x) for x in (d / "train/vi/finetune/metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    a, b = losses(tmp_path / "ref"), losses(tmp_path / "crash")
+    assert a[8] == pytest.approx(b[8], rel=1e-5) and a[6] == pytest.approx(b[6], rel=1e-5)
+
+
+def test_ddp_two_processes_on_cpu_follow_the_single_process_trend(tmp_path, llama_run, tiny_llama_dir):
+    import shutil
+
+    common = [f"target={tiny_llama_dir}", "lang=vi", "stage=finetune", "eagle.vocab_size=128", "report_to=none",
+              "finetune.steps=12", "eval_every=100", "checkpoint_every=100", "log_every=1", "optim.batch_size=2",
+              "data.max_length=64", "data.eval_max_examples=2", "eval_depth=2", "optim.lr=3e-3"]
+    for name in ("one", "two"):
+        shutil.copytree(llama_run, tmp_path / name)
+    one = run_cli(str(REPO / "train" / "drafter.py"), f"run={tmp_path / 'one'}", *common, "optim.grad_accum=2")
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = run_cli("-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                  "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "train" / "drafter.py"),
+                  f"run={tmp_path / 'two'}", *common, env={"ACCELERATE_USE_CPU": "1"})
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    def losses(d):
+        rows = [json.loads(x) for x in (d / "train/vi/finetune/metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in rows if "loss" in r]
+
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(a) == len(b) == 12
+    # same global batch (2 processes x 2 = 1 process x 2 micro-batches): same trend, close values
+    assert sum(b[-3:]) < sum(b[:3]) and sum(a[-3:]) < sum(a[:3])
+    assert abs(sum(a) - sum(b)) / sum(a) < 0.1
+
+
+def test_bad_input_fails_before_training(tmp_path, gemma_run, tiny_gemma_dir, tiny_llama_dir):
+    with pytest.raises(PolyspecError, match="training data not found"):
+        run(tcfg(tmp_path, tiny_gemma_dir, "stage=finetune"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n[1, 2]\n{\"conversations\": 3}\n")
+    with pytest.raises(PolyspecError, match=r"no usable training example .*\(3 lines skipped\)"):
+        run(tcfg(gemma_run, tiny_gemma_dir, "stage=finetune", f"data.finetune=[{bad}]"))
+    with pytest.raises(PolyspecError, match="another tokenizer"):  # vocab built for the gemma tokenizer
+        run(tcfg(gemma_run, tiny_llama_dir, "stage=finetune"))
+    with pytest.raises(PolyspecError, match="larger than the ranked list"):
+        run(tcfg(gemma_run, tiny_gemma_dir, "stage=finetune", "eagle.vocab_size=700"))
+    with pytest.raises(PolyspecError, match="larger than the target vocabulary"):
+        run(tcfg(gemma_run, tiny_gemma_dir, "stage=finetune", "eagle.vocab_size=100000"))
+
+
+def test_cli_script_entry_point_prints_one_line_errors(tmp_path, tiny_gemma_dir):
+    proc = run_cli(str(REPO / "train" / "drafter.py"), f"run={tmp_path}", f"target={tiny_gemma_dir}", "lang=vi",
+                   "stage=finetune", "report_to=none")
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: training data not found")
+    assert sys.executable
+
+
+def test_wandb_offline_run_holds_the_logged_metrics(tmp_path, llama_run, tiny_llama_dir, monkeypatch):
+    import shutil
+
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the recipe must choose offline by itself
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "report_to=wandb", "finetune.steps=3", "log_every=1"))
+    runs = list((run_dir / "train/vi/finetune/wandb").glob("offline-run-*"))
+    assert len(runs) == 1, list((run_dir / "train/vi/finetune").rglob("*"))[:20]
+    logged = list(runs[0].glob("*.wandb"))
+    assert logged and logged[0].stat().st_size > 0
+    # the .wandb file is wandb's binary record log (protobuf); logged keys are stored verbatim
+    blob = logged[0].read_bytes()
+    for key in (b"finetune/loss", b"finetune/accept_len", b"finetune/tokens_per_s"):
+        assert key in blob, key

@@ -1,0 +1,83 @@
+"""Options of the train stage (``configs/train/<recipe>.yaml`` → dotted overrides → this model)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from polyspec.config import StrictModel
+
+
+class DataConfig(StrictModel):
+    pretrain: list[str] = Field(
+        default_factory=lambda: ["{run}/synth/{lang}-pretrain/data.jsonl"],
+        description="general text for the pretrain stage (jsonl: `text`, or ShareGPT conversations); "
+        "online users may name an HF dataset (org/name)",
+    )
+    finetune: list[str] = Field(
+        default_factory=lambda: ["{run}/synth/{lang}/data.jsonl"], description="the language's synth data (jsonl)"
+    )
+    max_length: int = Field(256, ge=8, description="tokens per training sequence")
+    eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="held-out share of the finetune data")
+    eval_max_examples: int = Field(16, ge=1)
+
+
+class EagleConfig(StrictModel):
+    vocab_size: int | None = Field(8192, ge=1, description="s: top-s ids of the language's ranked list; None = full")
+    vocab_file: str = Field("{run}/vocab/{lang}.safetensors")
+    feature_loss_weight: float = Field(1.0, ge=0.0, description="EAGLE-1: SmoothL1 on the next feature")
+    token_loss_weight: float = Field(0.1, ge=0.0, description="EAGLE-1: CE against the target's next-token distribution")
+    feature_noise: float = Field(0.1, ge=0.0, description="uniform noise U(-a, a) on input features (EAGLE)")
+    ttt_steps: int = Field(1, ge=1, description="EAGLE-3 training-time test: unrolled steps (1 = off)")
+    ttt_decay: float = Field(0.8, gt=0.0, le=1.0, description="weight of unrolled step i is decay**i")
+
+
+class SmallLMConfig(StrictModel):
+    hidden_size: int = Field(256, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(768, ge=8)
+
+
+class OptimConfig(StrictModel):
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_ratio: float = Field(0.03, ge=0.0, lt=1.0, description="seed 004 Appendix F")
+    max_grad_norm: float = Field(1.0, gt=0)
+    batch_size: int = Field(4, ge=1, description="sequences per device per micro-step")
+    grad_accum: int = Field(1, ge=1)
+
+
+class StageConfig(StrictModel):
+    steps: int = Field(200, ge=1)
+    lr: float | None = Field(None, gt=0, description="None: optim.lr")
+
+
+class TrainConfig(StrictModel):
+    """`accelerate launch train/drafter.py --config configs/train/eagle-cpu.yaml lang=vi`."""
+
+    lang: str = "vi"
+    target: str = "gemma3-270m"
+    run: str = "runs/default"
+    drafter_type: Literal["eagle", "small-lm"] = "eagle"
+    stage: Literal["pretrain", "finetune", "both"] = "both"
+    init_from: str | None = Field(None, description="finetune: weights to start from (default: this run's pretrain final)")
+    seed: int = 0
+    features: Literal["online", "offline"] = Field("online", description="target hidden states computed in the step, or precomputed once")
+    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = Field("auto", description="auto: bf16 on CUDA, no on CPU")
+    data: DataConfig = DataConfig()
+    eagle: EagleConfig = EagleConfig()
+    small_lm: SmallLMConfig = SmallLMConfig()
+    optim: OptimConfig = OptimConfig()
+    pretrain: StageConfig = StageConfig(steps=200)
+    finetune: StageConfig = StageConfig(steps=200)
+    checkpoint_every: int = Field(50, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    eval_every: int = Field(50, ge=1)
+    eval_depth: int = Field(5, ge=1, description="k: simulated acceptance over positions 1..k")
+    log_every: int = Field(10, ge=1)
+    eval_only: bool = Field(False, description="evaluate the stage's starting weights (random init unless init_from) and stop")
+    report_to: Literal["wandb", "tensorboard", "none"] = Field("wandb", description="wandb runs offline by default")
+    device: str = "auto"

@@ -1,0 +1,152 @@
+"""Training examples: token ids plus a loss mask, laid out with the target's prompt format.
+
+- finetune records (synth ``data.jsonl``: ShareGPT ``conversations``): the human turns are the prompt,
+  the loss covers the response tokens only — the same layout synth used to ask the target;
+- pretrain records (``text``, e.g. ``synth distill --continuation``; or conversations): loss on every token.
+
+Malformed lines are skipped and counted; a file with no usable line is an error before training starts.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from polyspec.errors import PolyspecError
+from polyspec.prompts import render
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    loss_mask: list[int]  # 1 where the token is a training target
+
+
+@dataclass
+class Dataset:
+    examples: list[Example]
+    skipped: int
+    files: list[str]
+
+
+def expand_paths(patterns: list[str], run: str, lang: str) -> list[str]:
+    paths = []
+    for p in patterns:
+        p = p.format(run=run, lang=lang)
+        found = sorted(glob.glob(p))
+        if not found:
+            raise PolyspecError(f"training data not found: {p}")
+        paths += found
+    return paths
+
+
+def read_records(paths: list[str]) -> tuple[list[dict], int]:
+    records, skipped = [], 0
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    skipped += 1
+                    continue
+                if isinstance(rec, dict) and (isinstance(rec.get("text"), str) or _turns(rec)):
+                    records.append(rec)
+                else:
+                    skipped += 1
+    return records, skipped
+
+
+def _turns(rec: dict) -> list[tuple[str, str]] | None:
+    conv = rec.get("conversations")
+    if not isinstance(conv, list) or len(conv) < 2:
+        return None
+    turns = []
+    for t in conv:
+        if not isinstance(t, dict) or not isinstance(t.get("value"), str):
+            return None
+        role = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}.get(t.get("from"))
+        if role is None:
+            return None
+        turns.append((role, t["value"]))
+    return turns if any(r == "assistant" for r, _ in turns) else None
+
+
+def encode_record(rec: dict, target, max_length: int, response_only: bool) -> Example | None:
+    """One record → ids + loss mask (response tokens only for conversations when ``response_only``)."""
+    tok, fmt = target.tokenizer, target.spec.prompt_format
+    turns = _turns(rec)
+    if turns is None:  # plain text: every token is a target
+        ids = tok(rec["text"], add_special_tokens=True)["input_ids"][:max_length]
+        return Example(ids, [0] + [1] * (len(ids) - 1)) if len(ids) > 2 else None
+    msgs = [{"role": r, "content": v} for r, v in turns]
+    last = max(i for i, (r, _) in enumerate(turns) if r == "assistant")
+    full = render(fmt, tok, msgs[: last + 1], add_generation_prompt=False)
+    prefix = render(fmt, tok, msgs[:last], add_generation_prompt=True)
+    if not full.startswith(prefix):
+        raise PolyspecError("the prompt format does not render the prompt as a prefix of the conversation")
+    enc = tok(full, add_special_tokens=fmt.kind == "completion", return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    start = len(prefix)
+    mask = [int((not response_only) or (s >= start and e > s)) for s, e in offsets]
+    mask[0] = 0
+    ids, mask = ids[:max_length], mask[:max_length]
+    return Example(ids, mask) if sum(mask) > 0 else None
+
+
+def build_dataset(patterns: list[str], target, run: str, lang: str, max_length: int, response_only: bool) -> Dataset:
+    paths = expand_paths(patterns, run, lang)
+    records, skipped = read_records(paths)
+    examples = []
+    for rec in records:
+        ex = encode_record(rec, target, max_length, response_only)
+        if ex is None:
+            skipped += 1
+        else:
+            examples.append(ex)
+    if not examples:
+        raise PolyspecError(f"no usable training example in {', '.join(paths)} ({skipped} lines skipped)")
+    return Dataset(examples, skipped, paths)
+
+
+def split(ds: Dataset, eval_fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """Deterministic train / held-out split (at least one example on each side when possible)."""
+    idx = list(range(len(ds.examples)))
+    random.Random(seed).shuffle(idx)
+    n_eval = max(1, round(len(idx) * eval_fraction)) if len(idx) > 1 else 0
+    held = set(idx[:n_eval])
+    return [e for i, e in enumerate(ds.examples) if i not in held], [ds.examples[i] for i in sorted(held)]
+
+
+def collate(batch: list[Example], pad_id: int, indices: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded ids, attention mask, loss mask (and the examples' indices, for offline features)."""
+    T = max(len(e.input_ids) for e in batch)
+    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(batch), T), dtype=torch.long)
+    mask = torch.zeros((len(batch), T), dtype=torch.float32)
+    for b, e in enumerate(batch):
+        n = len(e.input_ids)
+        ids[b, :n] = torch.tensor(e.input_ids)
+        attn[b, :n] = 1
+        mask[b, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
+    out = {"input_ids": ids, "attention_mask": attn, "loss_mask": mask}
+    if indices is not None:
+        out["index"] = torch.tensor(indices)
+    return out
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    order = list(range(n))
+    random.Random(seed * 100_003 + epoch).shuffle(order)
+    return order
+
+
+def file_fingerprint(paths: list[str]) -> list[dict]:
+    return [{"path": p, "bytes": Path(p).stat().st_size} for p in paths]

@@ -1,0 +1,415 @@
+"""Drafter training recipe — the accelerate entry point.
+
+    accelerate launch train/drafter.py --config configs/train/eagle-cpu.yaml lang=vi
+    accelerate launch --multi_gpu --num_processes 2 train/drafter.py --config … (DDP; gloo on CPU)
+    accelerate launch --config_file configs/deepspeed/zero2.yaml train/drafter.py --config …
+
+Stages (seed 004's pretrain-and-finetune): ``pretrain`` on general text (loss on every token), then
+``finetune`` on the language's synth data (loss on response tokens), starting from the pretrain
+weights. Outputs under ``<run>/train/<lang>/``: ``<stage>/checkpoint-<step>/`` (model, optimizer,
+scheduler, RNG, data position — exact resume), ``<stage>/final/``, ``<stage>/best/`` (by held-out
+simulated acceptance), ``<stage>/metrics.jsonl``, and ``final/`` (the last stage's weights for export).
+
+The loop reads top to bottom: lr → forward/backward in the accumulation context → clip → step → log →
+evaluate/save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # `accelerate launch train/drafter.py` runs this file as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from polyspec.config import load_config
+from polyspec.errors import PolyspecError, cli_entry
+from polyspec.io import atomic_write_json
+from polyspec.languages import get_language
+from polyspec.targets import greedy_generate, load_target
+from train.config import TrainConfig
+from train.data import build_dataset, collate, epoch_order, expand_paths, split
+from train.models import EagleDrafter, build_small_lm, eagle_layer_config, load_drafter, save_drafter
+from train.objectives import (
+    acceptance_from_hits,
+    eagle_hits,
+    eagle_loss,
+    small_lm_hits,
+    small_lm_loss,
+    target_features,
+)
+
+
+class DrafterRecipe:
+    """setup → train → cleanup, for one stage of one language."""
+
+    def __init__(self, cfg: TrainConfig, stage: str):
+        self.cfg, self.stage = cfg, stage
+        self.out = Path(cfg.run) / "train" / cfg.lang / stage
+
+    # ------------------------------------------------------------------------------------- setup
+    def setup(self, target=None) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        cfg = self.cfg
+        # 1. accelerator (DDP / DeepSpeed / mixed precision come from `accelerate launch`)
+        mp = cfg.mixed_precision
+        if mp == "auto":
+            mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+        log_with = None if cfg.report_to == "none" else cfg.report_to
+        self.acc = Accelerator(mixed_precision=mp, gradient_accumulation_steps=cfg.optim.grad_accum,
+                               log_with=log_with, project_dir=str(self.out))
+        set_seed(cfg.seed, device_specific=False)
+        # 2. frozen target, its embedding and head (never trained, never saved with the drafter)
+        self.target = target or load_target(cfg.target, device=self.acc.device)
+        self.embed = self.target.model.get_input_embeddings()
+        self.softcap = getattr(self.target.model.config, "final_logit_softcapping", None)
+        # 3. data: pretrain = general text, every token; finetune = synth data, response tokens only
+        patterns = cfg.data.pretrain if self.stage == "pretrain" else cfg.data.finetune
+        ds = build_dataset(patterns, self.target, cfg.run, cfg.lang, cfg.data.max_length,
+                           response_only=self.stage == "finetune")
+        self.train_set, held = split(ds, cfg.data.eval_fraction, cfg.seed)
+        self.data_files, self.skipped = ds.files, ds.skipped
+        # 4. the language's reduced vocabulary (top-s ranked ids) and the head rows it keeps
+        self.ids_s, self.vocab_meta = self._reduced_vocab()
+        self.head_w = self.target.model.get_output_embeddings().weight[self.ids_s].detach()
+        self.eval_seqs = self._eval_sequences(held[: cfg.data.eval_max_examples])
+        self.features = None
+        if cfg.features == "offline" and cfg.drafter_type == "eagle":
+            from train.features import FeatureStore
+
+            # keyed by what determines them, so languages sharing a pretrain corpus share the features
+            key = hashlib.sha256(json.dumps([self.target.tokenizer_sha256, self.target.spec.name, cfg.data.max_length,
+                                             cfg.seed, cfg.data.eval_fraction, _fingerprint(ds.files)]).encode()).hexdigest()[:16]
+            root = Path(cfg.run) / "train" / "features" / key
+            self.features = FeatureStore(root, self.train_set, self.target, is_main=self.acc.is_main_process)
+            self.acc.wait_for_everyone()
+        # 5. drafter, optimizer, cosine schedule with warmup (seed 004 Appendix F)
+        self.model = self._build_drafter()
+        steps = self.stage_cfg.steps
+        lr = self.stage_cfg.lr or cfg.optim.lr
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
+        from transformers import get_cosine_schedule_with_warmup
+
+        # stepped once per optimizer step by us (accelerate would step it once per process)
+        self.sched = get_cosine_schedule_with_warmup(self.opt, math.ceil(cfg.optim.warmup_ratio * steps), steps)
+        self.model, self.opt = self.acc.prepare(self.model, self.opt)
+        # 6. counters, resume, trackers
+        self.step, self.best = 0, -1.0
+        self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self._resume()
+        if log_with:
+            self._init_trackers()
+
+    @property
+    def stage_cfg(self):
+        return self.cfg.pretrain if self.stage == "pretrain" else self.cfg.finetune
+
+    def _reduced_vocab(self) -> tuple[torch.Tensor, dict]:
+        cfg, V = self.cfg, self.target.vocab_size
+        s = cfg.eagle.vocab_size
+        if cfg.drafter_type == "small-lm" and s is None:
+            return torch.arange(V, device=self.acc.device), {"size": V, "file": None}
+        if s is None:
+            return torch.arange(V, device=self.acc.device), {"size": V, "file": None}
+        if s > V:
+            raise PolyspecError(f"eagle.vocab_size {s} is larger than the target vocabulary ({V})")
+        from vocab.files import load_ranked
+
+        path = cfg.eagle.vocab_file.format(run=cfg.run, lang=cfg.lang)
+        ranked = load_ranked(path, tokenizer_sha256=self.target.tokenizer_sha256)
+        ids = torch.as_tensor(ranked.top(s).astype(np.int64), device=self.acc.device)
+        return ids, {"size": s, "file": path, "sha256": _sha256(path)}
+
+    def _build_drafter(self):
+        cfg = self.cfg
+        init = cfg.init_from or (str(self.out.parent / "pretrain" / "final") if self.stage == "finetune" else None)
+        if init and Path(init).is_dir():
+            model, meta = load_drafter(init)
+            if meta.get("drafter_type") != cfg.drafter_type:
+                raise PolyspecError(f"{init} holds a {meta.get('drafter_type')} drafter, not {cfg.drafter_type}")
+            if meta.get("target", {}).get("tokenizer_sha256") != self.target.tokenizer_sha256:
+                raise PolyspecError(f"{init} was trained for another target tokenizer")
+            self.init_from = init
+        elif cfg.init_from:
+            raise PolyspecError(f"init_from {cfg.init_from} is not a drafter folder")
+        else:
+            self.init_from = None
+            if cfg.drafter_type == "eagle":
+                model = EagleDrafter(eagle_layer_config(self.target.model.config))
+            else:
+                sl = cfg.small_lm
+                model = build_small_lm(self.target, sl.hidden_size, sl.num_layers, sl.num_heads, sl.intermediate_size)
+        if cfg.drafter_type == "eagle" and model.hidden_size != self.target.hidden_size:
+            raise PolyspecError(f"drafter hidden size {model.hidden_size} ≠ target hidden size {self.target.hidden_size}")
+        return model.to(self.acc.device).train()
+
+    @torch.no_grad()
+    def _eval_sequences(self, held) -> list[tuple[torch.Tensor, int]]:
+        """Held-out prompts + the target's own greedy answers, cached on disk: with greedy sequences
+        the simulated acceptance equals what greedy speculative decoding would accept."""
+        cache = self.out / "eval_sequences.json"
+        if cache.is_file():
+            data = json.loads(cache.read_text())
+        else:
+            data = []
+            for ex in held:
+                start = next(i for i, m in enumerate(ex.loss_mask) if m) if any(ex.loss_mask) else len(ex.input_ids) // 2
+                prompt = ex.input_ids[:start]
+                new = greedy_generate(self.target, prompt, max(8, min(64, self.cfg.data.max_length - start)))
+                data.append({"ids": prompt + new, "start": start})
+            if self.acc.is_main_process:
+                atomic_write_json(cache, data)
+        return [(torch.tensor([d["ids"]], device=self.acc.device), d["start"]) for d in data]
+
+    def _init_trackers(self) -> None:
+        run_name = f"{self.cfg.lang}-{self.stage}"
+        kw = {}
+        if self.cfg.report_to == "wandb":
+            os.environ.setdefault("WANDB_MODE", "offline")  # never needs a network or an account
+            kw = {"wandb": {"dir": str(self.out), "name": run_name}}
+        self.acc.init_trackers("polyspec", config=json.loads(self.cfg.model_dump_json()), init_kwargs=kw)
+
+    # ---------------------------------------------------------------------------------- training
+    def batches(self):
+        """Deterministic stream of batches across epochs; ``self.step`` tells where to resume.
+
+        Each process takes its slice of every global batch (DDP), so the global batch is the same
+        whatever the number of processes."""
+        per_step = self.cfg.optim.batch_size * self.cfg.optim.grad_accum * self.acc.num_processes
+        n = len(self.train_set)
+        micro = self.cfg.optim.batch_size
+        cursor = self.step * per_step
+        while True:
+            epoch, offset = divmod(cursor, n)
+            order = epoch_order(n, self.cfg.seed, epoch)
+            idx = [order[(offset + j) % n] for j in range(per_step)]
+            cursor += per_step
+            mine = idx[self.acc.process_index * micro * self.cfg.optim.grad_accum :][: micro * self.cfg.optim.grad_accum]
+            for a in range(self.cfg.optim.grad_accum):
+                part = mine[a * micro : (a + 1) * micro]
+                yield collate([self.train_set[i] for i in part], self.target.tokenizer.pad_token_id, part)
+
+    def loss(self, batch) -> tuple[torch.Tensor, dict]:
+        batch = {k: v.to(self.acc.device) for k, v in batch.items()}
+        if self.cfg.drafter_type == "small-lm":
+            return small_lm_loss(self.model, batch)
+        if self.features is not None:  # offline: precomputed once, read back
+            f = self.features.get(batch["index"].tolist(), batch["input_ids"].shape[1], self.acc.device)
+        else:  # online: the frozen target inside the step
+            f = target_features(self.target.model, batch["input_ids"], batch["attention_mask"])
+        return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, self.gen)
+
+    def train(self) -> dict:
+        cfg, steps = self.cfg, self.stage_cfg.steps
+        self._log_line({"event": "start", "stage": self.stage, "step": self.step, "train_examples": len(self.train_set),
+                        "skipped_lines": self.skipped, "init_from": self.init_from})
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, initial=self.step, desc=f"{cfg.lang}/{self.stage}", disable=not self.acc.is_main_process,
+                   dynamic_ncols=True)
+        stream, t0, tokens, last_loss = self.batches(), time.time(), 0, None
+        while self.step < steps:
+            for _ in range(cfg.optim.grad_accum):
+                batch = next(stream)
+                tokens += int(batch["attention_mask"].sum()) * self.acc.num_processes
+                with self.acc.accumulate(self.model):  # no gradient sync until the last micro-batch
+                    loss, metrics = self.loss(batch)
+                    self.acc.backward(loss)
+                    if self.acc.sync_gradients:
+                        self.acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+                        self.opt.step()
+                        self.sched.step()
+                        self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            loss_val = last_loss = float(self.acc.reduce(loss.detach(), reduction="mean"))
+            record = {"step": self.step, "loss": round(loss_val, 6), "lr": self.sched.get_last_lr()[0],
+                      "tokens_per_s": round(tokens / max(time.time() - t0, 1e-9), 1), **metrics}
+            if self.step % cfg.log_every == 0 or self.step == steps:
+                self._log_line(record)
+                self.acc.log({f"{self.stage}/{k}": v for k, v in record.items() if isinstance(v, (int, float))}, step=self.step)
+            bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=record["tokens_per_s"], best=f"{self.best:.3f}")
+            bar.update(1)
+            if self.step % cfg.eval_every == 0 or self.step == steps:
+                ev = self.evaluate()
+                self._log_line({"step": self.step, "eval": ev})
+                self.acc.log({f"{self.stage}/accept_len": ev["accept_len"]}, step=self.step)
+                if ev["accept_len"] > self.best:
+                    self.best = ev["accept_len"]
+                    self._save_weights(self.out / "best", {"eval": ev, "step": self.step})
+            if self.step % cfg.checkpoint_every == 0 or self.step == steps:
+                self.save_checkpoint()  # the last one too: a rerun of a finished stage trains nothing
+        bar.close()
+        final_eval = self.evaluate()
+        self._save_weights(self.out / "final", {"eval": final_eval, "step": self.step})
+        return {"stage": self.stage, "steps": self.step, "final_loss": last_loss, "eval": final_eval, "best_accept_len": self.best}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Held-out simulated acceptance over draft positions 1..k (greedy target sequences)."""
+        model = self.acc.unwrap_model(self.model)
+        model.eval()
+        all_hits, all_valid = [], []
+        k = self.cfg.eval_depth
+        for seq, start in self.eval_seqs:
+            if self.cfg.drafter_type == "eagle":
+                f = target_features(self.target.model, seq, torch.ones_like(seq))
+                hits = eagle_hits(model, self.embed, self.head_w, self.ids_s, seq, f, k, self.softcap)
+            else:
+                hits = small_lm_hits(model, self.ids_s if len(self.ids_s) < self.target.vocab_size else None, seq, k)
+            T = seq.shape[1]
+            valid = torch.zeros(T, dtype=torch.bool)
+            valid[max(0, start - 1) : max(0, T - 2)] = True  # x_{t+1} is an answer token, x_{t+2} exists
+            all_hits.append(hits)
+            all_valid.append(valid)
+        model.train()
+        if not all_hits:
+            return {"accept_len": 0.0, "alpha": [], "starts": 0}
+        return acceptance_from_hits(torch.cat(all_hits), torch.cat(all_valid))
+
+    # ------------------------------------------------------------------------------- checkpoints
+    def _meta(self) -> dict:
+        return {"target": self.target.pin(), "lang": self.cfg.lang, "stage": self.stage,
+                "vocab": self.vocab_meta, "train_config": json.loads(self.cfg.model_dump_json()),
+                "data_files": self.data_files}
+
+    def _save_weights(self, path: Path, extra: dict) -> None:
+        if self.acc.is_main_process:
+            save_drafter(path, self.acc.unwrap_model(self.model), {**self._meta(), **extra})
+        self.acc.wait_for_everyone()
+
+    def save_checkpoint(self) -> None:
+        """model (safetensors), optimizer (tensors only), scheduler, RNG, step/data position, best."""
+        self.acc.wait_for_everyone()
+        if self.acc.is_main_process:
+            ck = self.out / f"checkpoint-{self.step}"
+            self._save_weights_no_barrier(ck)
+            torch.save(self.opt.state_dict(), ck / "optimizer.pt")
+            rng = {"torch": torch.get_rng_state(), "gen": self.gen.get_state()}
+            if torch.cuda.is_available():
+                rng["cuda"] = torch.cuda.get_rng_state()
+            save_file(rng, str(ck / "rng.safetensors"))
+            np_state = np.random.get_state()
+            atomic_write_json(ck / "trainer_state.json", {
+                "step": self.step, "best": self.best, "scheduler": self.sched.state_dict(),
+                "python_random": repr(random.getstate()), "numpy_random": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+                "config_hash": self._config_hash(),
+            })
+            for old in sorted(self.out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[: -self.cfg.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.acc.wait_for_everyone()
+
+    def _save_weights_no_barrier(self, path: Path) -> None:
+        save_drafter(path, self.acc.unwrap_model(self.model), self._meta())
+
+    def _resume(self) -> None:
+        cks = sorted(self.out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        cks = [c for c in cks if (c / "trainer_state.json").is_file()]
+        if not cks:
+            return
+        ck = cks[-1]
+        state = json.loads((ck / "trainer_state.json").read_text())
+        if state.get("config_hash") != self._config_hash():
+            raise PolyspecError(f"{ck} was written with another config or data; use another RUN or delete {self.out}")
+        weights = load_file(str(ck / "model.safetensors"))
+        model = self.acc.unwrap_model(self.model)
+        model.load_state_dict(weights, strict=False)
+        if self.cfg.drafter_type == "small-lm":
+            model.tie_weights()
+        self.opt.load_state_dict(torch.load(ck / "optimizer.pt", weights_only=True, map_location=self.acc.device))
+        self.sched.load_state_dict(state["scheduler"])
+        rng = load_file(str(ck / "rng.safetensors"))
+        torch.set_rng_state(rng["torch"])
+        self.gen.set_state(rng["gen"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+        import ast
+
+        random.setstate(ast.literal_eval(state["python_random"]))
+        ns = state["numpy_random"]
+        np.random.set_state((ns[0], np.asarray(ns[1], dtype=np.uint32), *ns[2:]))
+        self.step, self.best = int(state["step"]), float(state["best"])
+        if self.acc.is_main_process:
+            print(f"[train] resumed {self.cfg.lang}/{self.stage} from {ck.name}", flush=True)
+
+    def _config_hash(self) -> str:
+        relevant = self.cfg.model_dump(exclude={"report_to", "log_every", "checkpoint_every", "keep_checkpoints", "device"})
+        relevant.update(stage=self.stage, tokenizer=self.target.tokenizer_sha256, vocab=self.vocab_meta,
+                        data=[(p, Path(p).stat().st_size) for p in self.data_files], init_from=self.init_from,
+                        processes=self.acc.num_processes)
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def _log_line(self, rec: dict) -> None:
+        if self.acc.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(rec, default=float) + "\n")
+            hook = os.environ.get("POLYSPEC_TEST_KILL_AT_STEP")  # crash-test hook (unset in normal use)
+            if hook and rec.get("step") == int(hook) and "loss" in rec:
+                os.kill(os.getpid(), 9)
+
+    def cleanup(self) -> None:
+        self.acc.end_training()
+
+
+def _fingerprint(paths: list[str]) -> list:
+    return [(p, Path(p).stat().st_size, _sha256(p)) for p in paths]
+
+
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run(cfg: TrainConfig, target=None) -> list[dict]:
+    get_language(cfg.lang, target=cfg.target)
+    stages = ["pretrain", "finetune"] if cfg.stage == "both" else [cfg.stage]
+    for stage in stages:  # missing data is an error before any model is loaded
+        expand_paths(cfg.data.pretrain if stage == "pretrain" else cfg.data.finetune, cfg.run, cfg.lang)
+    results = []
+    for stage in stages:
+        recipe = DrafterRecipe(cfg, stage)
+        recipe.setup(target=target)
+        target = recipe.target
+        if cfg.eval_only:
+            results.append({"stage": stage, "steps": 0, "init_from": recipe.init_from, "eval": recipe.evaluate()})
+            recipe.cleanup()
+            continue
+        results.append(recipe.train())
+        if recipe.acc.is_main_process:
+            final = Path(cfg.run) / "train" / cfg.lang / "final"
+            shutil.rmtree(final, ignore_errors=True)
+            shutil.copytree(recipe.out / "final", final)
+        recipe.acc.wait_for_everyone()
+        recipe.cleanup()
+    return results
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="train/drafter.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=False, help="configs/train/<recipe>.yaml")
+    ap.add_argument("overrides", nargs="*", help="key.path=value (e.g. lang=vi stage=finetune)")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    results = run(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(results, indent=2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""Drafter models and their on-disk form — ``load_drafter`` is the one public way to rebuild one.
+
+- ``eagle`` (:class:`EagleDrafter`): input [embed(x_{t+1}) ‖ f_t] → fc(2H→H) → one decoder layer of the
+  target's own family (a 1-layer copy of the target's base model: Gemma3, Llama, Qwen2, …; rotary, masks
+  and KV cache come with it) → predicted feature f̂_{t+1}. The frozen target embedding and LM head are
+  *not* part of the drafter; at use time the head is restricted to the language's top-s ids.
+- ``small-lm``: a tiny Llama-family causal LM with the target's tokenizer and exactly its ``vocab_size``;
+  tied embeddings initialised from the target's embedding, projected onto its top principal directions
+  when the widths differ (PCA keeps the most variance of the target's token geometry), rescaled to the
+  usual init scale.
+
+A drafter folder holds ``config.json`` (``drafter_type`` discriminator, architecture, the target pin
+and the vocabulary it was trained with) and ``model.safetensors`` (drafter weights only).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from polyspec.errors import PolyspecError
+from polyspec.io import atomic_directory, atomic_write_json
+
+DRAFTER_FORMAT = 1
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def eagle_layer_config(target_config) -> Any:
+    """The target's own config cut to one full-attention decoder layer and a stub vocabulary."""
+    cfg = copy.deepcopy(_text_config(target_config))
+    cfg.num_hidden_layers = 1
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = ["full_attention"]
+    cfg.vocab_size = 8  # the drafter never embeds ids itself: the frozen target embedding does
+    for attr in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        setattr(cfg, attr, None)
+    cfg.tie_word_embeddings = False
+    cfg.use_cache = True
+    for attr in ("quantization_config", "_name_or_path"):
+        if hasattr(cfg, attr):
+            delattr(cfg, attr)
+    return cfg
+
+
+class EagleDrafter(nn.Module):
+    drafter_type = "eagle"
+
+    def __init__(self, layer_config):
+        super().__init__()
+        from transformers import AutoModel
+
+        self.layer_config = layer_config
+        h = layer_config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.layer = AutoModel.from_config(layer_config)  # one decoder layer of the target's family
+        self.layer.embed_tokens = None  # inputs arrive as embeddings; an unused parameter would also stall DDP
+
+    @property
+    def hidden_size(self) -> int:
+        return self.fc.out_features
+
+    def forward(self, input_embeds, features, position_ids=None, attention_mask=None, past_key_values=None,
+                use_cache=False):
+        """input_embeds, features: [B, T, H] → predicted next features [B, T, H] (and the KV cache)."""
+        x = self.fc(torch.cat([input_embeds, features.to(input_embeds.dtype)], dim=-1))
+        out = self.layer(inputs_embeds=x, position_ids=position_ids, attention_mask=attention_mask,
+                         past_key_values=past_key_values, use_cache=use_cache)
+        return out.last_hidden_state, out.past_key_values
+
+    def arch(self) -> dict:
+        return {"layer_config": self.layer_config.to_dict()}
+
+    @classmethod
+    def from_arch(cls, arch: dict) -> EagleDrafter:
+        from transformers import AutoConfig
+
+        d = dict(arch["layer_config"])
+        return cls(AutoConfig.for_model(d.pop("model_type"), **d))
+
+
+def build_small_lm(target: Any, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int):
+    """A Llama-family LM over the target's full vocabulary, embeddings initialised from the target's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = target.tokenizer
+    V = target.vocab_size
+    cfg = LlamaConfig(vocab_size=V, hidden_size=hidden_size, num_hidden_layers=num_layers,
+                      num_attention_heads=num_heads, num_key_value_heads=num_heads,
+                      intermediate_size=intermediate_size, max_position_embeddings=4096, tie_word_embeddings=True,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(project_embedding(target.model.get_input_embeddings().weight, hidden_size))
+    model.tie_weights()
+    return model
+
+
+def project_embedding(weight: torch.Tensor, dim: int, init_std: float = 0.02) -> torch.Tensor:
+    """[V, H] → [V, dim]: the top-``dim`` principal directions when dim < H (identity/zero-pad otherwise),
+    rescaled to ``init_std``."""
+    w = weight.detach().float()
+    if dim < w.shape[1]:
+        centered = w - w.mean(0, keepdim=True)
+        cov = centered.T @ centered / w.shape[0]  # [H, H]: cheap even for a 262K vocabulary
+        _, vecs = torch.linalg.eigh(cov)
+        w = centered @ vecs[:, -dim:].flip(-1)
+    elif dim > w.shape[1]:
+        w = torch.cat([w, torch.zeros(w.shape[0], dim - w.shape[1])], dim=1)
+    return w * (init_std / w.std().clamp_min(1e-12))
+
+
+# ------------------------------------------------------------------------------------- save / load
+
+
+def save_drafter(path: str | Path, model: nn.Module, meta: dict) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (drafter weights only), atomically."""
+    if isinstance(model, EagleDrafter):
+        dtype, arch = "eagle", model.arch()
+    else:
+        dtype, arch = "small-lm", {"config": model.config.to_dict()}
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if dtype == "small-lm":  # tied head: store the shared matrix once
+        state.pop("lm_head.weight", None)
+    with atomic_directory(path, overwrite=True) as tmp:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", {"format_version": DRAFTER_FORMAT, "drafter_type": dtype, **arch, **meta})
+    return Path(path)
+
+
+def load_drafter(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+    """Rebuild a drafter from its folder (safetensors only). Parameters start as NaN, so a tensor the
+    file does not provide fails loudly instead of silently keeping a random init."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        state = load_file(str(path / "model.safetensors"))
+    except FileNotFoundError as e:
+        raise PolyspecError(f"drafter folder {path} is missing {Path(e.filename).name}") from None
+    except Exception as e:  # noqa: BLE001 - corrupted json / safetensors
+        raise PolyspecError(f"cannot read drafter {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    kind = meta.get("drafter_type")
+    if kind == "eagle":
+        model = EagleDrafter.from_arch(meta)
+    elif kind == "small-lm":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in meta["config"].items() if k != "model_type"}))
+    else:
+        raise PolyspecError(f"drafter {path}: unknown drafter_type {kind!r}")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if kind == "small-lm":
+        model.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise PolyspecError(f"drafter {path}: weights do not match its config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if any(torch.isnan(p).any() for p in model.parameters()):
+        raise PolyspecError(f"drafter {path}: some weights were not loaded")
+    return model.to(device).eval(), meta

@@ -1,0 +1,138 @@
+"""Losses and the simulated-acceptance metric of the drafters.
+
+Shapes: B batch, T tokens, H hidden, s reduced vocabulary. ``f`` are the target's last hidden states
+(post final norm: what its LM head reads); ``f[:, t]`` predicts token ``x[:, t+1]``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def target_features(target_model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] → f [B, T, H] from the frozen target's base model (its LM head is not run)."""
+    base = target_model.get_decoder()
+    return base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+
+def reduced_logits(h: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
+    """h [.., H] @ head_w [s, H]^T → [.., s] (the target head restricted to the language's top-s ids)."""
+    logits = h.to(head_w.dtype) @ head_w.T
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softcap: float | None = None,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """EAGLE-1 objective, optionally unrolled ``cfg.ttt_steps`` times (EAGLE-3 training-time test).
+
+    Step i predicts f_{t+1+i} from [embed(x_{t+1+i}) ‖ g_t], where g = f (+ noise) at step 0 and the
+    drafter's own step-(i-1) predictions afterwards; weight ``ttt_decay**i``. Loss: SmoothL1 to the next
+    feature + CE against the target's distribution restricted to the same s ids, on loss-mask positions.
+    """
+    ids, mask = batch["input_ids"], batch["loss_mask"]
+    T = ids.shape[1]
+    with torch.no_grad():
+        emb = embed(ids)
+    g = f[:, :-1]
+    if cfg.feature_noise > 0:
+        noise = torch.rand(g.shape, generator=generator, device="cpu").to(g.device, g.dtype)
+        g = g + (noise * 2 - 1) * cfg.feature_noise
+    total, metrics = 0.0, {}
+    for i in range(min(cfg.ttt_steps, T - 2)):
+        L = T - 1 - i  # positions t = 0..T-2-i
+        pos = torch.arange(1 + i, T, device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
+        pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos)
+        tgt = f[:, 1 + i :]
+        m = torch.zeros_like(mask[:, :L])
+        m[:, : L - 1] = mask[:, 2 + i :]  # pred_t feeds the head for token x_{t+2+i}
+        denom = m.sum().clamp_min(1.0)
+        feat = (F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1) * m).sum() / denom
+        with torch.no_grad():
+            p = torch.softmax(reduced_logits(tgt, head_w, softcap).float(), dim=-1)
+        logq = torch.log_softmax(reduced_logits(pred, head_w, softcap).float(), dim=-1)
+        ce = (-(p * logq).sum(-1) * m).sum() / denom
+        w = cfg.ttt_decay**i
+        total = total + w * (cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce)
+        with torch.no_grad():
+            acc = ((logq.argmax(-1) == p.argmax(-1)).float() * m).sum() / denom
+        metrics.update({f"feat_loss_{i}": float(feat.detach()), f"ce_{i}": float(ce.detach()), f"top1_{i}": float(acc)})
+        g = pred  # next step reads the drafter's own features
+    return total, metrics
+
+
+def small_lm_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
+    """Next-token cross-entropy on loss-mask positions (response tokens when finetuning)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+    tgt = batch["input_ids"][:, 1:]
+    m = batch["loss_mask"][:, 1:]
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none").view_as(m)
+    loss = (ce * m).sum() / m.sum().clamp_min(1.0)
+    acc = ((logits.argmax(-1) == tgt).float() * m).sum() / m.sum().clamp_min(1.0)
+    return loss, {"ce": float(loss.detach()), "top1": float(acc)}
+
+
+# ------------------------------------------------------------------------------ simulated acceptance
+
+
+def acceptance_from_hits(hits: torch.Tensor, valid: torch.Tensor) -> dict:
+    """hits [N, k] bool (draft i equals the target's top-1), valid [N] start positions → metrics.
+
+    Accepted length at a start = number of leading hits; α_i = share of starts accepting ≥ i tokens.
+    """
+    hits = hits[valid]
+    if hits.numel() == 0:
+        return {"accept_len": 0.0, "alpha": [], "starts": 0}
+    lead = hits.int().cumprod(dim=1)
+    return {"accept_len": float(lead.sum(1).float().mean()), "alpha": [round(float(a), 4) for a in lead.float().mean(0)],
+            "starts": int(hits.shape[0])}
+
+
+@torch.no_grad()
+def eagle_hits(drafter, embed, head_w, ids_s: torch.Tensor, seq: torch.Tensor, f: torch.Tensor, k: int,
+               softcap: float | None = None) -> torch.Tensor:
+    """Greedy sequence seq [1, T] (the target's own greedy output) and its features f [1, T, H] →
+    hits [T, k]: at start t, the drafter unrolled on its own predictions proposes d_1..d_k for x_{t+2..};
+    hit i when d_i equals the target's greedy token there (= seq, since seq is greedy).
+
+    Unrolled for all starts at once (step i feeds every position the drafter's step-(i-1) feature), the
+    same approximation as the training-time test.
+    """
+    T = seq.shape[1]
+    hits = torch.zeros((T, k), dtype=torch.bool)
+    emb = embed(seq)
+    g = f[:, :-1]
+    tokens = seq
+    for i in range(k):
+        L = T - 1 - i
+        if L < 1:
+            break
+        pos = torch.arange(1 + i, T, device=seq.device).unsqueeze(0)
+        pred, _ = drafter(emb[:, 1 + i :] if i == 0 else embed(tokens), g[:, :L], position_ids=pos)
+        d = ids_s[reduced_logits(pred[0], head_w, softcap).argmax(-1)]  # draft token for x_{t+2+i}
+        ok = d[: L - 1] == seq[0, 2 + i :]
+        hits[: L - 1, i] = ok.cpu()
+        tokens = d[: L - 1].unsqueeze(0)  # the drafter's own tokens feed the next step
+        g = pred[:, : L - 1]
+    return hits
+
+
+@torch.no_grad()
+def small_lm_hits(model, ids_s: torch.Tensor | None, seq: torch.Tensor, k: int) -> torch.Tensor:
+    """For a greedy target sequence, own predictions equal teacher forcing while they match: one forward."""
+    logits = model(input_ids=seq).logits[0, :-1]
+    if ids_s is not None:
+        pred = ids_s[logits[:, ids_s].argmax(-1)]
+    else:
+        pred = logits.argmax(-1)
+    match = pred == seq[0, 1:]  # match[j]: prediction for x_{j+1} from the prefix x_{<=j}
+    T = seq.shape[1]
+    hits = torch.zeros((T, k), dtype=torch.bool)
+    for i in range(k):  # start t: x_{t+1} is the target's token, draft i is for x_{t+2+i} (as eagle_hits)
+        n = T - 2 - i
+        if n > 0:
+            hits[:n, i] = match[1 + i :].cpu()
+    return hits
