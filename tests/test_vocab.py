@@ -76,6 +76,32 @@ def test_rank_puts_structural_first_then_count_then_id():
     assert rank(counts, first=[6, 4]).tolist() == [6, 4, 2, 5, 0, 3]
 
 
+def test_rank_tail_covers_the_vocabulary_by_the_other_languages_counts():
+    counts = np.array([0, 3, 0, 1, 0, 0], dtype=np.int64)
+    tail = np.array([0.0, 0.0, 0.2, 0.0, 0.5, 0.2])
+    assert rank(counts, first=[0], tail_counts=tail).tolist() == [0, 1, 3, 4, 2, 5]
+
+
+def test_wordfreq_forms_follow_running_text():
+    from vocab.sources import wordfreq_items
+
+    de = dict(wordfreq_items(get_language("de"), space_share=0.8, capital_share=0.2))
+    assert de[" und"] > de["und"] > 0 and de[" Und"] == pytest.approx(de[" und"] * 0.25)
+    ja = dict(wordfreq_items(get_language("ja"), space_share=0.8))
+    assert "の" in ja and " の" not in ja
+
+
+def test_structural_ids_include_punctuation_and_digits(tiny_gemma_dir):
+    t = load_target(str(tiny_gemma_dir))
+    ids = structural_ids(t.tokenizer, t.spec.prompt_format.stop)
+    assert ids[0] == t.tokenizer.bos_token_id or t.tokenizer.bos_token_id in ids[:4]
+    for ch in (".", ",", "?"):
+        enc = t.tokenizer(ch, add_special_tokens=False)["input_ids"]
+        if len(enc) == 1:
+            assert enc[0] in ids
+    assert len(set(ids)) == len(ids)
+
+
 def test_count_documents_holds_out_every_kth(tiny_gemma_dir):
     t = load_target(str(tiny_gemma_dir))
     texts = [f"Tài liệu số {i} về lá cây." for i in range(30)]
@@ -115,7 +141,7 @@ def test_stage_end_to_end_on_local_fineweb_schema(tmp_path, tiny_gemma_dir, corp
     cfg = validate(VocabConfig, {
         "langs": ["vi", "de"], "target": str(tiny_gemma_dir), "run": str(tmp_path / "run"),
         "sources": [{"name": "fineweb2", "path": str(corpus / "{lang}")}, {"name": "wordfreq", "weight": 0.5}],
-        "mask_sizes": [64, 128], "coverage_ks": [16, 64, 256], "overlap_k": 64,
+        "mask_sizes": [64, 128], "coverage_ks": [16, 64, 256], "overlap_k": 160,
     })
     summary = run_vocab(cfg, log=lambda *_: None)
     out = tmp_path / "run" / "vocab"
@@ -128,7 +154,9 @@ def test_stage_end_to_end_on_local_fineweb_schema(tmp_path, tiny_gemma_dir, corp
     assert vi.ranked_ids[: len(first)].tolist() == first
     rest = vi.counts[len(first):]
     assert (np.diff(rest) <= 0).all(), "descending counts after the structural tokens"
-    assert len(set(vi.ranked_ids.tolist())) == len(vi.ranked_ids)
+    assert len(set(vi.ranked_ids.tolist())) == len(vi.ranked_ids) == target.vocab_size  # tail covers |V|
+    assert (vi.counts[: vi.meta["seen_ids"]] > 0).sum() >= vi.meta["seen_ids"] - len(first)
+    assert (vi.counts[len(first) + vi.meta["seen_ids"]:] == 0).all()
     assert vi.meta["heldout"]["kind"] == "split" and vi.meta["heldout"]["documents"] == 6
     assert [s["name"] for s in vi.meta["sources"]] == ["fineweb2", "wordfreq"]
     cov = summary["coverage"]["vi"]

@@ -122,9 +122,7 @@ class DrafterRecipe:
     def _reduced_vocab(self) -> tuple[torch.Tensor, dict]:
         cfg, V = self.cfg, self.target.vocab_size
         s = cfg.eagle.vocab_size
-        if cfg.drafter_type == "small-lm" and s is None:
-            return torch.arange(V, device=self.acc.device), {"size": V, "file": None}
-        if s is None:
+        if s is None:  # full vocabulary
             return torch.arange(V, device=self.acc.device), {"size": V, "file": None}
         if s > V:
             raise PolyspecError(f"eagle.vocab_size {s} is larger than the target vocabulary ({V})")
@@ -167,8 +165,8 @@ class DrafterRecipe:
             data = json.loads(cache.read_text())
         else:
             data = []
-            for ex in held:
-                start = next(i for i, m in enumerate(ex.loss_mask) if m) if any(ex.loss_mask) else len(ex.input_ids) // 2
+            for ex in held:  # finetune: the prompt is the instruction; pretrain: the first half of the text
+                start = ex.loss_mask.index(1) if self.stage == "finetune" else max(1, len(ex.input_ids) // 2)
                 prompt = ex.input_ids[:start]
                 new = greedy_generate(self.target, prompt, max(8, min(64, self.cfg.data.max_length - start)))
                 data.append({"ids": prompt + new, "start": start})
@@ -287,17 +285,18 @@ class DrafterRecipe:
                 "vocab": self.vocab_meta, "train_config": json.loads(self.cfg.model_dump_json()),
                 "data_files": self.data_files}
 
-    def _save_weights(self, path: Path, extra: dict) -> None:
+    def _save_weights(self, path: Path, extra: dict, barrier: bool = True) -> None:
         if self.acc.is_main_process:
             save_drafter(path, self.acc.unwrap_model(self.model), {**self._meta(), **extra})
-        self.acc.wait_for_everyone()
+        if barrier:
+            self.acc.wait_for_everyone()
 
     def save_checkpoint(self) -> None:
         """model (safetensors), optimizer (tensors only), scheduler, RNG, step/data position, best."""
         self.acc.wait_for_everyone()
         if self.acc.is_main_process:
             ck = self.out / f"checkpoint-{self.step}"
-            self._save_weights_no_barrier(ck)
+            self._save_weights(ck, {"step": self.step}, barrier=False)
             torch.save(self.opt.state_dict(), ck / "optimizer.pt")
             rng = {"torch": torch.get_rng_state(), "gen": self.gen.get_state()}
             if torch.cuda.is_available():
@@ -312,9 +311,6 @@ class DrafterRecipe:
             for old in sorted(self.out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[: -self.cfg.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
         self.acc.wait_for_everyone()
-
-    def _save_weights_no_barrier(self, path: Path) -> None:
-        save_drafter(path, self.acc.unwrap_model(self.model), self._meta())
 
     def _resume(self) -> None:
         cks = sorted(self.out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))

@@ -58,7 +58,8 @@ def heldout_counts(kind: str, cfg: VocabConfig, lang: Language, tokenizer, vocab
     return counts, {"kind": kind, "documents": len(texts), "tokens": int(counts.sum())}
 
 
-def build_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -> tuple[RankedVocab, np.ndarray, dict]:
+def count_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Mixed counts [|V|] of one language, its held-out counts [|V|] and the metadata of the counting."""
     tok, V = target.tokenizer, target.vocab_size
     kind = heldout_kind(cfg, lang)
     mixed = np.zeros(V, dtype=np.float64)
@@ -90,11 +91,10 @@ def build_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -
         held, held_info = heldout_counts(kind, cfg, lang, tok, V)
     if held.sum() == 0:
         raise PolyspecError(f"no held-out text for {lang.code!r} (kind {kind}); add documents or use heldout=seeds")
-    ranked_ids = rank(counts, first)
     meta = {"target": target.spec.name, "tokenizer_sha256": target.tokenizer_sha256, "vocab_size": V,
             "sources": source_meta, "documents": sum(s["documents"] for s in source_meta), "tokens": total_tokens,
-            "structural_ids": first, "heldout": held_info}
-    return RankedVocab(lang.code, ranked_ids, counts[ranked_ids.astype(np.int64)], meta), held, held_info
+            "structural_ids": first, "seen_ids": int((counts > 0).sum()), "heldout": held_info}
+    return counts, held, meta
 
 
 def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
@@ -104,16 +104,24 @@ def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
     target = target or load_target(cfg.target, device="cpu")
     out = Path(cfg.run) / "vocab"
     first = structural_ids(target.tokenizer, target.spec.prompt_format.stop)
+    counted = {lang.code: count_language(cfg, lang, target, first) for lang in langs}
+    shares = {code: c / max(c.sum(), 1) for code, (c, _, _) in counted.items()}
     ranked, curves, ks_needed, held_infos = {}, {}, {}, {}
     for lang in langs:
-        vocab, held, held_info = build_language(cfg, lang, target, first)
+        counts, held, meta = counted[lang.code]
+        # ids unseen in this language follow its seen ids, ordered by the other languages' pooled shares
+        others = sum((v for k, v in shares.items() if k != lang.code), np.zeros(target.vocab_size))
+        ids = rank(counts, first, tail_counts=others)
+        meta["tail"] = "unseen ids ordered by the pooled counts of " + (", ".join(k for k in shares if k != lang.code) or "no other language") + ", then by id"
+        vocab = RankedVocab(lang.code, ids, counts[ids.astype(np.int64)], meta)
+        held_info = meta["heldout"]
         save_ranked(out, vocab)
         ranked[lang.code] = vocab.ranked_ids
         curves[lang.code] = coverage_curve(vocab.ranked_ids, held, cfg.coverage_ks)
         ks_needed[lang.code] = k_for_coverage(vocab.ranked_ids, held)
         held_infos[lang.code] = held_info
         c = curves[lang.code]
-        log(f"[vocab] {lang.code}: {len(vocab.ranked_ids)} ranked ids from {vocab.meta['tokens']:,} tokens; held-out "
+        log(f"[vocab] {lang.code}: {meta['seen_ids']} ids seen in {vocab.meta['tokens']:,} tokens; held-out "
             f"({held_info['kind']}) coverage 8K {c.get('8192', float('nan')):.3f} 16K {c.get('16384', float('nan')):.3f} "
             f"32K {c.get('32768', float('nan')):.3f}")
     write_coverage(out, curves, ks_needed, held_infos)

@@ -105,8 +105,14 @@ def count_weighted(items: list[tuple[str, float]], tokenizer, vocab_size: int, s
     return out
 
 
+# Punctuation, digits and symbols of running text in every script: word lists (wordfreq) never contain
+# them, and they are among the most frequent tokens of any language, so they rank with the specials.
+_PUNCT = list(".,;:!?'\"()[]{}-–—/\\*&%$#@+=<>|_~`^…") + list("0123456789") + list("。、，！？：；「」『』（）《》【】・～")
+
+
 def structural_ids(tokenizer, stop_strings: list[str]) -> list[int]:
-    """Special tokens plus newline/space/turn-marker tokens, in a stable order (ranked first)."""
+    """Special tokens, newline/space/turn-marker tokens, then single-token punctuation and digits (with
+    and without a leading space), in a stable order: ranked first in every language."""
     ids: list[int] = []
     for i in [tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, *tokenizer.all_special_ids]:
         if i is not None and i not in ids:
@@ -115,13 +121,26 @@ def structural_ids(tokenizer, stop_strings: list[str]) -> list[int]:
         for i in tokenizer(text, add_special_tokens=False)["input_ids"]:
             if i not in ids:
                 ids.append(int(i))
+    for text in [form for ch in _PUNCT for form in (ch, " " + ch)]:
+        enc = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(enc) == 1 and enc[0] not in ids:
+            ids.append(int(enc[0]))
     return ids
 
 
-def rank(counts: np.ndarray, first: list[int]) -> np.ndarray:
-    """Ids by descending count (ties by id), ``first`` on top; ids never seen are left out."""
+def rank(counts: np.ndarray, first: list[int], tail_counts: np.ndarray | None = None) -> np.ndarray:
+    """Ids by descending count (ties by id) with ``first`` on top.
+
+    Ids never seen follow, ordered by ``tail_counts`` (e.g. the other languages' pooled counts), then by
+    id, so the list covers the whole vocabulary and any size S ≤ |V| can be cut from it. Without
+    ``tail_counts`` unseen ids are left out.
+    """
     order = np.lexsort((np.arange(len(counts)), -counts))  # primary: -count, secondary: id
     seen = order[counts[order] > 0]
     head = np.asarray(first, dtype=np.int64)
-    rest = seen[~np.isin(seen, head)]
-    return np.concatenate([head, rest]).astype(np.int32)
+    parts = [head, seen[~np.isin(seen, head)]]
+    if tail_counts is not None:
+        unseen = np.nonzero(counts == 0)[0]
+        unseen = unseen[~np.isin(unseen, head)]
+        parts.append(unseen[np.lexsort((unseen, -tail_counts[unseen]))])
+    return np.concatenate(parts).astype(np.int32)

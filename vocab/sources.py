@@ -48,8 +48,15 @@ def documents(src: SourceConfig, lang: Language, run: str | Path) -> Iterator[st
         raise PolyspecError(f"source {src.name!r} yields no documents (wordfreq is counted from word lists)")
 
 
-def wordfreq_items(lang: Language, space_share: float) -> list[tuple[str, float]]:
-    """(text, weight) pairs: every listed word of the language, in the forms it takes in running text."""
+_CASED_SCRIPTS = {"Latn", "Cyrl", "Grek", "Armn"}
+
+
+def wordfreq_items(lang: Language, space_share: float, capital_share: float = 0.15) -> list[tuple[str, float]]:
+    """(text, weight) pairs: every listed word of the language, in the forms it takes in running text.
+
+    wordfreq lists are lower-cased and unspaced; in running text a word mostly follows a space and is
+    sometimes capitalised (sentence starts, German nouns). Scripts without spaces keep the bare form.
+    """
     import wordfreq
 
     try:
@@ -58,10 +65,13 @@ def wordfreq_items(lang: Language, space_share: float) -> list[tuple[str, float]
         raise PolyspecError(f"wordfreq has no frequency list for {lang.code!r} ({lang.wordfreq})") from None
     if lang.script in _SPACELESS_SCRIPTS:
         return list(freqs.items())
+    cap = capital_share if lang.script in _CASED_SCRIPTS else 0.0
     items = []
     for word, f in freqs.items():
-        items.append((" " + word, f * space_share))
-        items.append((word, f * (1.0 - space_share)))
+        forms = [(word, 1.0 - cap)] + ([(word[:1].upper() + word[1:], cap)] if cap and word[:1].islower() else [])
+        for form, share in forms:
+            items.append((" " + form, f * space_share * share))
+            items.append((form, f * (1.0 - space_share) * share))
     return items
 
 
