@@ -224,8 +224,13 @@ def test_bad_input_fails_before_training(tmp_path, gemma_run, tiny_gemma_dir, ti
         run(tcfg(gemma_run, tiny_gemma_dir, "stage=finetune", f"data.finetune=[{bad}]"))
     with pytest.raises(PolyspecError, match="another tokenizer"):  # vocab built for the gemma tokenizer
         run(tcfg(gemma_run, tiny_llama_dir, "stage=finetune"))
+    # make vocab's lists span |V|; a shorter ranked list (another tool, a truncated file) is refused
+    from vocab.files import RankedVocab, load_ranked, save_ranked
+
+    full = load_ranked(gemma_run / "vocab" / "vi.safetensors")
+    save_ranked(tmp_path / "short", RankedVocab("vi", full.ranked_ids[:100], full.counts[:100], full.meta))
     with pytest.raises(PolyspecError, match="larger than the ranked list"):
-        run(tcfg(gemma_run, tiny_gemma_dir, "stage=finetune", "eagle.vocab_size=700"))
+        run(tcfg(gemma_run, tiny_gemma_dir, "stage=finetune", f"eagle.vocab_file={tmp_path / 'short' / 'vi.safetensors'}"))
     with pytest.raises(PolyspecError, match="larger than the target vocabulary"):
         run(tcfg(gemma_run, tiny_gemma_dir, "stage=finetune", "eagle.vocab_size=100000"))
 
