@@ -107,7 +107,7 @@ train: check-lang
 		lang=$(LANG_CODE) target=$(TARGET) run=$(RUN) stage=$(STAGE)
 
 export: check-langs
-	$(PY) -m export --langs $(LANGS) --target $(TARGET) --run $(RUN)
+	$(PY) -m export --langs $(LANGS) --target $(TARGET) --run $(RUN) $(if $(BUNDLE),--out $(BUNDLE))
 
 eval: $(STAMP)
 	$(PY) -m decoder --target $(TARGET) --run $(RUN)

@@ -1,6 +1,59 @@
-"""`python -m export`: placeholder until issue #6 lands."""
+"""``python -m export`` — write and validate a bundle from a run's drafters and vocabularies.
 
+    python -m export --langs vi,de,ja [--run runs/default] [--target gemma3-270m] [--out <run>/export/bundle]
+                     [--sizes 8192,16384,32768] [--window 10 --step 5 --offset 2]
+    python -m export --check <bundle> [--target …]      validate an existing bundle
+
+The interop formats (``--format hf-assistant | vllm-eagle3``) land with the rest of issue #6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
 import sys
+from pathlib import Path
 
-print("export: stage not implemented yet (issue #6)", file=sys.stderr)
-raise SystemExit(3)
+from polyspec.errors import PolyspecError, cli_entry
+from polyspec.languages import parse_languages
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m export", description="Write or check a polyspec bundle.")
+    ap.add_argument("--langs", default="vi,de,ja")
+    ap.add_argument("--run", default="runs/default")
+    ap.add_argument("--target", default="gemma3-270m")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sizes", default="8192,16384,32768", help="vocabulary sizes S of the language masks")
+    ap.add_argument("--window", type=int, default=10, help="ADASPEC Alg. 2 w")
+    ap.add_argument("--step", type=int, default=5, help="ADASPEC Alg. 2 u")
+    ap.add_argument("--offset", type=float, default=2, help="ADASPEC Alg. 2 z")
+    ap.add_argument("--format", default="polyspec", choices=["polyspec", "hf-assistant", "vllm-eagle3"])
+    ap.add_argument("--check", default=None, metavar="BUNDLE", help="only validate this bundle")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.format != "polyspec":
+        raise PolyspecError(f"--format {args.format} is not implemented yet (issue #6)")
+    from export.bundle import load_bundle, write_bundle
+    from polyspec.targets import load_target
+
+    target = load_target(args.target, device="cpu")
+    if args.check:
+        b = load_bundle(args.check, target_pin=target.pin())
+        print(f"ok: {b.root} — {b.manifest['drafter_type']} drafters for {', '.join(b.languages)}, sizes {b.vocab_sizes}")
+        return 0
+    langs = [lang.code for lang in parse_languages(args.langs)]
+    try:
+        sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    except ValueError:
+        raise PolyspecError(f"--sizes {args.sizes!r} must be comma-separated integers") from None
+    out = Path(args.out or Path(args.run) / "export" / "bundle")
+    b = write_bundle(out, args.run, langs, target.pin(), sizes,
+                     adaptive={"window": args.window, "step": args.step, "offset": args.offset})
+    print(json.dumps({"bundle": str(b.root), "languages": b.languages, "vocab_sizes": b.vocab_sizes,
+                      "files": len(b.manifest["files"])}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

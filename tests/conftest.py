@@ -40,6 +40,30 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
     return cache
 
 
+def prepare_run(run_dir: Path, target_dir: Path, lang: str = "vi") -> Path:
+    """synth (finetune data), distill --continuation (pretrain text) and vocab for a tiny target."""
+    from polyspec.config import apply_overrides, validate
+    from synth.config import DistillConfig, SynthConfig
+    from synth.distill import run_distill
+    from synth.selfsynth import run_selfsynth
+    from vocab.build import run_vocab
+    from vocab.config import VocabConfig
+
+    if (run_dir / "vocab" / f"{lang}.safetensors").is_file():
+        return run_dir
+    tiny = ["instruction.max_new_tokens=12", "response.max_new_tokens=24", "filters.keep_unfinished_instructions=true",
+            "filters.min_response_chars=1", "filters.min_instruction_chars=1", "filters.require_language=false"]
+    run_selfsynth(validate(SynthConfig, apply_overrides({}, [f"lang={lang}", "n=24", f"run={run_dir}", f"target={target_dir}",
+                                                             "engine.batch_size=8", *tiny])), log=lambda *_: None)
+    run_distill(validate(DistillConfig, {"lang": lang, "run": str(run_dir), "target": str(target_dir), "continuation": True,
+                                         "out_name": "pretrain", "temperatures": [0.7, 1.0], "sampling": {"max_new_tokens": 24},
+                                         "engine": {"batch_size": 16}}))
+    run_vocab(validate(VocabConfig, {"langs": [lang], "target": str(target_dir), "run": str(run_dir), "mask_sizes": [128],
+                                     "sources": [{"name": "synth"}, {"name": "wordfreq", "weight": 0.5}], "heldout": "seeds"}),
+              log=lambda *_: None)
+    return run_dir
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run ``python <args>`` (or ``make`` when args[0] == 'make') and capture its output."""
     full_env = {**os.environ, **(env or {})}

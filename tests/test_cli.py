@@ -1,6 +1,7 @@
 """Bad input at the command line: one line on stderr, a non-zero exit, no traceback."""
 
 import pytest
+
 from conftest import REPO, run_cli
 
 

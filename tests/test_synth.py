@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
+from conftest import run_cli
 from polyspec.config import apply_overrides, validate
 from polyspec.errors import PolyspecError
 from polyspec.languages import get_language, translated_path

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
 
+from conftest import run_cli
 from polyspec.config import validate
 from polyspec.errors import PolyspecError
 from polyspec.languages import get_language

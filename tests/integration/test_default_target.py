@@ -5,8 +5,8 @@ import json
 import time
 
 import pytest
-from conftest import run_cli
 
+from conftest import run_cli
 from polyspec.languages import get_language
 from polyspec.prompts import encode, render
 from polyspec.targets import greedy_generate, load_from_gguf, load_target, locate_gguf, resolve_target

@@ -1,0 +1,183 @@
+"""Bundles: one folder holding everything the decoder needs for a target and a set of languages.
+
+Layout (DESIGN.md)::
+
+    manifest.json                 format_version, target pin, drafter_type, languages, vocab_sizes,
+                                  adaptive {window, step, offset}, files {relative path: sha256}
+    drafters/<lang>/              config.json + model.safetensors (from <run>/train/<lang>/final/)
+    vocab/<lang>.safetensors      ranked ids (+ .json sidecar)
+    language_masks.safetensors    [|L|·|S|, |V|] bit-packed, row s·|L| + l (ADASPEC Alg. 2)
+    README.md                     model card
+
+``write_bundle`` builds it in a temporary folder and renames it into place (no half bundle on a crash);
+``load_bundle`` refuses a bundle whose format, checksums, paths (must stay inside the bundle), tensor
+shapes or tokenizer do not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polyspec.errors import PolyspecError
+from polyspec.io import atomic_directory, atomic_write_json, atomic_write_text
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Bundle:
+    root: Path
+    manifest: dict[str, Any]
+
+    @property
+    def languages(self) -> list[str]:
+        return list(self.manifest["languages"])
+
+    @property
+    def vocab_sizes(self) -> list[int]:
+        return list(self.manifest["vocab_sizes"])
+
+    def path(self, rel: str) -> Path:
+        return safe_join(self.root, rel)
+
+    def drafter_dir(self, lang: str) -> Path:
+        return self.path(f"drafters/{lang}")
+
+    def vocab_file(self, lang: str) -> Path:
+        return self.path(f"vocab/{lang}.safetensors")
+
+    def masks_file(self) -> Path:
+        return self.path("language_masks.safetensors")
+
+
+def safe_join(root: Path, rel: str) -> Path:
+    """``root / rel``, refusing absolute paths and anything that resolves outside ``root``."""
+    if not rel or Path(rel).is_absolute() or "\\" in rel:
+        raise PolyspecError(f"bundle path {rel!r} is not a relative path inside the bundle")
+    full = (root / rel).resolve()
+    if full != root.resolve() and root.resolve() not in full.parents:
+        raise PolyspecError(f"bundle path {rel!r} points outside the bundle")
+    return full
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_pin: dict, vocab_sizes: list[int],
+                 adaptive: dict | None = None, overwrite: bool = True) -> Bundle:
+    """Copy the run's per-language drafters and vocabularies, build the masks, write the manifest."""
+    from vocab.files import load_ranked
+    from vocab.masks import build_masks, save_masks
+
+    run = Path(run)
+    adaptive = adaptive or {"window": 10, "step": 5, "offset": 2}  # ADASPEC Table 3, best (w, u, z)
+    drafter_types = set()
+    with atomic_directory(out, overwrite=overwrite) as tmp:
+        ranked = []
+        for lang in languages:
+            src = run / "train" / lang / "final"
+            cfg = _read_json(src / "config.json", f"drafter of {lang!r} (train stage output)")
+            if cfg.get("target", {}).get("tokenizer_sha256") != target_pin["tokenizer_sha256"]:
+                raise PolyspecError(f"drafter {src} was trained for another target tokenizer")
+            drafter_types.add(cfg["drafter_type"])
+            shutil.copytree(src, tmp / "drafters" / lang)
+            vocab = load_ranked(run / "vocab" / f"{lang}.safetensors", tokenizer_sha256=target_pin["tokenizer_sha256"])
+            (tmp / "vocab").mkdir(exist_ok=True)
+            for suffix in (".safetensors", ".json"):
+                shutil.copy2(run / "vocab" / f"{lang}{suffix}", tmp / "vocab" / f"{lang}{suffix}")
+            ranked.append(vocab.ranked_ids)
+        if len(drafter_types) != 1:
+            raise PolyspecError(f"one drafter type per bundle, got {sorted(drafter_types)}")
+        save_masks(tmp / "language_masks.safetensors", build_masks(ranked, vocab_sizes, target_pin["vocab_size"]),
+                   languages, vocab_sizes)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "target": target_pin,
+            "drafter_type": drafter_types.pop(),
+            "languages": languages,
+            "vocab_sizes": vocab_sizes,
+            "adaptive": adaptive,
+        }
+        atomic_write_text(tmp / "README.md", model_card(manifest))
+        manifest["files"] = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        atomic_write_json(tmp / MANIFEST, manifest)
+    return load_bundle(out, target_pin=target_pin)
+
+
+def load_bundle(path: str | Path, target_pin: dict | None = None, verify: bool = True) -> Bundle:
+    """Validate and open a bundle; every problem is a one-line PolyspecError."""
+    root = Path(path)
+    manifest = _read_json(root / MANIFEST, "bundle manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise PolyspecError(f"bundle {root}: format_version {manifest.get('format_version')} is not {FORMAT_VERSION}")
+    for key in ("target", "drafter_type", "languages", "vocab_sizes", "adaptive", "files"):
+        if key not in manifest:
+            raise PolyspecError(f"bundle {root}: manifest has no {key!r}")
+    bundle = Bundle(root, manifest)
+    if target_pin is not None:
+        mine = manifest["target"]
+        if mine.get("tokenizer_sha256") != target_pin.get("tokenizer_sha256"):
+            raise PolyspecError(f"bundle {root} was built for target {mine.get('name')!r} with another tokenizer; "
+                                f"it cannot serve {target_pin.get('name')!r}")
+        for k in ("vocab_size", "hidden_size"):
+            if mine.get(k) != target_pin.get(k):
+                raise PolyspecError(f"bundle {root}: target {k} {mine.get(k)} ≠ {target_pin.get(k)}")
+    listed = manifest["files"]
+    for rel in listed:
+        safe_join(root, rel)  # raises for ../ or absolute paths
+    if verify:
+        for rel, digest in listed.items():
+            p = safe_join(root, rel)
+            if not p.is_file():
+                raise PolyspecError(f"bundle {root}: {rel} is missing")
+            if sha256_file(p) != digest:
+                raise PolyspecError(f"bundle {root}: {rel} does not match its checksum (corrupted or edited)")
+    for lang in bundle.languages:
+        for rel in (f"drafters/{lang}/config.json", f"drafters/{lang}/model.safetensors", f"vocab/{lang}.safetensors"):
+            if rel not in listed:
+                raise PolyspecError(f"bundle {root}: {rel} is not listed in the manifest")
+    from vocab.masks import load_masks
+
+    mask, langs, sizes = load_masks(bundle.masks_file())
+    if langs != bundle.languages or sizes != bundle.vocab_sizes or mask.shape[1] != manifest["target"]["vocab_size"]:
+        raise PolyspecError(f"bundle {root}: language masks {tuple(mask.shape)} for {langs}/{sizes} do not match the manifest")
+    return bundle
+
+
+def model_card(manifest: dict) -> str:
+    t = manifest["target"]
+    lines = [
+        f"# polyspec bundle — {t['name']}",
+        "",
+        f"Drafters ({manifest['drafter_type']}) for {', '.join(manifest['languages'])}, with ranked vocabularies "
+        f"and language masks for sizes {', '.join(map(str, manifest['vocab_sizes']))} (ADASPEC).",
+        "",
+        f"- target: `{t['name']}` ({t['source']}), vocab {t['vocab_size']}, hidden {t['hidden_size']}, "
+        f"tokenizer sha256 `{t['tokenizer_sha256'][:16]}…`",
+        f"- adaptive defaults: window {manifest['adaptive']['window']}, step {manifest['adaptive']['step']}, "
+        f"offset {manifest['adaptive']['offset']}",
+        "",
+        "Decoding with it is lossless: the target verifies every token.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PolyspecError(f"{what} not found: {path}") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise PolyspecError(f"cannot read {what} {path}: {e}") from None

@@ -1,0 +1,121 @@
+"""export/: bundle writer and validator on a tiny target with trained drafters."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import prepare_run
+from polyspec.config import apply_overrides, validate
+from polyspec.errors import PolyspecError
+from polyspec.targets import load_target
+from train.config import TrainConfig
+from train.drafter import run as train_run
+from vocab.masks import load_masks
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_llama_dir):
+    """A run with vi and de drafters (a few EAGLE steps each) and both vocabularies."""
+    run_dir = tmp_path_factory.mktemp("run-export")
+    for lang in ("vi", "de"):
+        prepare_run(run_dir, tiny_llama_dir, lang)
+        cfg = validate(TrainConfig, apply_overrides({}, [
+            f"run={run_dir}", f"target={tiny_llama_dir}", f"lang={lang}", "stage=finetune", "eagle.vocab_size=128",
+            "report_to=none", "finetune.steps=2", "eval_every=2", "checkpoint_every=2", "optim.batch_size=2",
+            "data.max_length=48", "data.eval_max_examples=1", "eval_depth=2"]))
+        train_run(cfg)
+    # vocab for both languages in one call (the masks need every ranked list)
+    from vocab.build import run_vocab
+    from vocab.config import VocabConfig
+
+    run_vocab(validate(VocabConfig, {"langs": ["vi", "de"], "target": str(tiny_llama_dir), "run": str(run_dir),
+                                     "mask_sizes": [64, 128], "sources": [{"name": "synth"}], "heldout": "seeds"}),
+              log=lambda *_: None)
+    return run_dir, load_target(str(tiny_llama_dir))
+
+
+def test_write_and_load_bundle(tmp_path, trained):
+    from export.bundle import load_bundle, write_bundle
+
+    run_dir, target = trained
+    b = write_bundle(tmp_path / "bundle", run_dir, ["vi", "de"], target.pin(), [64, 128])
+    m = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert m["format_version"] == 1 and m["drafter_type"] == "eagle"
+    assert m["languages"] == ["vi", "de"] and m["vocab_sizes"] == [64, 128]
+    assert m["target"]["tokenizer_sha256"] == target.tokenizer_sha256
+    assert set(m["adaptive"]) == {"window", "step", "offset"}
+    for rel in ("drafters/vi/model.safetensors", "drafters/de/config.json", "vocab/vi.safetensors",
+                "language_masks.safetensors", "README.md"):
+        assert rel in m["files"] and len(m["files"][rel]) == 64
+    mask, langs, sizes = load_masks(b.masks_file())
+    assert mask.shape == (4, target.vocab_size) and mask.dtype == torch.bool
+    assert load_bundle(tmp_path / "bundle", target_pin=target.pin()).languages == ["vi", "de"]
+    assert "tiny-llama" in (tmp_path / "bundle" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing", "dotdot", "absolute", "format"])
+def test_damaged_bundle_is_refused_in_one_line(tmp_path, trained, damage):
+    from export.bundle import load_bundle, write_bundle
+
+    run_dir, target = trained
+    root = tmp_path / "bundle"
+    write_bundle(root, run_dir, ["vi", "de"], target.pin(), [64, 128])
+    manifest = json.loads((root / "manifest.json").read_text())
+    if damage == "corrupt":
+        p = root / "drafters" / "vi" / "model.safetensors"
+        data = bytearray(p.read_bytes())
+        data[-1] ^= 0xFF
+        p.write_bytes(bytes(data))
+    elif damage == "missing":
+        (root / "vocab" / "de.safetensors").unlink()
+    elif damage in ("dotdot", "absolute"):
+        manifest["files"]["../../etc/passwd" if damage == "dotdot" else "/etc/passwd"] = "0" * 64
+    elif damage == "format":
+        manifest["format_version"] = 99
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PolyspecError) as e:
+        load_bundle(root, target_pin=target.pin())
+    assert "\n" not in str(e.value)
+
+
+def test_bundle_for_another_target_is_refused(tmp_path, trained, tiny_gemma_dir):
+    from export.bundle import load_bundle, write_bundle
+
+    run_dir, target = trained
+    write_bundle(tmp_path / "b", run_dir, ["vi"], target.pin(), [64])
+    other = load_target(str(tiny_gemma_dir)).pin()
+    with pytest.raises(PolyspecError, match="another tokenizer"):
+        load_bundle(tmp_path / "b", target_pin=other)
+    with pytest.raises(PolyspecError, match="another target tokenizer"):
+        write_bundle(tmp_path / "c", run_dir, ["vi"], other, [64])
+
+
+def test_interrupted_export_leaves_no_half_bundle(tmp_path, trained):
+    from export.bundle import write_bundle
+
+    run_dir, target = trained
+    broken = tmp_path / "run"
+    shutil.copytree(run_dir, broken)
+    shutil.rmtree(broken / "train" / "de" / "final")  # the second language fails mid-export
+    with pytest.raises(PolyspecError, match="drafter of 'de'"):
+        write_bundle(tmp_path / "bundle", broken, ["vi", "de"], target.pin(), [64])
+    assert not (tmp_path / "bundle").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle")]
+
+
+def test_cli_writes_and_checks(tmp_path, trained, tiny_llama_dir):
+    from conftest import run_cli
+
+    run_dir, _ = trained
+    out = tmp_path / "bundle"
+    proc = run_cli("-m", "export", "--langs", "vi,de", "--run", str(run_dir), "--target", str(tiny_llama_dir),
+                   "--out", str(out), "--sizes", "64,128")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["languages"] == ["vi", "de"]
+    ok = run_cli("-m", "export", "--check", str(out), "--target", str(tiny_llama_dir))
+    assert ok.returncode == 0 and ok.stdout.startswith("ok:")
+    (out / "README.md").write_text("edited")
+    bad = run_cli("-m", "export", "--check", str(out), "--target", str(tiny_llama_dir))
+    assert bad.returncode == 2 and "checksum" in bad.stderr and bad.stderr.count("\n") == 1
