@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from export.bundle import load_bundle, write_bundle
     from polyspec.targets import load_target
 
-    target = load_target(args.target, device="cpu")
+    target = load_target(args.target, device="cpu", with_model=False)  # the pin needs tokenizer + config only
     if args.check:
         b = load_bundle(args.check, target_pin=target.pin())
         print(f"ok: {b.root} — {b.manifest['drafter_type']} drafters for {', '.join(b.languages)}, sizes {b.vocab_sizes}")

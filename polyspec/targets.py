@@ -96,18 +96,21 @@ class Target:
     dtype: torch.dtype
     tokenizer_sha256: str
     path: Path | None  # local directory the weights were read from (None for a hub id not yet cached)
+    config: Any = None  # model config, also present when the weights were not loaded (with_model=False)
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        if self.model is not None:
+            return int(self.model.get_output_embeddings().weight.shape[0])
+        return int(_text_config(self.config).vocab_size)
 
     @property
     def hidden_size(self) -> int:
-        return int(_text_config(self.model.config).hidden_size)
+        return int(_text_config(self.config if self.model is None else self.model.config).hidden_size)
 
     @property
     def num_layers(self) -> int:
-        return int(_text_config(self.model.config).num_hidden_layers)
+        return int(_text_config(self.config if self.model is None else self.model.config).num_hidden_layers)
 
     def pin(self) -> dict[str, Any]:
         """What a bundle records to refuse being used with another target."""
@@ -198,7 +201,11 @@ def load_target(
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         local = Path(where) if Path(where).is_dir() else None
-        return Target(spec=spec, model=None, tokenizer=tok, device=dev, dtype=dt, tokenizer_sha256=tokenizer_sha256(tok), path=local)
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(where, trust_remote_code=spec.trust_remote_code)
+        return Target(spec=spec, model=None, tokenizer=tok, device=dev, dtype=dt, tokenizer_sha256=tokenizer_sha256(tok),
+                      path=local, config=config)
     if spec.source == "gguf-package":
         path = prepare_gguf_cache(spec, rebuild=rebuild)
         model, tok = _load_hf_dir(path, dt, spec, what=f"target cache {path}")
@@ -218,7 +225,8 @@ def load_target(
     model.to(dev)
     model.eval()
     model.requires_grad_(False)
-    return Target(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dt, tokenizer_sha256=sha, path=path)
+    return Target(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dt, tokenizer_sha256=sha, path=path,
+                  config=model.config)
 
 
 def model_path(spec: TargetSpec) -> str:

@@ -131,3 +131,11 @@ def test_unreadable_cache_is_one_line_error(isolated_cache, tiny_gemma_dir, dama
         load_target(spec)
     msg = str(e.value)
     assert "\n" not in msg and str(path) in msg
+
+
+def test_tokenizer_only_target_keeps_the_facts(tiny_target_dir):
+    full = load_target(str(tiny_target_dir))
+    light = load_target(str(tiny_target_dir), with_model=False)
+    assert light.model is None
+    assert (light.vocab_size, light.hidden_size, light.num_layers) == (full.vocab_size, full.hidden_size, full.num_layers)
+    assert light.tokenizer_sha256 == full.tokenizer_sha256 and light.pin() == full.pin()

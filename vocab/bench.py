@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         size_mb = path.stat().st_size / 1e6
         lang = get_language("en")  # the files source ignores the language except for {lang} in paths
         c = count_documents(documents(SourceConfig(name="files", path=str(path)), lang, tmp), target.tokenizer,
-                            len(target.tokenizer), batch_size=args.batch_size)
+                            target.vocab_size, batch_size=args.batch_size)
     rate = c.tokens / c.seconds
     print(f"files source: {c.documents} documents, {size_mb:.1f} MB, {c.tokens:,} tokens in {c.seconds:.2f}s "
           f"= {rate:,.0f} tokens/s (target {target.spec.name}, batch {args.batch_size})")

@@ -101,7 +101,7 @@ def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
     langs = [get_language(code, target=cfg.target) for code in cfg.langs]
     if not cfg.sources:
         raise PolyspecError("no sources given")
-    target = target or load_target(cfg.target, device="cpu")
+    target = target or load_target(cfg.target, device="cpu", with_model=False)  # tokenizer + config suffice
     out = Path(cfg.run) / "vocab"
     first = structural_ids(target.tokenizer, target.spec.prompt_format.stop)
     counted = {lang.code: count_language(cfg, lang, target, first) for lang in langs}
