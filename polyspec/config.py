@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from polyspec.errors import PolyspecError
+from polyspec.errors import PolyspecError, first_line
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -37,7 +37,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise PolyspecError(f"invalid YAML in {path}: {str(e).splitlines()[0]}") from None
+        raise PolyspecError(f"invalid YAML in {path}: {first_line(e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

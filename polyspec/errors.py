@@ -18,6 +18,12 @@ class PolyspecError(Exception):
     """
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type name when the message is empty)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def cli_entry(fn: F) -> F:
     """Wrap a CLI ``main``: PolyspecError -> one line on stderr and exit 2; Ctrl-C -> exit 130.
 

@@ -41,7 +41,7 @@ from pydantic import Field
 
 from polyspec.config import StrictModel, read_yaml, validate
 from polyspec.device import resolve_device, resolve_dtype
-from polyspec.errors import PolyspecError, cli_entry
+from polyspec.errors import PolyspecError, cli_entry, first_line
 from polyspec.io import atomic_directory, atomic_write_json
 from polyspec.paths import cache_dir, configs_dir
 
@@ -367,8 +367,7 @@ def _load_hf_dir(
         # types (or a bare Exception) on corrupted files. Anything else is a bug and propagates.
         if not (isinstance(e, (OSError, ValueError)) or _is_format_error(e)):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PolyspecError(f"cannot load {what}: {first}") from None
+        raise PolyspecError(f"cannot load {what}: {first_line(e)}") from None
     finally:
         hf_logging.enable_progress_bar()
     return model, tok

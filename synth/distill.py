@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from polyspec.errors import PolyspecError
+from polyspec.errors import PolyspecError, first_line
 from polyspec.languages import get_language
 from polyspec.lid import identify
 from polyspec.prompts import render
@@ -133,7 +133,7 @@ def _hf_prompts(name: str, cfg: DistillConfig) -> list[str]:
     try:
         ds = load_dataset(name, split="train", streaming=True)
     except Exception as e:  # noqa: BLE001 - any hub/network failure becomes one line
-        raise PolyspecError(f"cannot load dataset {name!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise PolyspecError(f"cannot load dataset {name!r}: {first_line(e)}") from None
     out = []
     for rec in ds:
         p = _prompt_of(rec, cfg.prompt_field)

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from polyspec.errors import PolyspecError
+from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_directory, atomic_write_json
 
 DRAFTER_FORMAT = 1
@@ -146,7 +146,7 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu") -> tuple[
     except FileNotFoundError as e:
         raise PolyspecError(f"drafter folder {path} is missing {Path(e.filename).name}") from None
     except Exception as e:  # noqa: BLE001 - corrupted json / safetensors
-        raise PolyspecError(f"cannot read drafter {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise PolyspecError(f"cannot read drafter {path}: {first_line(e)}") from None
     kind = meta.get("drafter_type")
     if kind == "eagle":
         model = EagleDrafter.from_arch(meta)

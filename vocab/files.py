@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load, save
 
-from polyspec.errors import PolyspecError
+from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_write_bytes, atomic_write_json
 
 
@@ -52,7 +52,7 @@ def load_ranked(path: str | Path, tokenizer_sha256: str | None = None) -> Ranked
     except FileNotFoundError as e:
         raise PolyspecError(f"vocab file missing: {e.filename}") from None
     except Exception as e:  # noqa: BLE001 - corrupted safetensors / json
-        raise PolyspecError(f"cannot read vocab file {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise PolyspecError(f"cannot read vocab file {path}: {first_line(e)}") from None
     if tokenizer_sha256 is not None and meta.get("tokenizer_sha256") != tokenizer_sha256:
         raise PolyspecError(
             f"{path} was built for another tokenizer (tokenizer_sha256 {str(meta.get('tokenizer_sha256'))[:12]}… "

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from polyspec.errors import PolyspecError
+from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_write_bytes
 
 
@@ -61,7 +61,7 @@ def load_masks(path: str | Path) -> tuple[torch.Tensor, list[str], list[int]]:
             meta = f.metadata() or {}
             packed = f.get_tensor("mask_packed")
     except Exception as e:  # noqa: BLE001 - missing / corrupted file
-        raise PolyspecError(f"cannot read language masks {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise PolyspecError(f"cannot read language masks {path}: {first_line(e)}") from None
     try:
         languages, sizes, vocab = meta["languages"].split(","), [int(x) for x in meta["sizes"].split(",")], int(meta["vocab_size"])
     except (KeyError, ValueError):

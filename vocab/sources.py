@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from polyspec.errors import PolyspecError
+from polyspec.errors import PolyspecError, first_line
 from polyspec.languages import Language
 from vocab.config import SourceConfig
 
@@ -101,8 +101,7 @@ def _load_hub(dataset: str, config: str, split: str):
     try:
         return load_dataset(dataset, name=config, split=split, streaming=True)
     except Exception as e:  # noqa: BLE001 - offline, gated, missing config: one line for the user
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PolyspecError(f"cannot stream {dataset} ({config}): {first}; offline, use SOURCES=wordfreq or files") from None
+        raise PolyspecError(f"cannot stream {dataset} ({config}): {first_line(e)}; offline, use SOURCES=wordfreq or files") from None
 
 
 def _dataset_texts(ds, field: str, where: str) -> Iterator[str]:
