@@ -96,21 +96,21 @@ class Target:
     dtype: torch.dtype
     tokenizer_sha256: str
     path: Path | None  # local directory the weights were read from (None for a hub id not yet cached)
-    config: Any = None  # model config, also present when the weights were not loaded (with_model=False)
+    config: Any  # model config, also present when the weights were not loaded (with_model=False)
 
     @property
     def vocab_size(self) -> int:
-        if self.model is not None:
+        if self.model is not None:  # the head's rows: can differ from config.vocab_size after resizing
             return int(self.model.get_output_embeddings().weight.shape[0])
         return int(_text_config(self.config).vocab_size)
 
     @property
     def hidden_size(self) -> int:
-        return int(_text_config(self.config if self.model is None else self.model.config).hidden_size)
+        return int(_text_config(self.config).hidden_size)
 
     @property
     def num_layers(self) -> int:
-        return int(_text_config(self.config if self.model is None else self.model.config).num_hidden_layers)
+        return int(_text_config(self.config).num_hidden_layers)
 
     def pin(self) -> dict[str, Any]:
         """What a bundle records to refuse being used with another target."""
@@ -198,8 +198,6 @@ def load_target(
     if not with_model:
         where = model_path(spec)
         tok = _load_hf_dir(where, dt, spec, what=f"tokenizer of {where}", tokenizer_only=True)[1]
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
         local = Path(where) if Path(where).is_dir() else None
         from transformers import AutoConfig
 
@@ -220,8 +218,6 @@ def load_target(
         model, tok = _load_hf(spec, dt)
         sha = tokenizer_sha256(tok)
         path = Path(spec.model_id) if spec.model_id and Path(spec.model_id).is_dir() else None
-    if tok.pad_token_id is None:  # Llama-3 style tokenizers: batched generation needs a pad id
-        tok.pad_token = tok.eos_token
     model.to(dev)
     model.eval()
     model.requires_grad_(False)
@@ -232,6 +228,14 @@ def load_target(
 def model_path(spec: TargetSpec) -> str:
     """What an external engine (vLLM) loads: the prepared cache folder or the hub id / local folder."""
     return str(prepare_gguf_cache(spec)) if spec.source == "gguf-package" else str(spec.model_id)
+
+
+def _ensure_pad(tok: Any) -> Any:
+    """Llama-3 style tokenizers have no pad token; batched generation needs one (EOS stands in).
+    Applied wherever a tokenizer is loaded, before it is hashed, so every load pins the same hash."""
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
 
 
 def tokenizer_sha256(tokenizer: Any) -> str:
@@ -316,7 +320,7 @@ def load_from_gguf(gguf_path: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw = {"gguf_file": gguf_path.name}
-    tok = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
+    tok = _ensure_pad(AutoTokenizer.from_pretrained(gguf_path.parent, **kw))
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kw)
     return model, tok
 
@@ -358,7 +362,7 @@ def _load_hf_dir(
         kw["revision"] = spec.revision
     hf_logging.disable_progress_bar()  # a cached load takes a second: no bar for it
     try:
-        tok = AutoTokenizer.from_pretrained(where, **kw)
+        tok = _ensure_pad(AutoTokenizer.from_pretrained(where, **kw))
         if tokenizer_only:
             return None, tok
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, use_safetensors=True, **kw)

@@ -139,3 +139,17 @@ def test_tokenizer_only_target_keeps_the_facts(tiny_target_dir):
     assert light.model is None
     assert (light.vocab_size, light.hidden_size, light.num_layers) == (full.vocab_size, full.hidden_size, full.num_layers)
     assert light.tokenizer_sha256 == full.tokenizer_sha256 and light.pin() == full.pin()
+
+
+def test_pad_less_tokenizer_gets_eos_as_pad_and_one_hash(tmp_path, tiny_llama_dir):
+    """Llama-3 style: no pad token. Both load paths add EOS as pad *before* hashing, so they pin alike."""
+    shutil.copytree(tiny_llama_dir, tmp_path / "nopad")
+    cfg_path = tmp_path / "nopad" / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("pad_token")
+    cfg_path.write_text(json.dumps(cfg))
+    full = load_target(str(tmp_path / "nopad"))
+    light = load_target(str(tmp_path / "nopad"), with_model=False)
+    assert full.tokenizer.pad_token_id == full.tokenizer.eos_token_id
+    assert light.tokenizer.pad_token_id == light.tokenizer.eos_token_id
+    assert full.tokenizer_sha256 == light.tokenizer_sha256
