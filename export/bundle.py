@@ -16,7 +16,6 @@ shapes or tokenizer do not match.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from polyspec.errors import PolyspecError
-from polyspec.io import atomic_directory, atomic_write_json, atomic_write_text
+from polyspec.io import atomic_directory, atomic_write_json, atomic_write_text, sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -64,14 +63,6 @@ def safe_join(root: Path, rel: str) -> Path:
     if full != root.resolve() and root.resolve() not in full.parents:
         raise PolyspecError(f"bundle path {rel!r} points outside the bundle")
     return full
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_pin: dict, vocab_sizes: list[int],

@@ -4,6 +4,7 @@ so a crash never leaves a half-written file or directory behind."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -62,3 +63,12 @@ def atomic_directory(path: str | Path, overwrite: bool = False) -> Iterator[Path
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def sha256_file(path: str | Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

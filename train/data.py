@@ -13,7 +13,6 @@ import glob
 import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -146,7 +145,3 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     order = list(range(n))
     random.Random(seed * 100_003 + epoch).shuffle(order)
     return order
-
-
-def file_fingerprint(paths: list[str]) -> list[dict]:
-    return [{"path": p, "bytes": Path(p).stat().st_size} for p in paths]

@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from polyspec.config import load_config
 from polyspec.errors import PolyspecError, cli_entry
-from polyspec.io import atomic_write_json
+from polyspec.io import atomic_write_json, sha256_file
 from polyspec.languages import get_language
 from polyspec.targets import greedy_generate, load_target
 from train.config import TrainConfig
@@ -131,7 +131,7 @@ class DrafterRecipe:
         path = cfg.eagle.vocab_file.format(run=cfg.run, lang=cfg.lang)
         ranked = load_ranked(path, tokenizer_sha256=self.target.tokenizer_sha256)
         ids = torch.as_tensor(ranked.top(s).astype(np.int64), device=self.acc.device)
-        return ids, {"size": s, "file": path, "sha256": _sha256(path)}
+        return ids, {"size": s, "file": path, "sha256": sha256_file(path)}
 
     def _build_drafter(self):
         cfg = self.cfg
@@ -363,11 +363,7 @@ class DrafterRecipe:
 
 
 def _fingerprint(paths: list[str]) -> list:
-    return [(p, Path(p).stat().st_size, _sha256(p)) for p in paths]
-
-
-def _sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return [(p, Path(p).stat().st_size, sha256_file(p)) for p in paths]
 
 
 def run(cfg: TrainConfig, target=None) -> list[dict]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -23,7 +23,6 @@ class Counts:
     seconds: float = 0.0
     heldout: np.ndarray | None = None  # int64 [|V|]: counts of the held-out documents (split)
     heldout_documents: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def batched(it: Iterable[str], n: int) -> Iterator[list[str]]:
