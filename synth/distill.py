@@ -22,9 +22,8 @@ from polyspec.errors import PolyspecError, first_line
 from polyspec.languages import get_language
 from polyspec.lid import identify
 from polyspec.prompts import render
-from polyspec.targets import load_target
 from synth.config import DistillConfig
-from synth.engines import Engine, Request, make_engine
+from synth.engines import Engine, Request, open_engine
 from synth.filters import strip_leakage
 from synth.selfsynth import derive_seed
 from synth.store import SynthStore
@@ -54,10 +53,7 @@ def load_prompts(cfg: DistillConfig) -> list[str]:
 def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = None) -> dict:
     lang = get_language(cfg.lang)
     prompts = load_prompts(cfg)
-    if target is None:
-        target = load_target(cfg.target, device=cfg.engine.device, dtype=cfg.engine.dtype, with_model=cfg.engine.name != "vllm")
-    if engine is None:
-        engine = make_engine(cfg.engine, target, model=str(target.path or target.spec.model_id))
+    target, engine = open_engine(cfg.engine, cfg.target, target, engine)
     fmt = target.spec.prompt_format
     temps = cfg.temperatures
     out_dir = Path(cfg.run) / "synth" / f"{lang.code}-{cfg.out_name}"

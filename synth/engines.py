@@ -226,3 +226,14 @@ def make_engine(cfg: Any, target: Any = None, model: str | None = None) -> Engin
             gpu_memory_utilization=cfg.gpu_memory_utilization,
         )
     return TransformersEngine(target, batch_size=cfg.batch_size)
+
+
+def open_engine(cfg: Any, target_name: str, target: Any = None, engine: Engine | None = None) -> tuple[Any, Engine]:
+    """The target (weights only for the transformers engine) and its engine; given ones are kept."""
+    if target is None:
+        from polyspec.targets import load_target
+
+        target = load_target(target_name, device=cfg.device, dtype=cfg.dtype, with_model=cfg.name != "vllm")
+    if engine is None:
+        engine = make_engine(cfg, target, model=str(target.path or target.spec.model_id))
+    return target, engine

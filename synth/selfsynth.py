@@ -23,9 +23,8 @@ from tqdm.auto import tqdm
 
 from polyspec.languages import Language, builtin_codes, get_language, is_valid_code
 from polyspec.prompts import render, render_open_turn
-from polyspec.targets import load_target
 from synth.config import SynthConfig
-from synth.engines import Engine, Request, make_engine
+from synth.engines import Engine, Request, open_engine
 from synth.filters import check_instruction, check_language, check_response, dedup_keys, strip_leakage
 from synth.store import SynthStore
 from synth.translate import translate_language
@@ -68,12 +67,7 @@ def run_selfsynth(cfg: SynthConfig, target: Any = None, engine: Engine | None = 
     code = cfg.lang.strip().lower()
     if code not in builtin_codes() and not is_valid_code(code):
         get_language(code)  # one-line error listing the supported codes, before any model is loaded
-    if target is None:
-        target = load_target(
-            cfg.target, device=cfg.engine.device, dtype=cfg.engine.dtype, with_model=cfg.engine.name != "vllm"
-        )
-    if engine is None:
-        engine = make_engine(cfg.engine, target, model=str(target.path or target.spec.model_id))
+    target, engine = open_engine(cfg.engine, cfg.target, target, engine)
     lang = resolve_language(code, target, engine, cfg.translation_max_new_tokens, log=log)
     fmt = target.spec.prompt_format
     prompt = instruction_prompt(target, lang, cfg.few_shot)
@@ -82,7 +76,7 @@ def run_selfsynth(cfg: SynthConfig, target: Any = None, engine: Engine | None = 
     store = SynthStore(out_dir, _args_hash(cfg, target, prompt))
     seen = _seen_keys(Path(cfg.run) / "synth", store)
     budget, batch = cfg.attempt_budget, cfg.engine.batch_size
-    t_start, tokens_before = time.time(), sum(_tokens(r) for r in store.accepted + store.rejected)
+    t_start, tokens_before = time.time(), store.tokens
     bar = tqdm(total=cfg.n, initial=len(store.accepted), desc=f"synth {lang.code}", unit="pair", dynamic_ncols=True)
     while len(store.accepted) < cfg.n and store.next_attempt < budget:
         t_batch = time.perf_counter()
@@ -130,9 +124,8 @@ def run_selfsynth(cfg: SynthConfig, target: Any = None, engine: Engine | None = 
                 rejected.append({**rec, "reason": reason})
         store.commit(accepted, rejected, next_attempt, seconds=time.perf_counter() - t_batch)
         bar.update(len(accepted))
-        tok_now = sum(_tokens(r) for r in store.accepted + store.rejected) - tokens_before
         bar.set_postfix(attempted=store.next_attempt, rate=f"{len(store.accepted) / max(1, store.next_attempt):.0%}",
-                        tok_s=f"{tok_now / max(1e-9, time.time() - t_start):.0f}")
+                        tok_s=f"{(store.tokens - tokens_before) / max(1e-9, time.time() - t_start):.0f}")
     bar.close()
     return store.write_stats(
         {
@@ -159,11 +152,6 @@ def _record(cfg, lang, target, attempt, instruction, response, ri, rr) -> dict[s
         "tokens": {"instruction": ri.num_tokens, "response": rr.num_tokens if rr else 0},
         "finished": bool(rr and rr.finished),
     }
-
-
-def _tokens(rec: dict) -> int:
-    t = rec.get("tokens") or {}
-    return int(t.get("instruction", 0)) + int(t.get("response", 0))
 
 
 def _seen_keys(synth_root: Path, store: SynthStore) -> set[str]:

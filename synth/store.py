@@ -50,6 +50,7 @@ class SynthStore:
             self.seconds = float(progress.get("seconds", 0.0))
         self.accepted = self._read_committed(self.data_path)
         self.rejected = self._read_committed(self.rejected_path)
+        self.tokens = sum(record_tokens(r) for r in self.accepted + self.rejected)
 
     def _read_committed(self, path: Path) -> list[dict[str, Any]]:
         """Lines of committed attempts; rewrites the file if an interrupted batch left more behind."""
@@ -84,6 +85,7 @@ class SynthStore:
                 _maybe_die(self._commits, f)
         self.accepted += accepted
         self.rejected += rejected
+        self.tokens += sum(record_tokens(r) for r in accepted + rejected)
         self.next_attempt = next_attempt
         self.seconds += seconds
         atomic_write_json(
@@ -93,7 +95,6 @@ class SynthStore:
 
     def stats(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         reasons = Counter(r["reason"] for r in self.rejected)
-        tokens = sum(sum((r.get("tokens") or {}).values()) for r in self.accepted + self.rejected)
         lid_rejects = Counter(
             r["lid"]["label"] for r in self.rejected if r.get("lid") and r["reason"].startswith("lid_")
         )
@@ -104,9 +105,9 @@ class SynthStore:
             "rejected_by_reason": dict(sorted(reasons.items())),
             "lid_labels_of_rejects": dict(lid_rejects.most_common()),
             "acceptance_rate": round(len(self.accepted) / max(1, len(self.accepted) + len(self.rejected)), 4),
-            "tokens": tokens,
+            "tokens": self.tokens,
             "seconds": round(self.seconds, 1),
-            "tokens_per_second": round(tokens / self.seconds, 1) if self.seconds else None,
+            "tokens_per_second": round(self.tokens / self.seconds, 1) if self.seconds else None,
             **(extra or {}),
         }
 
@@ -114,6 +115,11 @@ class SynthStore:
         stats = self.stats(extra)
         atomic_write_json(self.dir / "stats.json", stats)
         return stats
+
+
+def record_tokens(rec: dict[str, Any]) -> int:
+    """Generated tokens of one record (instruction + response)."""
+    return sum((rec.get("tokens") or {}).values())
 
 
 def _maybe_die(commit_no: int, f) -> None:
