@@ -1,6 +1,70 @@
-"""`python -m decoder`: placeholder until issue #6 lands."""
+"""``python -m decoder run`` — decode one prompt with a bundle and print the text, τ and the step trace.
 
+    python -m decoder run --bundle runs/default/export/bundle --prompt "Viết một câu về Hà Nội."
+                          [--lang auto|vi] [--method adaspec|chain|tree|ar] [--size auto|full|8192]
+                          [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--trace] [--json]
+
+The prompt is a user message, rendered with the target's prompt format (``--raw`` sends it as is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
 import sys
 
-print("decoder: stage not implemented yet (issue #6)", file=sys.stderr)
-raise SystemExit(3)
+from polyspec.errors import cli_entry
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m decoder", description="Lossless speculative decoding with a bundle.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="decode one prompt")
+    r.add_argument("--bundle", default=None, help="bundle folder (not needed for --method ar)")
+    r.add_argument("--target", default="gemma3-270m")
+    r.add_argument("--prompt", required=True)
+    r.add_argument("--raw", action="store_true", help="send the prompt text as is (no prompt format)")
+    r.add_argument("--method", default="adaspec", choices=["ar", "chain", "tree", "adaspec"])
+    r.add_argument("--shape", default="chain", choices=["chain", "tree"], help="adaspec: draft shape")
+    r.add_argument("--lang", default="auto", help="auto (from the prompt) or a bundle language (fixed)")
+    r.add_argument("--size", default="auto", help="auto, full, or one of the bundle's vocabulary sizes (fixed)")
+    r.add_argument("--gamma", type=int, default=4)
+    r.add_argument("--max-new-tokens", type=int, default=128)
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--device", default="auto")
+    r.add_argument("--dtype", default=None, help="target dtype (default: the target's config)")
+    r.add_argument("--trace", action="store_true", help="print one line per step")
+    r.add_argument("--json", action="store_true", help="print the full result as JSON")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from decoder.core import Decoder
+    from polyspec.prompts import encode, render
+    from polyspec.targets import load_target
+
+    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    fmt = target.spec.prompt_format
+    text = args.prompt if args.raw else render(fmt, target.tokenizer, [{"role": "user", "content": args.prompt}])
+    ids = encode(fmt, target.tokenizer, text)
+    dec = Decoder(target, args.bundle, method=args.method, shape=args.shape, lang=args.lang, size=args.size,
+                  gamma=args.gamma, log=lambda m: print(f"note: {m}", file=sys.stderr))
+    out = dec.generate(ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                       seed=args.seed)
+    if args.json:
+        print(json.dumps(out.to_dict(), ensure_ascii=False))
+        return 0
+    print(out.text.strip())
+    if args.trace:
+        for i, s in enumerate(out.steps):
+            size = "full" if s.vocab_size is None else s.vocab_size
+            print(f"step {i:3d}  +{s.new_tokens}  accepted {s.accepted}/{s.drafted}  lang {s.lang}  vocab {size}  "
+                  f"draft {s.draft_s * 1e3:.1f} ms  verify {s.verify_s * 1e3:.1f} ms", file=sys.stderr)
+    print(f"[{args.method}] {len(out.tokens)} tokens, {out.target_forwards} target forwards, τ = {out.tau:.2f}, "
+          f"{len(out.tokens) / out.wall_s:.1f} tok/s, finish: {out.finish_reason}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

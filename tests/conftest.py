@@ -69,3 +69,49 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> 
     full_env = {**os.environ, **(env or {})}
     cmd = list(args) if args[0] == "make" else [sys.executable, *args]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600)
+
+
+def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagle", sizes=(64, 256),
+                     noise: float = 0.0, seed: int = 0) -> Path:
+    """A bundle for a tiny target in seconds, without synth or training.
+
+    Vocabularies rank the target's ids by their counts in the language's built-in seeds (so language masks
+    tell languages apart). ``drafter``: ``eagle`` (random one-layer EAGLE drafter), ``small-lm`` (random
+    tiny Llama) or ``oracle`` (a copy of a Llama-family target with Gaussian ``noise`` on its weights: a
+    drafter that is often but not always right, to exercise partial acceptance).
+    """
+    import copy
+    from collections import Counter
+
+    import numpy as np
+    import torch
+
+    from export.bundle import write_bundle
+    from polyspec.languages import get_language
+    from train.models import EagleDrafter, build_small_lm, eagle_layer_config, save_drafter
+    from vocab.files import RankedVocab, save_ranked
+
+    run = out.parent / f"{out.name}-run"
+    V = target.vocab_size
+    for i, lang in enumerate(langs):
+        info = get_language(lang)
+        counts = Counter()
+        for text in [info.system_prompt, *(x for s in info.seeds for x in (s.instruction, s.response))]:
+            counts.update(target.tokenizer(text, add_special_tokens=False)["input_ids"])
+        order = sorted(range(V), key=lambda t: (-counts.get(t, 0), t))
+        save_ranked(run / "vocab", RankedVocab(lang, np.array(order), np.array([counts.get(t, 0) for t in order]),
+                                               {"tokenizer_sha256": target.tokenizer_sha256}))
+        torch.manual_seed(seed + i)
+        if drafter == "eagle":
+            model = EagleDrafter(eagle_layer_config(target.model.config))
+        elif drafter == "small-lm":
+            model = build_small_lm(target, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+        elif drafter == "oracle":
+            model = copy.deepcopy(target.model).float()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * noise * p.std())
+        else:
+            raise ValueError(drafter)
+        save_drafter(run / "train" / lang / "final", model, {"target": target.pin(), "lang": lang})
+    return write_bundle(out, run, list(langs), target.pin(), list(sizes)).root

@@ -128,7 +128,7 @@ def save_drafter(path: str | Path, model: nn.Module, meta: dict) -> Path:
     else:
         dtype, arch = "small-lm", {"config": model.config.to_dict()}
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    if dtype == "small-lm":  # tied head: store the shared matrix once
+    if dtype == "small-lm" and model.config.tie_word_embeddings:  # tied head: store the shared matrix once
         state.pop("lm_head.weight", None)
     with atomic_directory(path, overwrite=True) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -150,17 +150,18 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu") -> tuple[
     kind = meta.get("drafter_type")
     if kind == "eagle":
         model = EagleDrafter.from_arch(meta)
-    elif kind == "small-lm":
-        from transformers import LlamaConfig, LlamaForCausalLM
+    elif kind == "small-lm":  # Llama as built by build_small_lm; any transformers causal-LM family loads
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in meta["config"].items() if k != "model_type"}))
+        cfg = dict(meta["config"])
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type", "llama"), **cfg))
     else:
         raise PolyspecError(f"drafter {path}: unknown drafter_type {kind!r}")
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if kind == "small-lm":
+    if kind == "small-lm" and model.config.tie_word_embeddings:
         model.tie_weights()
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:

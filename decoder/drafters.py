@@ -1,0 +1,172 @@
+"""Drafters at decode time: EAGLE-style (reads the target's features) and small-LM, with reduced heads.
+
+Both keep their own KV cache and follow one protocol, so chain, tree and ADASPEC drive them alike:
+
+- ``sync(tokens, feats, pending)`` catches up on every verified position the drafter has not seen yet
+  (a drafter switched in by ADASPEC Alg. 2 line 43 catches up in one forward) and returns the hidden
+  state whose head logits propose the token after ``pending``;
+- ``extend(tokens, parent_hidden, positions, mask)`` runs draft tokens (one for chain, a tree level for
+  tree) and returns their hidden states;
+- ``rollback()`` drops every draft entry again (only verified positions stay cached).
+
+Reduced heads (seed 003 "vocabulary simplification"; ADASPEC Alg. 2 lines 5/44): for each language the
+rows of the drafter's head for its ranked ids are gathered once up to the largest size S; size s is the
+view ``rows[:s]`` of that block, so switching size or language reallocates nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Head:
+    """A drafting head: logits = h @ weight.T over ``ids`` (None = the full vocabulary)."""
+
+    weight: torch.Tensor  # [s, H]
+    ids: torch.Tensor | None  # [s] full-vocabulary ids of the rows
+    softcap: float | None = None
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        out = (h.to(self.weight.dtype) @ self.weight.T).float()
+        if self.softcap:
+            out = torch.tanh(out / self.softcap) * self.softcap
+        return out
+
+    def to_full(self, j: torch.Tensor) -> torch.Tensor:
+        return j if self.ids is None else self.ids[j]
+
+    @property
+    def size(self) -> int:
+        return int(self.weight.shape[0])
+
+
+class HeadBank:
+    """Per-language row blocks of one head matrix; ``head(lang, s)`` is a view, ``s=None`` the full head."""
+
+    def __init__(self, weight: torch.Tensor, ranked: dict[str, torch.Tensor], max_size: int, softcap=None):
+        self.full = Head(weight, None, softcap)
+        self.blocks = {}
+        for lang, ids in ranked.items():
+            ids = ids[:max_size].to(weight.device)
+            self.blocks[lang] = Head(weight.index_select(0, ids).contiguous(), ids, softcap)
+
+    def head(self, lang: str, size: int | None) -> Head:
+        if size is None:
+            return self.full
+        b = self.blocks[lang]
+        return Head(b.weight[:size], b.ids[:size], b.softcap)
+
+
+class EagleRuntime:
+    """Entry p = [embed(x_p) ‖ f_{p-1}] at position p → f̂_p, whose head logits propose x_{p+1}."""
+
+    kind = "eagle"
+
+    def __init__(self, drafter, embed, head_weight, softcap=None):
+        from transformers import DynamicCache
+
+        self.drafter, self.embed = drafter, embed
+        self.head_weight, self.softcap = head_weight, softcap
+        self._cache_cls = DynamicCache
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self._cache_cls()
+        self.done = 0  # entries 1..done are cached (all verified)
+        self.last = None  # f̂ of entry `done`
+
+    @torch.inference_mode()
+    def sync(self, tokens: list[int], feats: torch.Tensor, pending: int) -> torch.Tensor:
+        if self.done < pending:
+            p = torch.arange(self.done + 1, pending + 1, device=feats.device)
+            x = torch.as_tensor(tokens[self.done + 1 : pending + 1], device=feats.device)
+            h = self._run(x, feats[p - 1], p.view(1, -1), None)
+            self.done, self.last = pending, h[-1]
+        return self.last
+
+    @torch.inference_mode()
+    def extend(self, tokens: torch.Tensor, parent_hidden: torch.Tensor, positions: torch.Tensor, mask=None):
+        return self._run(tokens, parent_hidden, positions.view(1, -1), mask)
+
+    def _run(self, tokens, feats, positions, mask):
+        emb = self.embed(tokens.view(1, -1))
+        out, self.cache = self.drafter(emb, feats.view(1, -1, feats.shape[-1]), position_ids=positions,
+                                       attention_mask=mask, past_key_values=self.cache, use_cache=True)
+        return out[0]
+
+    def rollback(self) -> None:
+        extra = self.cache.get_seq_length() - self.done
+        if extra > 0:
+            self.cache.crop(-extra)
+
+
+class SmallLMRuntime:
+    """A causal LM over the token stream: entry p = x_p; its hidden state proposes x_{p+1}."""
+
+    kind = "small-lm"
+
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        self.model, self.base = model, model.get_decoder()
+        self.head_weight, self.softcap = model.get_output_embeddings().weight, None
+        self._cache_cls = DynamicCache
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self._cache_cls()
+        self.done = -1  # tokens 0..done are cached
+        self.last = None
+
+    @torch.inference_mode()
+    def sync(self, tokens: list[int], feats: torch.Tensor | None, pending: int) -> torch.Tensor:
+        if self.done < pending:
+            dev = self.head_weight.device
+            p = torch.arange(self.done + 1, pending + 1, device=dev)
+            h = self._run(torch.as_tensor(tokens[self.done + 1 : pending + 1], device=dev), p.view(1, -1), None)
+            self.done, self.last = pending, h[-1]
+        return self.last
+
+    @torch.inference_mode()
+    def extend(self, tokens: torch.Tensor, parent_hidden: torch.Tensor, positions: torch.Tensor, mask=None):
+        return self._run(tokens, positions.view(1, -1), mask)
+
+    def _run(self, tokens, positions, mask):
+        out = self.base(input_ids=tokens.view(1, -1), position_ids=positions, attention_mask=mask,
+                        past_key_values=self.cache, use_cache=True)
+        return out.last_hidden_state[0]
+
+    def rollback(self) -> None:
+        extra = self.cache.get_seq_length() - (self.done + 1)
+        if extra > 0:
+            self.cache.crop(-extra)
+
+
+def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
+    """Load every drafter of a bundle (safetensors, via ``train.models.load_drafter``) and its head bank."""
+    from train.models import load_drafter
+    from vocab.files import load_ranked
+
+    max_size = max(bundle.vocab_sizes)
+    ranked = {lang: torch.as_tensor(load_ranked(bundle.vocab_file(lang), tokenizer_sha256=target.tokenizer_sha256).ranked_ids).long()
+              for lang in bundle.languages}
+    runtimes, banks = {}, {}
+    softcap = getattr(target.model.config, "final_logit_softcapping", None)
+    dtype = target.model.get_output_embeddings().weight.dtype
+    shared_bank = None
+    for lang in bundle.languages:
+        model, _ = load_drafter(bundle.drafter_dir(lang), device=device)
+        model.to(dtype)
+        if bundle.manifest["drafter_type"] == "eagle":
+            rt = EagleRuntime(model, target.model.get_input_embeddings(), target.model.get_output_embeddings().weight, softcap)
+            if shared_bank is None:  # the frozen target head is the same for every language
+                shared_bank = HeadBank(rt.head_weight.detach(), ranked, max_size, softcap)
+            banks[lang] = shared_bank
+        else:
+            rt = SmallLMRuntime(model)
+            banks[lang] = HeadBank(rt.head_weight.detach(), ranked, max_size)
+        runtimes[lang] = rt
+    return runtimes, banks

@@ -1,0 +1,93 @@
+"""The frozen target as the decoder drives it: one KV cache, forwards that return both the last hidden
+states (EAGLE features) and the full-vocabulary logits, and cache rollback (chain) or gather (tree).
+
+The cache holds every token except the *pending* one (the last emitted token, not yet run through the
+target). A step runs [pending, drafts…] in one forward; afterwards the cache keeps pending plus the
+accepted drafts and the bonus token becomes the new pending.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class TargetRunner:
+    def __init__(self, target):
+        from transformers import DynamicCache
+
+        self.model = target.model
+        self.base = target.model.get_decoder()
+        self.head = target.model.get_output_embeddings()
+        cfg = target.model.config
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        # Gemma3-style local layers: a custom 4D (tree) mask is only right while everything fits the window
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        types = getattr(text_cfg, "layer_types", None) or []
+        self.sliding_window = getattr(text_cfg, "sliding_window", None) if "sliding_attention" in types else None
+        self._cache_cls = DynamicCache
+        self.cache = None
+        self.forwards = 0
+
+    def reset(self) -> None:
+        self.cache = self._cache_cls(config=self.model.config)
+        self.cache.activate_past_recording()  # sliding layers keep enough past to be cropped back
+        self.forwards = 0
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length() if self.cache is not None else 0
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        out = self.head(h).float()
+        if self.softcap:
+            out = torch.tanh(out / self.softcap) * self.softcap
+        return out
+
+    @torch.inference_mode()
+    def forward(self, ids: list[int] | torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, logits_for: slice | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``ids`` after the cache → (hidden [n, H], logits [n or sliced, V] float32)."""
+        dev = self.head.weight.device
+        x = torch.as_tensor(ids, dtype=torch.long, device=dev).view(1, -1)
+        if position_ids is None:
+            position_ids = torch.arange(self.length, self.length + x.shape[1], device=dev).view(1, -1)
+        out = self.base(input_ids=x, position_ids=position_ids, attention_mask=attention_mask,
+                        past_key_values=self.cache, use_cache=True)
+        self.forwards += 1
+        h = out.last_hidden_state[0]
+        return h, self.logits(h if logits_for is None else h[logits_for])
+
+    def rollback(self, n: int) -> None:
+        """Drop the last ``n`` cached tokens (rejected drafts); also trims sliding layers to their window."""
+        self.cache.crop(-n)
+
+    def keep(self, prefix: int, indices: list[int]) -> None:
+        """Tree: keep the first ``prefix`` cached tokens plus the tree tokens at ``indices`` (in order)."""
+        idx = torch.tensor(indices, dtype=torch.long, device=self.head.weight.device) + prefix
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None:
+                continue
+            layer.keys = torch.cat([layer.keys[:, :, :prefix], layer.keys.index_select(2, idx)], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :prefix], layer.values.index_select(2, idx)], dim=2)
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length = layer.keys.shape[-2]
+
+    def tree_fits(self, extra: int) -> bool:
+        """Whether a tree of ``extra`` tokens can be verified with a custom mask at the current length."""
+        return self.sliding_window is None or self.length + extra < self.sliding_window - 1
+
+
+def tree_mask(prefix: int, parents: list[int], dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive 4D mask [1, 1, n, prefix + n]: node i sees the whole prefix, its ancestors and itself.
+    ``parents[i]`` is the index of node i's parent among the n nodes (-1 for a root)."""
+    n = len(parents)
+    allowed = torch.zeros((n, n), dtype=torch.bool)
+    for i, p in enumerate(parents):
+        allowed[i, i] = True
+        if p >= 0:
+            allowed[i] |= allowed[p]
+    full = torch.cat([torch.ones((n, prefix), dtype=torch.bool), allowed], dim=1)
+    mask = torch.zeros(full.shape, dtype=dtype)
+    mask.masked_fill_(~full, torch.finfo(dtype).min)
+    return mask.view(1, 1, n, prefix + n).to(device)

@@ -1,0 +1,52 @@
+"""Verification rules: what the target keeps of a draft.
+
+- greedy: keep the longest draft prefix equal to the target's argmax, then the target's own argmax
+  (seed 000 Alg. 2) → exactly the target's greedy output;
+- sampling: speculative rejection sampling (Leviathan et al. 2023; seed 004 Appendix Alg. 1): keep draft
+  token d with probability min(1, p(d)/q(d)); at the first rejection sample from norm(max(0, p − q)); if
+  all are kept, sample the bonus token from p. q is the drafter's distribution over its reduced
+  vocabulary, zero elsewhere, so the output distribution is exactly the target's p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def warp(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """Target logits [.., V] → sampling probabilities after temperature and nucleus (top-p) filtering."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def accept_greedy(drafts: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
+    """drafts [γ], target_logits [γ+1, V] → (number kept, next token)."""
+    best = target_logits.argmax(-1).tolist()
+    n = 0
+    while n < len(drafts) and drafts[n] == best[n]:
+        n += 1
+    return n, best[n]
+
+
+def accept_sampled(drafts: list[int], q: list[torch.Tensor], p: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
+    """drafts [γ]; q[i] the drafter's full-vocabulary distribution d_i was sampled from; p [γ+1, V] the
+    target's (warped) distributions → (number kept, next token)."""
+    for i, d in enumerate(drafts):
+        r = torch.rand((), generator=gen).item()
+        if r * float(q[i][d]) < float(p[i, d]):  # r < p/q without dividing by a tiny q
+            continue
+        residual = (p[i] - q[i]).clamp_min(0.0)
+        total = residual.sum()
+        dist = residual / total if total > 0 else p[i]
+        return i, sample(dist, gen)
+    return len(drafts), sample(p[len(drafts)], gen)
+
+
+def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
+    return int(torch.multinomial(probs.float().cpu(), 1, generator=gen).item())

@@ -1,0 +1,317 @@
+"""decoder/: lossless speculative decoding on tiny random targets.
+
+Greedy: every method's tokens equal the target's own greedy decoding (our AR loop and transformers'
+``generate``) on hundreds of random prompts, several chain lengths and tree shapes, both model families.
+Sampling: a χ² test cannot tell speculative sampling from the target's exact distribution, and catches a
+deliberately broken acceptance rule.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_tiny_bundle, run_cli
+from polyspec.errors import PolyspecError
+from polyspec.targets import greedy_generate, load_target
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama_dir):
+    return load_target(str(tiny_llama_dir))
+
+
+@pytest.fixture(scope="module")
+def gemma(tiny_gemma_dir):
+    return load_target(str(tiny_gemma_dir))
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, llama, gemma):
+    """Oracle-like drafters (the target with noisy weights: partial acceptance) and random EAGLE/small-LM ones."""
+    root = tmp_path_factory.mktemp("bundles")
+    return {
+        ("llama", "oracle"): make_tiny_bundle(root / "llama-oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768)),
+        ("gemma3", "oracle"): make_tiny_bundle(root / "gemma-oracle", gemma, drafter="oracle", noise=0.05, sizes=(64, 768)),
+        ("llama", "noisy"): make_tiny_bundle(root / "llama-noisy", llama, drafter="oracle", noise=0.2, sizes=(64, 256)),
+        ("gemma3", "eagle"): make_tiny_bundle(root / "gemma-eagle", gemma, drafter="eagle"),
+        ("llama", "small-lm"): make_tiny_bundle(root / "llama-small", llama, drafter="small-lm"),
+    }
+
+
+def random_prompts(target, n: int, seed: int, max_len: int = 40) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, max_len, (n,), generator=g).tolist()
+    return [torch.randint(4, target.vocab_size, (k,), generator=g).tolist() for k in lengths]
+
+
+SHAPES = [
+    ("chain", dict(gamma=1)),
+    ("chain", dict(gamma=3)),
+    ("chain", dict(gamma=7, size="full")),
+    ("tree", dict(tree_depth=3, tree_topk=2, tree_nodes=6)),
+    ("tree", dict(tree_depth=5, tree_topk=4, tree_nodes=16, size="full")),
+    ("adaspec", dict(gamma=4)),
+    ("adaspec", dict(shape="tree", tree_depth=4, tree_topk=3, tree_nodes=10)),
+]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_greedy_methods_are_token_identical_to_the_target(family, llama, gemma, bundles):
+    from decoder.core import Decoder
+
+    target = {"llama": llama, "gemma3": gemma}[family]
+    bundle = bundles[(family, "oracle")]
+    ar = Decoder(target, method="ar")
+    decoders = [(m, o, Decoder(target, bundle, method=m, **o)) for m, o in SHAPES]
+    taus = {i: [] for i in range(len(decoders))}
+    # 30 prompts per family, lengths up to 90 tokens with 48 new ones: gemma's 64-token sliding window is
+    # crossed, so the cache rollback past the window and the tree→chain fallback are both exercised
+    for k, prompt in enumerate(random_prompts(target, 30, seed=7, max_len=90)):
+        ref = greedy_generate(target, prompt, 48)
+        mine = ar.generate(prompt, 48, stop=[])
+        assert mine.tokens == ref[: len(mine.tokens)] and mine.target_forwards == len(mine.tokens), k
+        for i, (m, o, dec) in enumerate(decoders):
+            out = dec.generate(prompt, 48, stop=[])
+            assert out.tokens == mine.tokens, (m, o, k)
+            assert sum(s.new_tokens for s in out.steps) + 1 == len(out.tokens)
+            taus[i].append(out.tau)
+    # the oracle drafters are usually right over the full vocabulary: multi-token acceptance is exercised
+    for i, (m, o, _) in enumerate(decoders):
+        if o.get("size") == "full":
+            assert sum(taus[i]) / len(taus[i]) > 1.5, (m, o)
+
+
+@pytest.mark.parametrize("key", [("gemma3", "eagle"), ("llama", "small-lm"), ("llama", "noisy")])
+def test_weak_drafters_are_lossless_too(key, llama, gemma, bundles):
+    """Random EAGLE / small-LM drafters (mostly rejected) and a noisy one over a reduced vocabulary."""
+    from decoder.core import Decoder
+
+    target = llama if key[0] == "llama" else gemma
+    decoders = [Decoder(target, bundles[key], method=m, **o) for m, o in SHAPES]
+    for prompt in random_prompts(target, 25, seed=11):
+        ref = greedy_generate(target, prompt, 32)
+        for dec in decoders:
+            out = dec.generate(prompt, 32, stop=[])
+            assert out.tokens == ref
+
+
+def test_stop_strings_and_eos_end_every_method_at_the_same_token(llama, bundles):
+    from decoder.core import Decoder
+
+    decs = [Decoder(llama, method="ar")] + [Decoder(llama, bundles[("llama", "oracle")], method=m, **o) for m, o in SHAPES]
+    for prompt in random_prompts(llama, 10, seed=3):
+        full = decs[0].generate(prompt, 40, stop=[])
+        text = llama.tokenizer.decode(full.tokens, skip_special_tokens=True)
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        if len(stop.strip()) < 2:
+            continue
+        outs = [d.generate(prompt, 40, stop=[stop]) for d in decs]
+        assert all(o.tokens == outs[0].tokens and o.text == outs[0].text for o in outs)
+        assert outs[0].finish_reason == "stop" and stop not in outs[0].text and len(outs[0].tokens) < 40
+    # EOS: a target whose greedy output hits EOS stops there, for every method alike
+    eos = llama.tokenizer.eos_token_id
+    decs_eos = [Decoder(llama, method="ar")] + [Decoder(llama, bundles[("llama", "oracle")], method="chain")]
+    prompt = random_prompts(llama, 1, seed=5)[0]
+    first = decs_eos[0].generate(prompt, 12, stop=[]).tokens
+    with torch.no_grad():
+        head = llama.model.get_output_embeddings().weight
+        saved = head[eos].clone()
+        hidden = llama.model.get_decoder()(torch.tensor([prompt + first[:5]])).last_hidden_state[0, -1]
+        head[eos] = hidden / hidden.norm() * 100  # make EOS the argmax after those 6 tokens
+        try:
+            outs = [d.generate(prompt, 12, stop=[]) for d in decs_eos]
+        finally:
+            head[eos] = saved
+    assert outs[0].tokens == outs[1].tokens and outs[0].finish_reason == outs[1].finish_reason == "eos"
+    assert outs[0].tokens[-1] == eos
+
+
+# ----------------------------------------------------------------------------------------- sampling
+
+
+def exact_pair_distribution(target, prompt, temperature) -> dict[tuple[int, int], float]:
+    """P(x2, x3) of the target's own sampling (x1 summed out), from its exact conditionals; a position
+    after EOS is -1."""
+    from decoder.verify import warp
+
+    eos = target.tokenizer.eos_token_id
+
+    def probs(ids):
+        with torch.no_grad():
+            return warp(target.model(torch.tensor([ids])).logits[0, -1].float(), temperature)
+
+    def support(p):
+        return torch.nonzero(p > 1e-6).flatten().tolist()
+
+    out: dict[tuple[int, int], float] = {}
+
+    def add(key, w):
+        out[key] = out.get(key, 0.0) + w
+
+    p1 = probs(prompt)
+    for x1 in support(p1):
+        if x1 == eos:
+            add((-1, -1), float(p1[x1]))
+            continue
+        p2 = probs(prompt + [x1])
+        for x2 in support(p2):
+            w = float(p1[x1] * p2[x2])
+            if x2 == eos:
+                add((x2, -1), w)
+                continue
+            p3 = probs(prompt + [x1, x2])
+            for x3 in support(p3):
+                add((x2, x3), w * float(p3[x3]))
+    return out
+
+
+def chi2_pvalue(samples: list[tuple[int, int]], exact: dict[tuple[int, int], float]) -> float:
+    from scipy.stats import chi2
+
+    n = len(samples)
+    counts: dict = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    cells = [c for c, p in exact.items() if p * n >= 5]
+    other_p = 1.0 - sum(exact[c] for c in cells)
+    obs = [counts.get(c, 0) for c in cells] + [n - sum(counts.get(c, 0) for c in cells)]
+    exp = [exact[c] * n for c in cells] + [other_p * n]
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp) if e > 0)
+    return float(chi2.sf(stat, len(cells)))
+
+
+@pytest.fixture(scope="module")
+def sampling_setup(llama, bundles):
+    from decoder.core import Decoder
+
+    prompt = random_prompts(llama, 1, seed=21, max_len=8)[0]
+    temperature = 1.0
+    exact = exact_pair_distribution(llama, prompt, temperature)
+    assert abs(sum(exact.values()) - 1) < 1e-3
+    # a drafter close to the target but often wrong (most first drafts rejected), drafting from 256 of
+    # 768 ids (q = 0 elsewhere), γ = 2: acceptance, rejection and the residual all matter
+    dec = Decoder(llama, bundles[("llama", "noisy")], method="chain", gamma=2, size=256)
+    return prompt, temperature, exact, dec
+
+
+def draw_pairs(dec, prompt, temperature, n) -> tuple[list[tuple[int, int]], float]:
+    pairs, rejected = [], 0
+    for seed in range(n):
+        out = dec.generate(prompt, 3, temperature=temperature, stop=[], seed=seed)
+        pairs.append(tuple((out.tokens[1:3] + [-1, -1])[:2]) if len(out.tokens) > 1 else (-1, -1))
+        rejected += bool(out.steps) and out.steps[0].accepted < out.steps[0].drafted
+    return pairs, rejected / n
+
+
+def test_speculative_sampling_matches_the_target_distribution(sampling_setup):
+    prompt, temperature, exact, dec = sampling_setup
+    pairs, rejected = draw_pairs(dec, prompt, temperature, 2000)
+    assert rejected > 0.1  # the rejection branch (residual distribution) is really exercised
+    assert chi2_pvalue(pairs, exact) > 1e-3
+
+
+def test_a_broken_acceptance_rule_is_caught(sampling_setup, monkeypatch):
+    """The classic bug — resampling from p instead of norm(max(0, p − q)) after a rejection — is visible."""
+    import decoder.core
+    from decoder.verify import sample
+
+    def broken(drafts, q, p, gen):
+        for i, d in enumerate(drafts):
+            if torch.rand((), generator=gen).item() * float(q[i][d]) < float(p[i, d]):
+                continue
+            return i, sample(p[i], gen)
+        return len(drafts), sample(p[len(drafts)], gen)
+
+    monkeypatch.setattr(decoder.core, "accept_sampled", broken)
+    prompt, temperature, exact, dec = sampling_setup
+    pairs, _ = draw_pairs(dec, prompt, temperature, 2000)
+    assert chi2_pvalue(pairs, exact) < 1e-6
+
+
+def test_top_p_warp_keeps_the_nucleus():
+    from decoder.verify import warp
+
+    p = warp(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 1.0, top_p=0.7)
+    assert torch.allclose(p, torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))
+
+
+# ------------------------------------------------------------------------------------- ADASPEC Alg. 2
+
+
+def test_selector_follows_the_language_of_the_recent_tokens(llama, bundles):
+    """Alg. 2 on real text: Vietnamese tokens pick vi, German tokens pick de; z favours the small size."""
+    from decoder.adaptive import LanguageSelector
+    from export.bundle import load_bundle
+    from polyspec.languages import get_language
+    from vocab.masks import load_masks
+
+    b = load_bundle(bundles[("llama", "noisy")])  # sizes 64 and 256 of 768
+    mask, langs, sizes = load_masks(b.masks_file())
+    sel = LanguageSelector(mask, langs, sizes, window=10, step=5, offset=2.0)
+    for lang in ("vi", "de"):
+        ids = llama.tokenizer(get_language(lang).seeds[1].response, add_special_tokens=False)["input_ids"]
+        assert sel.choose(ids[:10])[0] == lang
+    # a huge offset always picks the smallest size; fixed language restricts the choice
+    assert LanguageSelector(mask, langs, sizes, offset=1e6).choose(ids[:10])[1] == min(sizes)
+    assert LanguageSelector(mask, langs, sizes, fixed_lang="vi").choose(ids[:10])[0] == "vi"
+    assert [sel.due(k) for k in (2, 2, 1, 4, 3)] == [False, False, True, False, True]
+
+
+def test_adaspec_trace_switches_language_when_the_output_does(llama, bundles, monkeypatch):
+    """A target that writes Vietnamese and then German (forced through its head) makes adaspec switch
+    drafter and vocabulary, and the output stays identical to AR."""
+    from decoder.core import Decoder
+    from polyspec.languages import get_language
+
+    tok = llama.tokenizer
+    script = (tok(get_language("vi").seeds[1].response, add_special_tokens=False)["input_ids"][:20]
+              + tok(get_language("de").seeds[1].response, add_special_tokens=False)["input_ids"][:25])
+    prompt = tok(get_language("vi").seeds[0].instruction, add_special_tokens=False)["input_ids"]
+    runner_forward = None
+
+    def scripted(self, ids, *a, **k):  # the target's greedy choice at position i is script[i]
+        h, logits = runner_forward(self, ids, *a, **k)
+        start = self.length - logits.shape[0] + 1 - len(prompt)  # generated index each logits row predicts
+        for row in range(logits.shape[0]):
+            i = start + row
+            if 0 <= i < len(script):
+                logits[row] = -1e4
+                logits[row, script[i]] = 1e4
+        return h, logits
+
+    import decoder.runner
+
+    runner_forward = decoder.runner.TargetRunner.forward
+    monkeypatch.setattr(decoder.runner.TargetRunner, "forward", scripted)
+    ar = Decoder(llama, method="ar").generate(prompt, len(script), stop=[])
+    ada = Decoder(llama, bundles[("llama", "noisy")], method="adaspec").generate(prompt, len(script), stop=[])
+    assert ar.tokens == script and ada.tokens == script
+    langs = [s.lang for s in ada.steps]
+    assert langs[0] == "vi" and langs[-1] == "de", langs
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def test_bad_options_fail_in_one_line(llama, bundles):
+    from decoder.core import Decoder
+
+    b = bundles[("llama", "oracle")]
+    for kwargs, msg in [(dict(method="beam"), "unknown method"), (dict(lang="xx"), "not in the bundle"),
+                        (dict(size=123), "not one of the bundle's sizes"), (dict(gamma=0), "≥ 1")]:
+        with pytest.raises(PolyspecError, match=msg):
+            Decoder(llama, b, **kwargs)
+    with pytest.raises(PolyspecError, match="needs a bundle"):
+        Decoder(llama, None, method="chain")
+    with pytest.raises(PolyspecError, match="empty prompt"):
+        Decoder(llama, method="ar").generate([], 4)
+
+
+def test_cli_prints_text_and_tau(tiny_llama_dir, bundles):
+    r = run_cli("-m", "decoder", "run", "--target", str(tiny_llama_dir), "--bundle", str(bundles[("llama", "oracle")]),
+                "--prompt", "Xin chào", "--max-new-tokens", "16", "--trace", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "τ = " in r.stderr and "step   0" in r.stderr and "lang vi" in r.stderr
+    bad = run_cli("-m", "decoder", "run", "--target", str(tiny_llama_dir), "--bundle", "/nonexistent", "--prompt", "x")
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
