@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from decoder.adaptive import LanguageSelector
-from decoder.drafters import build_runtimes
+from decoder.drafters import aux_layers, build_runtimes
 from decoder.runner import TargetRunner, tree_mask
 from decoder.stopping import Stopper, eos_ids
 from decoder.verify import accept_greedy, accept_sampled, sample, warp
@@ -124,8 +124,11 @@ class Decoder:
             if size not in sizes:
                 raise PolyspecError(f"size {size} is not one of the bundle's sizes {sizes}")
         self.fixed_lang = None if lang == "auto" else lang
-        self.size_opt, self.vocab_lang = size, vocab_lang
+        self.size_opt, self.vocab_lang = size, (None if vocab_lang in (None, "auto") else vocab_lang)
         self.runtimes, self.banks = build_runtimes(bundle, self.target, self.device)
+        self.runner.aux_layers = aux_layers(self.runtimes)
+        if self.runner.aux_layers and vocab_lang not in (None, "auto"):
+            raise PolyspecError("vocab_lang needs EAGLE-1 or small-LM drafters (EAGLE-3 heads cover their own language)")
         mask, _, _ = load_masks(bundle.masks_file())
         a = bundle.manifest["adaptive"]
         self.selector_args = dict(mask=mask, languages=langs, sizes=sizes,
@@ -153,7 +156,7 @@ class Decoder:
         for rt in getattr(self, "runtimes", {}).values():
             rt.reset()
         P = len(prompt_ids)
-        H = self.target.hidden_size
+        H = self.target.hidden_size * (3 if self.runner.aux_layers else 1)
         feats = torch.empty((P + max_new_tokens + self.nodes + self.gamma + 2, H), device=self.device,
                             dtype=self.runner.head.weight.dtype)
         tokens = list(prompt_ids)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from polyspec.errors import PolyspecError
+
 
 @dataclass
 class Head:
@@ -28,8 +30,11 @@ class Head:
     weight: torch.Tensor  # [s, H]
     ids: torch.Tensor | None  # [s] full-vocabulary ids of the rows
     softcap: float | None = None
+    pre: object = None  # EAGLE-3: the drafter's final norm, applied before its head
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.pre is not None:
+            h = self.pre(h)
         out = (h.to(self.weight.dtype) @ self.weight.T).float()
         if self.softcap:
             out = torch.tanh(out / self.softcap) * self.softcap
@@ -44,20 +49,31 @@ class Head:
 
 
 class HeadBank:
-    """Per-language row blocks of one head matrix; ``head(lang, s)`` is a view, ``s=None`` the full head."""
+    """Per-language row blocks of one head matrix; ``head(lang, s)`` is a view, ``s=None`` the full head.
 
-    def __init__(self, weight: torch.Tensor, ranked: dict[str, torch.Tensor], max_size: int, softcap=None):
+    An EAGLE-3 drafter owns a head over its draft vocabulary only (rows already in rank order): its bank
+    has that one block (``draft_ids``), and sizes above it (or ``full``) use the whole block."""
+
+    def __init__(self, weight: torch.Tensor, ranked: dict[str, torch.Tensor], max_size: int, softcap=None,
+                 draft_ids: tuple[str, torch.Tensor] | None = None, pre=None):
+        self.full, self.blocks = None, {}
+        if draft_ids is not None:
+            lang, ids = draft_ids
+            self.blocks[lang] = Head(weight, ids.to(weight.device), None, pre)
+            return
         self.full = Head(weight, None, softcap)
-        self.blocks = {}
         for lang, ids in ranked.items():
             ids = ids[:max_size].to(weight.device)
             self.blocks[lang] = Head(weight.index_select(0, ids).contiguous(), ids, softcap)
 
     def head(self, lang: str, size: int | None) -> Head:
-        if size is None:
+        if size is None and self.full is not None:
             return self.full
+        if lang not in self.blocks:
+            raise PolyspecError(f"this drafter's head has no rows for {lang!r} (EAGLE-3 heads cover their own language)")
         b = self.blocks[lang]
-        return Head(b.weight[:size], b.ids[:size], b.softcap)
+        size = b.size if size is None else min(size, b.size)
+        return Head(b.weight[:size], b.ids[:size], b.softcap, b.pre)
 
 
 class EagleRuntime:
@@ -156,11 +172,15 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
     runtimes, banks = {}, {}
     softcap = getattr(target.model.config, "final_logit_softcapping", None)
     dtype = target.model.get_output_embeddings().weight.dtype
-    shared_bank = None
+    shared_bank, archs = None, set()
     for lang in bundle.languages:
         model, _ = load_drafter(bundle.drafter_dir(lang), device=device)
         model.to(dtype)
-        if bundle.manifest["drafter_type"] == "eagle":
+        archs.add(getattr(model, "arch_name", "small-lm"))
+        if getattr(model, "arch_name", None) == "eagle3":  # own head over its draft vocabulary
+            rt = EagleRuntime(model, target.model.get_input_embeddings(), model.lm_head.weight)
+            banks[lang] = HeadBank(model.lm_head.weight.detach(), {}, 0, draft_ids=(lang, model.draft_ids), pre=model.norm)
+        elif bundle.manifest["drafter_type"] == "eagle":
             rt = EagleRuntime(model, target.model.get_input_embeddings(), target.model.get_output_embeddings().weight, softcap)
             if shared_bank is None:  # the frozen target head is the same for every language
                 shared_bank = HeadBank(rt.head_weight.detach(), ranked, max_size, softcap)
@@ -169,4 +189,12 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
             rt = SmallLMRuntime(model)
             banks[lang] = HeadBank(rt.head_weight.detach(), ranked, max_size)
         runtimes[lang] = rt
+    if len(archs) != 1:
+        raise PolyspecError(f"bundle {bundle.root} mixes drafter forms {sorted(archs)}; one form per bundle")
     return runtimes, banks
+
+
+def aux_layers(runtimes: dict) -> list[int] | None:
+    """The target layers EAGLE-3 drafters read (None for EAGLE-1 and small-LM drafters)."""
+    first = next(iter(runtimes.values()))
+    return list(first.drafter.aux_layers) if getattr(getattr(first, "drafter", None), "arch_name", "") == "eagle3" else None

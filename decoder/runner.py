@@ -27,6 +27,7 @@ class TargetRunner:
         self._cache_cls = DynamicCache
         self.cache = None
         self.forwards = 0
+        self.aux_layers: list[int] | None = None  # EAGLE-3 drafters read these layers instead of the last
 
     def reset(self) -> None:
         self.cache = self._cache_cls(config=self.model.config)
@@ -47,16 +48,20 @@ class TargetRunner:
     def forward(self, ids: list[int] | torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, logits_for: slice | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run ``ids`` after the cache → (hidden [n, H], logits [n or sliced, V] float32)."""
+        """Run ``ids`` after the cache → (features [n, H] — or [n, 3H], the ``aux_layers`` concatenated —,
+        logits [n or sliced, V] float32)."""
         dev = self.head.weight.device
         x = torch.as_tensor(ids, dtype=torch.long, device=dev).view(1, -1)
         if position_ids is None:
             position_ids = torch.arange(self.length, self.length + x.shape[1], device=dev).view(1, -1)
         out = self.base(input_ids=x, position_ids=position_ids, attention_mask=attention_mask,
-                        past_key_values=self.cache, use_cache=True)
+                        past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.aux_layers))
         self.forwards += 1
         h = out.last_hidden_state[0]
-        return h, self.logits(h if logits_for is None else h[logits_for])
+        logits = self.logits(h if logits_for is None else h[logits_for])
+        if self.aux_layers:
+            h = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1)
+        return h, logits
 
     def rollback(self, n: int) -> None:
         """Drop the last ``n`` cached tokens (rejected drafts); also trims sliding layers to their window."""

@@ -3,8 +3,12 @@
     python -m export --langs vi,de,ja [--run runs/default] [--target gemma3-270m] [--out <run>/export/bundle]
                      [--sizes 8192,16384,32768] [--window 10 --step 5 --offset 2]
     python -m export --check <bundle> [--target …]      validate an existing bundle
+    python -m export --format hf-assistant|vllm-eagle3 [--bundle <run>/export/bundle] [--out <run>/export/<format>]
+                                                        convert a bundle's drafters for transformers / vLLM
 
-The interop formats (``--format hf-assistant | vllm-eagle3``) land with the rest of issue #6.
+``hf-assistant`` (small-LM drafters): ``target.generate(..., assistant_model=AutoModelForCausalLM
+.from_pretrained("<out>/<lang>"))``. ``vllm-eagle3`` (drafters trained with ``eagle.arch=eagle3``):
+``vllm serve <target> --speculative-config '{"method": "eagle3", "model": "<out>/<lang>", "num_speculative_tokens": 3}'``.
 """
 
 from __future__ import annotations
@@ -31,12 +35,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--offset", type=float, default=2, help="ADASPEC Alg. 2 z")
     ap.add_argument("--format", default="polyspec", choices=["polyspec", "hf-assistant", "vllm-eagle3"])
     ap.add_argument("--check", default=None, metavar="BUNDLE", help="only validate this bundle")
+    ap.add_argument("--bundle", default=None, help="interop formats: the bundle to convert (default <run>/export/bundle)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.format != "polyspec":
-        raise PolyspecError(f"--format {args.format} is not implemented yet (issue #6)")
     from export.bundle import load_bundle, write_bundle
     from polyspec.targets import load_target
 
+    if args.format != "polyspec":
+        from export.interop import check_vllm_eagle3, write_hf_assistant, write_vllm_eagle3
+
+        # the weights are needed: vocab_size of the head and, for hf-assistant, the tokenizer files
+        target = load_target(args.target, device="cpu")
+        b = load_bundle(args.bundle or Path(args.run) / "export" / "bundle", target_pin=target.pin())
+        out = Path(args.out or Path(args.run) / "export" / args.format)
+        if args.format == "hf-assistant":
+            folders = write_hf_assistant(b, target, out)
+        else:
+            folders = write_vllm_eagle3(b, target, out)
+            for f in folders:
+                check_vllm_eagle3(f, target.vocab_size)
+        print(json.dumps({"format": args.format, "folders": [str(f) for f in folders]}))
+        return 0
     target = load_target(args.target, device="cpu", with_model=False)  # the pin needs tokenizer + config only
     if args.check:
         b = load_bundle(args.check, target_pin=target.pin())

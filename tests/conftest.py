@@ -88,7 +88,7 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
 
     from export.bundle import write_bundle
     from polyspec.languages import get_language
-    from train.models import EagleDrafter, build_small_lm, eagle_layer_config, save_drafter
+    from train.models import Eagle3Drafter, EagleDrafter, build_small_lm, eagle_layer_config, save_drafter
     from vocab.files import RankedVocab, save_ranked
 
     run = out.parent / f"{out.name}-run"
@@ -104,6 +104,8 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
         torch.manual_seed(seed + i)
         if drafter == "eagle":
             model = EagleDrafter(eagle_layer_config(target.model.config))
+        elif drafter == "eagle3":
+            model = Eagle3Drafter.for_target(target, torch.as_tensor(order[: max(sizes)]))
         elif drafter == "small-lm":
             model = build_small_lm(target, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
         elif drafter == "oracle":

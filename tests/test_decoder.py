@@ -36,6 +36,7 @@ def bundles(tmp_path_factory, llama, gemma):
         ("llama", "noisy"): make_tiny_bundle(root / "llama-noisy", llama, drafter="oracle", noise=0.2, sizes=(64, 256)),
         ("gemma3", "eagle"): make_tiny_bundle(root / "gemma-eagle", gemma, drafter="eagle"),
         ("llama", "small-lm"): make_tiny_bundle(root / "llama-small", llama, drafter="small-lm"),
+        ("gemma3", "eagle3"): make_tiny_bundle(root / "gemma-eagle3", gemma, drafter="eagle3"),
     }
 
 
@@ -82,9 +83,9 @@ def test_greedy_methods_are_token_identical_to_the_target(family, llama, gemma, 
             assert sum(taus[i]) / len(taus[i]) > 1.5, (m, o)
 
 
-@pytest.mark.parametrize("key", [("gemma3", "eagle"), ("llama", "small-lm"), ("llama", "noisy")])
+@pytest.mark.parametrize("key", [("gemma3", "eagle"), ("llama", "small-lm"), ("llama", "noisy"), ("gemma3", "eagle3")])
 def test_weak_drafters_are_lossless_too(key, llama, gemma, bundles):
-    """Random EAGLE / small-LM drafters (mostly rejected) and a noisy one over a reduced vocabulary."""
+    """Random EAGLE-1 / EAGLE-3 / small-LM drafters (mostly rejected) and a noisy one over a reduced vocabulary."""
     from decoder.core import Decoder
 
     target = llama if key[0] == "llama" else gemma

@@ -119,3 +119,99 @@ def test_cli_writes_and_checks(tmp_path, trained, tiny_llama_dir):
     (out / "README.md").write_text("edited")
     bad = run_cli("-m", "export", "--check", str(out), "--target", str(tiny_llama_dir))
     assert bad.returncode == 2 and "checksum" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------------ interop
+
+
+def test_hf_assistant_export_works_with_transformers_assisted_generation(tmp_path, trained):
+    from transformers import AutoModelForCausalLM
+
+    from conftest import make_tiny_bundle
+    from export.interop import write_hf_assistant
+
+    _, target = trained
+    ids = torch.tensor([target.tokenizer("Xin chào, hôm nay")["input_ids"]])
+    ref = target.model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    for kind in ("small-lm", "oracle"):  # what training writes (tied, 1 layer), and a near-copy of the target
+        bundle = make_tiny_bundle(tmp_path / f"b-{kind}", target, drafter=kind, noise=0.05)
+        from export.bundle import load_bundle
+
+        folders = write_hf_assistant(load_bundle(bundle), target, tmp_path / f"hf-{kind}")
+        assert [f.name for f in folders] == ["vi", "de"]
+        assert (folders[0] / "model.safetensors").is_file() and (folders[0] / "tokenizer.json").is_file()
+        assistant = AutoModelForCausalLM.from_pretrained(folders[0])
+        assert assistant.config.vocab_size == target.vocab_size
+        out = target.model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0, assistant_model=assistant)
+        assert out.tolist() == ref.tolist()
+
+
+def test_hf_assistant_refuses_eagle_bundles(tmp_path, trained):
+    from export.bundle import write_bundle
+    from export.interop import write_hf_assistant
+
+    run_dir, target = trained
+    b = write_bundle(tmp_path / "b", run_dir, ["vi"], target.pin(), [64])
+    with pytest.raises(PolyspecError, match="needs small-LM drafters"):
+        write_hf_assistant(b, target, tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def eagle3_bundle(tmp_path_factory, trained, tiny_llama_dir):
+    from export.bundle import write_bundle
+
+    run_dir, target = trained
+    run3 = tmp_path_factory.mktemp("run-eagle3")
+    shutil.copytree(run_dir / "synth", run3 / "synth")
+    shutil.copytree(run_dir / "vocab", run3 / "vocab")
+    cfg = validate(TrainConfig, apply_overrides({}, [
+        f"run={run3}", f"target={tiny_llama_dir}", "lang=vi", "stage=finetune", "eagle.vocab_size=128",
+        "eagle.arch=eagle3", "report_to=none", "finetune.steps=2", "eval_every=2", "checkpoint_every=2",
+        "optim.batch_size=2", "data.max_length=48", "data.eval_max_examples=1", "eval_depth=2"]))
+    train_run(cfg)
+    return write_bundle(tmp_path_factory.mktemp("b3") / "bundle", run3, ["vi"], target.pin(), [64, 128])
+
+
+def test_vllm_eagle3_export_has_vllms_layout_and_maps_exactly(tmp_path, trained, eagle3_bundle):
+    from safetensors.torch import load_file
+
+    from export.interop import check_vllm_eagle3, write_vllm_eagle3
+    from train.models import Eagle3Drafter, load_drafter
+
+    _, target = trained
+    (folder,) = write_vllm_eagle3(eagle3_bundle, target, tmp_path / "vllm")
+    cfg = check_vllm_eagle3(folder, target.vocab_size)
+    assert cfg["draft_vocab_size"] == 128 and cfg["vocab_size"] == target.vocab_size
+    state = load_file(str(folder / "model.safetensors"))
+    mine, _ = load_drafter(eagle3_bundle.drafter_dir("vi"))
+    # d2t/t2d: draft row j is target id j + d2t[j], the language's top-128 ranked ids, marked in t2d
+    assert torch.equal(torch.arange(128) + state["d2t"], mine.draft_ids)
+    assert torch.equal(torch.nonzero(state["t2d"]).flatten(), mine.draft_ids.sort().values)
+    # the exported tensors, renamed back, rebuild a drafter that computes the same logits
+    back = Eagle3Drafter.from_arch({"layer_config": mine.layer_config.to_dict(), "aux_layers": mine.aux_layers,
+                                    "target_hidden_size": mine.target_hidden_size, "draft_vocab_size": 128})
+    renamed = {k.removeprefix("midlayer."): v for k, v in state.items() if k not in ("d2t", "t2d")}
+    back.load_state_dict({**renamed, "draft_ids": mine.draft_ids}, strict=True)
+    H = mine.hidden_size
+    emb, aux = torch.randn(1, 5, H), torch.randn(1, 5, 3 * H)
+    with torch.no_grad():
+        assert torch.allclose(back.logits(back(emb, aux)[0]), mine.logits(mine(emb, aux)[0]), atol=1e-6)
+    # a damaged export fails the structural check in one line
+    broken = {k: v for k, v in state.items() if k != "d2t"}
+    from safetensors.torch import save_file
+
+    save_file(broken, str(folder / "model.safetensors"))
+    with pytest.raises(PolyspecError, match="missing tensors"):
+        check_vllm_eagle3(folder, target.vocab_size)
+
+
+def test_vllm_eagle3_refuses_eagle1_drafters_with_the_reason(tmp_path, trained, tiny_llama_dir):
+    from conftest import run_cli
+
+    run_dir, _ = trained
+    out = tmp_path / "bundle"
+    assert run_cli("-m", "export", "--langs", "vi", "--run", str(run_dir), "--target", str(tiny_llama_dir),
+                   "--out", str(out), "--sizes", "64").returncode == 0
+    r = run_cli("-m", "export", "--format", "vllm-eagle3", "--bundle", str(out), "--target", str(tiny_llama_dir),
+                "--out", str(tmp_path / "vllm"))
+    assert r.returncode == 2 and "EAGLE-1 form" in r.stderr and r.stderr.count("\n") == 1

@@ -107,13 +107,15 @@ def test_online_and_offline_features_give_the_same_loss(gemma_run, tiny_gemma_di
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "small-lm"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "small-lm"])
 def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tiny_llama_dir):
     import shutil
 
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
-    results = run(tcfg(run_dir, tiny_llama_dir, f"drafter_type={kind}", "eagle.ttt_steps=2"))
+    arch = ["eagle.arch=eagle3"] if kind == "eagle3" else []
+    kind = "eagle" if kind == "eagle3" else kind
+    results = run(tcfg(run_dir, tiny_llama_dir, f"drafter_type={kind}", "eagle.ttt_steps=2", *arch))
     assert [r["stage"] for r in results] == ["pretrain", "finetune"]
     base = run_dir / "train" / "vi"
     for stage in ("pretrain", "finetune"):
@@ -124,6 +126,9 @@ def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tin
         assert len(list((base / stage).glob("checkpoint-*"))) <= 2
     model, meta = load_drafter(base / "final")
     assert meta["drafter_type"] == kind and meta["stage"] == "finetune"
+    if arch:  # EAGLE-3: own head over the language's top-128 ids, three target layers fused
+        assert model.arch_name == "eagle3" and model.lm_head.weight.shape[0] == 128
+        assert model.fc.in_features == 3 * load_target(str(tiny_llama_dir)).hidden_size
     assert meta["vocab"]["size"] == 128 and meta["target"]["tokenizer_sha256"]
     first = json.loads((base / "finetune" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["init_from"].endswith("pretrain/final"), "finetune starts from the pretrain weights"

@@ -41,7 +41,7 @@ from polyspec.languages import get_language
 from polyspec.targets import greedy_generate, load_target
 from train.config import TrainConfig
 from train.data import build_dataset, collate, epoch_order, expand_paths, split
-from train.models import EagleDrafter, build_small_lm, eagle_layer_config, load_drafter, save_drafter
+from train.models import Eagle3Drafter, EagleDrafter, build_small_lm, eagle_layer_config, load_drafter, save_drafter
 from train.objectives import (
     acceptance_from_hits,
     eagle_hits,
@@ -88,6 +88,8 @@ class DrafterRecipe:
         self.head_w = self.target.model.get_output_embeddings().weight[self.ids_s].detach()
         self.eval_seqs = self._eval_sequences(held[: cfg.data.eval_max_examples])
         self.features = None
+        if cfg.features == "offline" and cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3":
+            raise PolyspecError("features: offline stores the last layer only; EAGLE-3 drafters train with features: online")
         if cfg.features == "offline" and cfg.drafter_type == "eagle":
             from train.features import FeatureStore
 
@@ -147,13 +149,20 @@ class DrafterRecipe:
             raise PolyspecError(f"init_from {cfg.init_from} is not a drafter folder")
         else:
             self.init_from = None
-            if cfg.drafter_type == "eagle":
+            if cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3":
+                model = Eagle3Drafter.for_target(self.target, self.ids_s.cpu())
+            elif cfg.drafter_type == "eagle":
                 model = EagleDrafter(eagle_layer_config(self.target.model.config))
             else:
                 sl = cfg.small_lm
                 model = build_small_lm(self.target, sl.hidden_size, sl.num_layers, sl.num_heads, sl.intermediate_size)
         if cfg.drafter_type == "eagle" and model.hidden_size != self.target.hidden_size:
             raise PolyspecError(f"drafter hidden size {model.hidden_size} ≠ target hidden size {self.target.hidden_size}")
+        if cfg.drafter_type == "eagle" and getattr(model, "arch_name", "eagle1") != cfg.eagle.arch:
+            raise PolyspecError(f"{self.init_from} holds an {model.arch_name} drafter, the config asks for {cfg.eagle.arch}")
+        if getattr(model, "arch_name", None) == "eagle3" and not torch.equal(model.draft_ids.cpu(), self.ids_s.cpu()):
+            raise PolyspecError(f"{self.init_from}: its draft vocabulary is not this language's top-{len(self.ids_s)} ids")
+        self.aux_layers = getattr(model, "aux_layers", None)
         return model.to(self.acc.device).train()
 
     @torch.no_grad()
@@ -206,11 +215,14 @@ class DrafterRecipe:
         batch = {k: v.to(self.acc.device) for k, v in batch.items()}
         if self.cfg.drafter_type == "small-lm":
             return small_lm_loss(self.model, batch)
+        aux = None
         if self.features is not None:  # offline: precomputed once, read back
             f = self.features.get(batch["index"].tolist(), batch["input_ids"].shape[1], self.acc.device)
+        elif self.aux_layers:  # EAGLE-3: three target layers as input, the last one for the targets
+            f, aux = target_features(self.target.model, batch["input_ids"], batch["attention_mask"], self.aux_layers)
         else:  # online: the frozen target inside the step
             f = target_features(self.target.model, batch["input_ids"], batch["attention_mask"])
-        return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, self.gen)
+        return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, self.gen, aux=aux)
 
     def train(self) -> dict:
         cfg, steps = self.cfg, self.stage_cfg.steps
@@ -265,8 +277,10 @@ class DrafterRecipe:
         k = self.cfg.eval_depth
         for seq, start in self.eval_seqs:
             if self.cfg.drafter_type == "eagle":
-                f = target_features(self.target.model, seq, torch.ones_like(seq))
-                hits = eagle_hits(model, self.embed, self.head_w, self.ids_s, seq, f, k, self.softcap)
+                f, aux = target_features(self.target.model, seq, torch.ones_like(seq), self.aux_layers), None
+                if self.aux_layers:
+                    f, aux = f
+                hits = eagle_hits(model, self.embed, self.head_w, self.ids_s, seq, f, k, self.softcap, aux=aux)
             else:
                 hits = small_lm_hits(model, self.ids_s if len(self.ids_s) < self.target.vocab_size else None, seq, k)
             T = seq.shape[1]

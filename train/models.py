@@ -53,6 +53,7 @@ def eagle_layer_config(target_config) -> Any:
 
 class EagleDrafter(nn.Module):
     drafter_type = "eagle"
+    arch_name = "eagle1"
 
     def __init__(self, layer_config):
         super().__init__()
@@ -85,6 +86,136 @@ class EagleDrafter(nn.Module):
 
         d = dict(arch["layer_config"])
         return cls(AutoConfig.for_model(d.pop("model_type"), **d))
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 form, in the layout vLLM serves (``LlamaForCausalLMEagle3``): g = fc([h_low ‖ h_mid ‖ h_high])
+    fuses three target layers (``aux_layers``, indices into ``output_hidden_states``); one Llama layer whose
+    attention reads [input_norm(embed(x)) ‖ hidden_norm(g)] (2H → heads), residual g; ``norm`` → its own
+    ``lm_head`` over the draft vocabulary ``draft_ids`` (the language's top-s ids, initialised from the
+    target head's rows, so row order = rank order and a size s' < s is the first s' rows). Unrolled steps
+    feed the layer's pre-norm output back as g (training-time test)."""
+
+    drafter_type = "eagle"
+    arch_name = "eagle3"
+
+    def __init__(self, layer_config, target_hidden_size: int, aux_layers: list[int], draft_vocab_size: int):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+        c = self.layer_config = layer_config
+        c._attn_implementation = c._attn_implementation or "sdpa"  # a standalone layer: pick the kernel
+        H, eps = c.hidden_size, c.rms_norm_eps
+        self.target_hidden_size, self.aux_layers = target_hidden_size, list(aux_layers)
+        self.fc = nn.Linear(3 * target_hidden_size, H, bias=False)
+        self.input_layernorm, self.hidden_norm = LlamaRMSNorm(H, eps=eps), LlamaRMSNorm(H, eps=eps)
+        self.self_attn = LlamaAttention(c, layer_idx=0)
+        hd = self.self_attn.head_dim
+        self.self_attn.q_proj = nn.Linear(2 * H, c.num_attention_heads * hd, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * H, c.num_key_value_heads * hd, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * H, c.num_key_value_heads * hd, bias=False)
+        self.post_attention_layernorm = LlamaRMSNorm(H, eps=eps)
+        self.mlp = LlamaMLP(c)
+        self.norm = LlamaRMSNorm(H, eps=eps)
+        self.rotary = LlamaRotaryEmbedding(c)
+        self.lm_head = nn.Linear(H, draft_vocab_size, bias=False)
+        self.register_buffer("draft_ids", torch.zeros(draft_vocab_size, dtype=torch.long))
+
+    @property
+    def hidden_size(self) -> int:
+        return self.fc.out_features
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.lm_head.out_features
+
+    @classmethod
+    def for_target(cls, target, draft_ids: torch.Tensor, aux_layers: list[int] | None = None) -> Eagle3Drafter:
+        from transformers import LlamaConfig
+
+        t = _text_config(target.model.config)
+        n = t.num_hidden_layers
+        aux = aux_layers or [min(2, n), max(1, n // 2), max(1, n - 3)]  # vLLM's default for EAGLE-3
+        cfg = LlamaConfig(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=1,
+                          num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
+                          head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+                          rms_norm_eps=t.rms_norm_eps, max_position_embeddings=t.max_position_embeddings,
+                          vocab_size=target.vocab_size, tie_word_embeddings=False)
+        model = cls(cfg, t.hidden_size, aux, len(draft_ids))
+        with torch.no_grad():
+            ids = draft_ids.to(target.model.get_output_embeddings().weight.device)
+            model.lm_head.weight.copy_(target.model.get_output_embeddings().weight[ids].float().cpu())
+            model.draft_ids.copy_(draft_ids.cpu())
+        return model
+
+    def forward(self, input_embeds, features, position_ids=None, attention_mask=None, past_key_values=None,
+                use_cache=False):
+        """features [B, T, 3H] (target layers: fused by fc) or [B, T, H] (own previous outputs) →
+        pre-norm hidden [B, T, H] (and the KV cache)."""
+        g = features.to(input_embeds.dtype)
+        if g.shape[-1] == 3 * self.target_hidden_size:
+            g = self.fc(g)
+        B, T, _ = input_embeds.shape
+        if use_cache and past_key_values is None:
+            from transformers import DynamicCache
+
+            past_key_values = DynamicCache()
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=g.device).unsqueeze(0)
+        if attention_mask is None or attention_mask.dim() == 2:  # causal over cache + new, plus key padding
+            allowed = torch.ones((T, past + T), dtype=torch.bool, device=g.device).tril(diagonal=past)
+            allowed = allowed.view(1, 1, T, past + T).expand(B, 1, T, past + T)
+            if attention_mask is not None:
+                allowed = allowed & attention_mask.bool()[:, None, None, -(past + T):]
+            attention_mask = torch.zeros(allowed.shape, dtype=g.dtype, device=g.device).masked_fill(
+                ~allowed, torch.finfo(g.dtype).min)
+        x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(g)], dim=-1)
+        attn, _ = self.self_attn(x, position_embeddings=self.rotary(g, position_ids), attention_mask=attention_mask,
+                                 past_key_values=past_key_values if use_cache else None)
+        h = g + attn
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, (past_key_values if use_cache else None)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden → logits over the draft vocabulary (row j is target id ``draft_ids[j]``)."""
+        return self.lm_head(self.norm(h)).float()
+
+    def arch(self) -> dict:
+        return {"arch": "eagle3", "layer_config": self.layer_config.to_dict(), "aux_layers": self.aux_layers,
+                "target_hidden_size": self.target_hidden_size, "draft_vocab_size": self.draft_vocab_size}
+
+    @classmethod
+    def from_arch(cls, arch: dict) -> Eagle3Drafter:
+        from transformers import LlamaConfig
+
+        d = {k: v for k, v in arch["layer_config"].items() if k != "model_type"}
+        return cls(LlamaConfig(**d), arch["target_hidden_size"], arch["aux_layers"], arch["draft_vocab_size"])
+
+    def vllm_eagle3_state(self, ranked: torch.Tensor, target) -> tuple[dict, dict]:
+        """Weights and config in vLLM's ``LlamaForCausalLMEagle3`` layout (exact: same modules, renamed)."""
+        if not torch.equal(ranked.cpu(), self.draft_ids.cpu()):
+            raise PolyspecError("the drafter's draft vocabulary differs from the bundle's ranked list")
+        sd = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        state = {"fc.weight": sd["fc.weight"], "norm.weight": sd["norm.weight"], "lm_head.weight": sd["lm_head.weight"]}
+        for k, v in sd.items():
+            if k.startswith(("input_layernorm.", "hidden_norm.", "post_attention_layernorm.", "self_attn.", "mlp.")):
+                state[f"midlayer.{k}"] = v
+        s = self.draft_vocab_size
+        state["d2t"] = self.draft_ids.cpu() - torch.arange(s)  # vLLM: target id = draft id + d2t[draft id]
+        t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
+        t2d[self.draft_ids.cpu()] = True
+        state["t2d"] = t2d
+        c = self.layer_config
+        config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
+                  "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
+                  "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+                  "head_dim": self.self_attn.head_dim, "rms_norm_eps": c.rms_norm_eps, "hidden_act": c.hidden_act,
+                  "max_position_embeddings": c.max_position_embeddings, "rope_parameters": c.rope_parameters,
+                  "vocab_size": target.vocab_size, "draft_vocab_size": s, "target_hidden_size": self.target_hidden_size,
+                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": self.aux_layers},
+                  "tie_word_embeddings": False, "torch_dtype": "float32"}
+        return state, config
 
 
 def build_small_lm(target: Any, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int):
@@ -123,7 +254,7 @@ def project_embedding(weight: torch.Tensor, dim: int, init_std: float = 0.02) ->
 
 def save_drafter(path: str | Path, model: nn.Module, meta: dict) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (drafter weights only), atomically."""
-    if isinstance(model, EagleDrafter):
+    if isinstance(model, (EagleDrafter, Eagle3Drafter)):
         dtype, arch = "eagle", model.arch()
     else:
         dtype, arch = "small-lm", {"config": model.config.to_dict()}
@@ -149,7 +280,7 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu") -> tuple[
         raise PolyspecError(f"cannot read drafter {path}: {first_line(e)}") from None
     kind = meta.get("drafter_type")
     if kind == "eagle":
-        model = EagleDrafter.from_arch(meta)
+        model = (Eagle3Drafter if meta.get("arch") == "eagle3" else EagleDrafter).from_arch(meta)
     elif kind == "small-lm":  # Llama as built by build_small_lm; any transformers causal-LM family loads
         from transformers import AutoConfig, AutoModelForCausalLM
 

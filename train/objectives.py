@@ -11,10 +11,28 @@ import torch.nn.functional as F
 
 
 @torch.no_grad()
-def target_features(target_model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] → f [B, T, H] from the frozen target's base model (its LM head is not run)."""
+def target_features(target_model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    aux_layers: list[int] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] → f [B, T, H] from the frozen target's base model (its LM head is not run); with
+    ``aux_layers`` (EAGLE-3) also [B, T, 3H]: those entries of ``output_hidden_states``, concatenated."""
     base = target_model.get_decoder()
-    return base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+               output_hidden_states=aux_layers is not None)
+    if aux_layers is None:
+        return out.last_hidden_state
+    return out.last_hidden_state, torch.cat([out.hidden_states[i] for i in aux_layers], dim=-1)
+
+
+def is_eagle3(drafter) -> bool:
+    return getattr(getattr(drafter, "module", drafter), "arch_name", "eagle1") == "eagle3"  # DDP wraps in .module
+
+
+def draft_logits(drafter, pred: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
+    """Logits over the reduced vocabulary: the frozen target head rows (EAGLE-1) or the drafter's own
+    draft-vocabulary head (EAGLE-3); both index the same top-s ids."""
+    if is_eagle3(drafter):
+        return getattr(drafter, "module", drafter).logits(pred)
+    return reduced_logits(pred, head_w, softcap)
 
 
 def reduced_logits(h: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
@@ -26,18 +44,20 @@ def reduced_logits(h: torch.Tensor, head_w: torch.Tensor, softcap: float | None 
 
 
 def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softcap: float | None = None,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+               generator: torch.Generator | None = None, aux: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """EAGLE-1 objective, optionally unrolled ``cfg.ttt_steps`` times (EAGLE-3 training-time test).
 
     Step i predicts f_{t+1+i} from [embed(x_{t+1+i}) ‖ g_t], where g = f (+ noise) at step 0 and the
     drafter's own step-(i-1) predictions afterwards; weight ``ttt_decay**i``. Loss: SmoothL1 to the next
     feature + CE against the target's distribution restricted to the same s ids, on loss-mask positions.
+    EAGLE-3 (``aux`` = fused target layers as the step-0 input): CE through the drafter's own head only.
     """
+    eagle3 = is_eagle3(drafter)
     ids, mask = batch["input_ids"], batch["loss_mask"]
     T = ids.shape[1]
     with torch.no_grad():
         emb = embed(ids)
-    g = f[:, :-1]
+    g = (aux if aux is not None else f)[:, :-1]
     if cfg.feature_noise > 0:
         noise = torch.rand(g.shape, generator=generator, device="cpu").to(g.device, g.dtype)
         g = g + (noise * 2 - 1) * cfg.feature_noise
@@ -50,10 +70,13 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         m = torch.zeros_like(mask[:, :L])
         m[:, : L - 1] = mask[:, 2 + i :]  # pred_t feeds the head for token x_{t+2+i}
         denom = m.sum().clamp_min(1.0)
-        feat = (F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1) * m).sum() / denom
+        if eagle3:  # its features are its own (no regression target)
+            feat = torch.zeros((), device=pred.device)
+        else:
+            feat = (F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1) * m).sum() / denom
         with torch.no_grad():
             p = torch.softmax(reduced_logits(tgt, head_w, softcap).float(), dim=-1)
-        logq = torch.log_softmax(reduced_logits(pred, head_w, softcap).float(), dim=-1)
+        logq = torch.log_softmax(draft_logits(drafter, pred, head_w, softcap), dim=-1)
         ce = (-(p * logq).sum(-1) * m).sum() / denom
         w = cfg.ttt_decay**i
         total = total + w * (cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce)
@@ -93,7 +116,7 @@ def acceptance_from_hits(hits: torch.Tensor, valid: torch.Tensor) -> dict:
 
 @torch.no_grad()
 def eagle_hits(drafter, embed, head_w, ids_s: torch.Tensor, seq: torch.Tensor, f: torch.Tensor, k: int,
-               softcap: float | None = None) -> torch.Tensor:
+               softcap: float | None = None, aux: torch.Tensor | None = None) -> torch.Tensor:
     """Greedy sequence seq [1, T] (the target's own greedy output) and its features f [1, T, H] →
     hits [T, k]: at start t, the drafter unrolled on its own predictions proposes d_1..d_k for x_{t+2..};
     hit i when d_i equals the target's greedy token there (= seq, since seq is greedy).
@@ -104,7 +127,7 @@ def eagle_hits(drafter, embed, head_w, ids_s: torch.Tensor, seq: torch.Tensor, f
     T = seq.shape[1]
     hits = torch.zeros((T, k), dtype=torch.bool)
     emb = embed(seq)
-    g = f[:, :-1]
+    g = (aux if aux is not None else f)[:, :-1]
     tokens = seq
     for i in range(k):
         L = T - 1 - i
@@ -112,7 +135,7 @@ def eagle_hits(drafter, embed, head_w, ids_s: torch.Tensor, seq: torch.Tensor, f
             break
         pos = torch.arange(1 + i, T, device=seq.device).unsqueeze(0)
         pred, _ = drafter(emb[:, 1 + i :] if i == 0 else embed(tokens), g[:, :L], position_ids=pos)
-        d = ids_s[reduced_logits(pred[0], head_w, softcap).argmax(-1)]  # draft token for x_{t+2+i}
+        d = ids_s[draft_logits(drafter, pred[0], head_w, softcap).argmax(-1)]  # draft token for x_{t+2+i}
         ok = d[: L - 1] == seq[0, 2 + i :]
         hits[: L - 1, i] = ok.cpu()
         tokens = d[: L - 1].unsqueeze(0)  # the drafter's own tokens feed the next step
