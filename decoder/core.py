@@ -14,6 +14,10 @@ Methods
   layer cannot see with a custom mask fall back to ``chain``, said once).
 - ``adaspec``: chain (or tree, ``shape="tree"``) with ADASPEC Alg. 2 choosing drafter language and
   vocabulary size every u tokens from the last w (``decoder.adaptive``).
+- ``spide``: chain drafting whose length is decided token by token from SPIDE's confidence→acceptance
+  table (``decoder.ngram.SpideTable``), up to ``gamma_max``.
+- ``pld`` (prompt lookup) and ``ngram-tree`` (Token Recycling / UNISPEC confidence tree): training-free
+  draft sources, no bundle needed; verified exactly like the drafter's drafts.
 
 Options ``lang`` (``auto`` = from the prompt, or a bundle language: fixed), ``size`` (``auto``, an int of
 the bundle's sizes: fixed, or ``full``: the whole vocabulary) and ``vocab_lang`` (head language different
@@ -31,12 +35,14 @@ import torch
 
 from decoder.adaptive import LanguageSelector
 from decoder.drafters import aux_layers, build_runtimes
+from decoder.ngram import SpideTable, TokenRecycler, prompt_lookup
 from decoder.runner import TargetRunner, tree_mask
 from decoder.stopping import Stopper, eos_ids
 from decoder.verify import accept_greedy, accept_sampled, sample, warp
 from polyspec.errors import PolyspecError
 
-METHODS = ("ar", "chain", "tree", "adaspec")
+METHODS = ("ar", "chain", "tree", "adaspec", "spide", "pld", "ngram-tree")
+NEEDS_BUNDLE = ("chain", "tree", "adaspec", "spide")
 
 
 @dataclass
@@ -82,18 +88,24 @@ class Decoder:
     def __init__(self, target, bundle=None, method: str = "adaspec", *, gamma: int = 4, tree_depth: int = 4,
                  tree_topk: int = 4, tree_nodes: int = 12, shape: str = "chain", lang: str = "auto",
                  size: str | int = "auto", vocab_lang: str | None = None, window: int | None = None,
-                 step: int | None = None, offset: float | None = None, log=None):
+                 step: int | None = None, offset: float | None = None, gamma_max: int = 8,
+                 spide_threshold: float = 0.35, ngram_k: int = 8, ngram_first_width: int = 8,
+                 ngram_threshold: float = 0.02, log=None):
         if method not in METHODS:
             raise PolyspecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         if shape not in ("chain", "tree"):
             raise PolyspecError(f"shape must be chain or tree, not {shape!r}")
-        if method != "ar" and bundle is None:
-            raise PolyspecError(f"method {method!r} needs a bundle (drafters); use method=ar without one")
+        if method in NEEDS_BUNDLE and bundle is None:
+            raise PolyspecError(f"method {method!r} needs a bundle (drafters); ar, pld and ngram-tree run without one")
         if gamma < 1 or tree_depth < 1 or tree_topk < 1 or tree_nodes < 1:
             raise PolyspecError("gamma, tree_depth, tree_topk and tree_nodes must be ≥ 1")
         self.target, self.method = target, method
-        self.shape = {"tree": "tree", "chain": "chain", "adaspec": shape}.get(method, "ar")
+        self.shape = {"tree": "tree", "ngram-tree": "tree", "adaspec": shape, "ar": "ar"}.get(method, "chain")
         self.gamma, self.depth, self.topk, self.nodes = gamma, tree_depth, tree_topk, tree_nodes
+        self.gamma_max, self.spide_threshold = gamma_max, spide_threshold
+        self.ngram_first_width, self.ngram_threshold = ngram_first_width, ngram_threshold
+        self.spide = SpideTable() if method == "spide" else None  # both learn online, across requests
+        self.recycler = TokenRecycler(target.vocab_size, ngram_k) if method == "ngram-tree" else None
         self.log = log or (lambda msg: None)
         self._said: set[str] = set()
         self.runner = TargetRunner(target)
@@ -101,7 +113,7 @@ class Decoder:
         self.eos = eos_ids(target)
         self.default_stop = list(target.spec.prompt_format.stop)
         self.bundle = None
-        if bundle is not None:
+        if bundle is not None and method in NEEDS_BUNDLE:
             self._open_bundle(bundle, lang, size, vocab_lang, window, step, offset)
 
     # ------------------------------------------------------------------------------------- setup
@@ -157,7 +169,7 @@ class Decoder:
             rt.reset()
         P = len(prompt_ids)
         H = self.target.hidden_size * (3 if self.runner.aux_layers else 1)
-        feats = torch.empty((P + max_new_tokens + self.nodes + self.gamma + 2, H), device=self.device,
+        feats = torch.empty((P + max_new_tokens + max(self.nodes, self.gamma, self.gamma_max) + 2, H), device=self.device,
                             dtype=self.runner.head.weight.dtype)
         tokens = list(prompt_ids)
 
@@ -169,7 +181,7 @@ class Decoder:
         prefill_s = time.perf_counter() - t_start
 
         lang = size = selector = None
-        if self.method != "ar":
+        if self.method in NEEDS_BUNDLE:
             selector = LanguageSelector(**self.selector_args, fixed_lang=self.fixed_lang,
                                         fixed_size=self.size_opt if isinstance(self.size_opt, int) else None)
             lang, size = self._initial_choice(selector, prompt_ids)
@@ -185,13 +197,30 @@ class Decoder:
                 new, stat = [self._pick(logits[0], temperature, top_p, gen)], StepStat(
                     0, 0, 0, None, None, "ar", 0.0, time.perf_counter() - t0)
             elif self.shape == "tree" and not sampling and self.runner.tree_fits(self.nodes + 1):
-                new, stat = self._tree_step(tokens, feats, pend, lang, size, budget)
+                t0 = time.perf_counter()
+                if self.method == "ngram-tree":
+                    tree = self.recycler.tree(tokens[pend], self.nodes, self.ngram_first_width, self.topk, self.depth,
+                                              self.ngram_threshold)
+                else:
+                    tree = self._draft_tree(tokens, feats, pend, lang, size, budget)
+                new, stat = self._verify_tree(tokens, feats, pend, *tree, t0)
+                stat.lang, stat.vocab_size = lang, size
             else:
                 if self.shape == "tree":
                     self._say_once("tree: sampling, or a context past the target's sliding window, "
                                    "is drafted as a chain")
-                new, stat = self._chain_step(tokens, feats, pend, lang, size, min(self.gamma, budget - 1),
-                                             temperature, top_p, gen)
+                gamma = min(self.gamma_max if self.method == "spide" else self.gamma, budget - 1)
+                t0 = time.perf_counter()
+                if self.method in ("pld", "ngram-tree"):
+                    drafts = prompt_lookup(tokens, gamma) if self.method == "pld" else self._ngram_chain(tokens[pend], gamma)
+                    qs = [self._onehot(d) for d in drafts] if sampling else []
+                    confs = []
+                else:
+                    drafts, qs, confs = self._draft_chain(tokens, feats, pend, lang, size, gamma, temperature, gen)
+                new, stat = self._verify_chain(tokens, feats, pend, drafts, qs, temperature, top_p, gen, t0)
+                stat.lang, stat.vocab_size = lang, size
+                if self.spide is not None:
+                    self.spide.update(confs, stat.accepted)
             kept = stopper.push(new)
             stat.new_tokens = kept
             steps.append(stat)
@@ -229,13 +258,19 @@ class Decoder:
         return self.banks[lang].head(self.vocab_lang or lang, size)
 
     # ---------------------------------------------------------------------------------- chain
-    def _chain_step(self, tokens, feats, pend, lang, size, gamma, temperature, top_p, gen):
-        t0 = time.perf_counter()
+    def _draft_chain(self, tokens, feats, pend, lang, size, gamma, temperature, gen):
+        """The drafter proposes up to γ tokens one by one (SPIDE: while the estimated acceptance holds)."""
         rt, head = self.runtimes[lang], self._head(lang, size)
         parent = rt.sync(tokens, feats, pend)
-        drafts, qs = [], []
+        drafts, qs, confs, alive = [], [], [], 1.0
         for i in range(gamma):
             lg = head.logits(parent)
+            if self.spide is not None:  # SPIDE: estimated P(this draft survives) from its confidence
+                conf = float(torch.softmax(lg, -1).max())
+                alive *= self.spide.rate(conf)
+                if i > 0 and alive < self.spide_threshold:
+                    break
+                confs.append(conf)
             if temperature > 0:
                 q = torch.softmax(lg / temperature, dim=-1)
                 j = sample(q, gen)
@@ -249,6 +284,25 @@ class Decoder:
                 pos = torch.tensor([pend + 1 + i], device=self.device)
                 parent = rt.extend(torch.tensor([drafts[-1]], device=self.device), parent.view(1, -1), pos)[-1]
         rt.rollback()
+        return drafts, qs, confs
+
+    def _ngram_chain(self, root: int, gamma: int) -> list[int]:
+        """Token Recycling drafting a chain (sampling / past the sliding window): follow the top-1 edges."""
+        out, t = [], root
+        for _ in range(gamma):
+            t = int(self.recycler.adj[t, 0])
+            if t < 0:
+                break
+            out.append(t)
+        return out
+
+    def _onehot(self, token: int) -> torch.Tensor:
+        q = torch.zeros(self.runner.head.weight.shape[0], dtype=torch.float32, device=self.device)
+        q[token] = 1.0  # a deterministic draft source: q is a point mass (Leviathan still applies)
+        return q
+
+    def _verify_chain(self, tokens, feats, pend, drafts, qs, temperature, top_p, gen, t0):
+        """One target forward over [pending, drafts…]; keep the accepted prefix, roll the cache back."""
         self._sync()
         t1 = time.perf_counter()
         h, logits = self.runner.forward([tokens[pend], *drafts])
@@ -258,14 +312,16 @@ class Decoder:
             n, nxt = accept_greedy(drafts, logits)
         self.runner.rollback(len(drafts) - n)
         feats[pend : pend + n + 1] = h[: n + 1]
+        if self.recycler is not None:
+            self.recycler.update([tokens[pend], *drafts[:n]], logits[: n + 1])
         self._sync()
         t2 = time.perf_counter()
-        return drafts[:n] + [nxt], StepStat(0, n, len(drafts), lang, size, "chain", t1 - t0, t2 - t1)
+        return drafts[:n] + [nxt], StepStat(0, n, len(drafts), None, None, "chain", t1 - t0, t2 - t1)
 
     # ----------------------------------------------------------------------------------- tree
-    def _tree_step(self, tokens, feats, pend, lang, size, budget):
-        """EAGLE-2 dynamic tree (greedy). Nodes are draft tokens; the root is the pending token."""
-        t0 = time.perf_counter()
+    def _draft_tree(self, tokens, feats, pend, lang, size, budget):
+        """EAGLE-2 dynamic tree (greedy). Nodes are draft tokens; the root is the pending token.
+        → (tokens, parent (-1 = root), depth) of the kept nodes, parents before children."""
         rt, head = self.runtimes[lang], self._head(lang, size)
         root_hidden = rt.sync(tokens, feats, pend)
         dev, dtype = self.device, self.runner.head.weight.dtype
@@ -320,28 +376,36 @@ class Decoder:
                 keep.add(p)
                 p = parent[p]
         order = sorted(keep, key=lambda n: (depth[n], n))
-        index = {n: i + 1 for i, n in enumerate(order)}  # position in the verify input (root = 0)
-        parents = [-1] + [0 if parent[n] < 0 else index[parent[n]] for n in order]
+        index = {n: i for i, n in enumerate(order)}
+        return ([tok[n] for n in order], [-1 if parent[n] < 0 else index[parent[n]] for n in order],
+                [depth[n] for n in order])
+
+    def _verify_tree(self, tokens, feats, pend, tok, parent, depth, t0):
+        """One target forward over [pending, nodes…] with a tree mask; keep the longest greedy branch."""
+        dev, dtype = self.device, self.runner.head.weight.dtype
+        parents = [-1] + [p + 1 for p in parent]  # verify input: root at 0, node i at i + 1
         self._sync()
         t1 = time.perf_counter()
-        pos = torch.tensor([[pend] + [pend + depth[n] for n in order]], device=dev)
-        h, logits = self.runner.forward([tokens[pend]] + [tok[n] for n in order], position_ids=pos,
+        pos = torch.tensor([[pend] + [pend + d for d in depth]], device=dev)
+        h, logits = self.runner.forward([tokens[pend], *tok], position_ids=pos,
                                         attention_mask=tree_mask(pend, parents, dtype, dev))
         best = logits.argmax(-1).tolist()
         children: dict[int, dict[int, int]] = {}
         for i, p in enumerate(parents):
             if p >= 0:
-                children.setdefault(p, {})[tok[order[i - 1]]] = i
+                children.setdefault(p, {})[tok[i - 1]] = i
         path, cur = [], 0
         while best[cur] in children.get(cur, {}):
             cur = children[cur][best[cur]]
             path.append(cur)
         self.runner.keep(pend, [0, *path])
         feats[pend : pend + len(path) + 1] = h[[0, *path]]
+        if self.recycler is not None:  # every verified node teaches the adjacency matrix
+            self.recycler.update([tokens[pend], *tok], logits)
         self._sync()
         t2 = time.perf_counter()
-        new = [tok[order[i - 1]] for i in path] + [best[cur]]
-        return new, StepStat(0, len(path), len(order), lang, size, "tree", t1 - t0, t2 - t1)
+        new = [tok[i - 1] for i in path] + [best[cur]]
+        return new, StepStat(0, len(path), len(tok), None, None, "tree", t1 - t0, t2 - t1)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -54,6 +54,9 @@ SHAPES = [
     ("tree", dict(tree_depth=5, tree_topk=4, tree_nodes=16, size="full")),
     ("adaspec", dict(gamma=4)),
     ("adaspec", dict(shape="tree", tree_depth=4, tree_topk=3, tree_nodes=10)),
+    ("spide", dict(gamma_max=6)),
+    ("pld", dict(gamma=5)),
+    ("ngram-tree", dict(tree_nodes=10, tree_depth=4, tree_topk=2)),
 ]
 
 

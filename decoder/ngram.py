@@ -1,0 +1,85 @@
+"""Training-free draft sources and SPIDE's acceptance table.
+
+- ``prompt_lookup``: PLD — the longest recent n-gram (n = max..min) that occurred earlier in the context
+  proposes the tokens that followed it (as transformers' ``prompt_lookup_num_tokens``).
+- ``TokenRecycler``: Token Recycling / UNISPEC (seeds 000, 002): an adjacency matrix [|V|, k] of the
+  verifier's top-k next tokens after each token, with their probabilities as confidences, refreshed from
+  every verification forward and kept across requests. A draft tree grows best-first from the pending
+  token by cumulative confidence: the first level is broadened (``first_width`` children), deeper nodes
+  get ``width`` children, nodes under ``threshold`` are pruned, at most ``nodes`` are kept.
+- ``SpideTable``: SPIDE (seed 001): the drafter's top-1 confidence c in 20 intervals → measured
+  acceptance rate, updated online from verification; chain drafting stops once the estimated
+  probability that the next draft survives falls under a threshold (serial dynamic draft length).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def prompt_lookup(tokens: list[int], gamma: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+    n_tok = len(tokens)
+    for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
+        tail = tokens[-n:]
+        for start in range(n_tok - n - 1, -1, -1):  # most recent earlier occurrence first
+            if tokens[start : start + n] == tail:
+                follow = tokens[start + n : start + n + gamma]
+                if follow:
+                    return follow
+    return []
+
+
+class TokenRecycler:
+    def __init__(self, vocab_size: int, k: int = 8):
+        self.k = k
+        self.adj = torch.full((vocab_size, k), -1, dtype=torch.int32)
+        self.conf = torch.zeros((vocab_size, k), dtype=torch.float32)
+
+    def update(self, inputs: list[int], logits: torch.Tensor) -> None:
+        """Row ``inputs[i]`` ← top-k of the verifier's distribution after it (logits [n, V])."""
+        p, j = torch.softmax(logits.float(), dim=-1).topk(self.k, dim=-1)
+        idx = torch.as_tensor(inputs, dtype=torch.long)
+        self.adj[idx] = j.to(torch.int32).cpu()
+        self.conf[idx] = p.cpu()
+
+    def tree(self, root: int, nodes: int, first_width: int, width: int, depth: int,
+             threshold: float) -> tuple[list[int], list[int], list[int]]:
+        """→ (tokens, parent index or -1 for the root's children, depth) of the kept nodes, parents first."""
+        tok, parent, dep, score = [], [], [], []
+        frontier = [(-1, root, 1.0, 0)]  # (node index, token, cumulative confidence, depth)
+        while frontier and len(tok) < nodes:
+            frontier.sort(key=lambda f: -f[2])
+            node, t, s, d = frontier.pop(0)
+            if d >= depth:
+                continue
+            w = first_width if node < 0 else width
+            for c, conf in zip(self.adj[t, :w].tolist(), self.conf[t, :w].tolist()):
+                cs = s * conf
+                if c < 0 or cs < threshold or len(tok) >= nodes:
+                    break
+                tok.append(c), parent.append(node), dep.append(d + 1), score.append(cs)
+                frontier.append((len(tok) - 1, c, cs, d + 1))
+        return tok, parent, dep
+
+
+class SpideTable:
+    """Acceptance rate per confidence interval; prior = the interval's mid-point, weight one draft."""
+
+    def __init__(self, bins: int = 20):
+        self.bins = bins
+        mid = (torch.arange(bins, dtype=torch.float64) + 0.5) / bins
+        self.accepted, self.total = mid.clone(), torch.ones(bins, dtype=torch.float64)
+
+    def _bin(self, conf: float) -> int:
+        return min(int(conf * self.bins), self.bins - 1)
+
+    def rate(self, conf: float) -> float:
+        b = self._bin(conf)
+        return float(self.accepted[b] / self.total[b])
+
+    def update(self, confs: list[float], accepted: int) -> None:
+        """Drafts 0..accepted-1 were kept, draft ``accepted`` (if any) was rejected; later ones were not judged."""
+        for i, c in enumerate(confs[: accepted + 1]):
+            b = self._bin(c)
+            self.total[b] += 1
+            self.accepted[b] += i < accepted
