@@ -41,7 +41,14 @@ from polyspec.languages import get_language
 from polyspec.targets import greedy_generate, load_target
 from train.config import TrainConfig
 from train.data import build_dataset, collate, epoch_order, expand_paths, split
-from train.models import Eagle3Drafter, EagleDrafter, build_small_lm, eagle_layer_config, load_drafter, save_drafter
+from train.models import (
+    Eagle3Drafter,
+    EagleDrafter,
+    build_small_lm,
+    eagle_layer_config,
+    load_drafter,
+    save_drafter,
+)
 from train.objectives import (
     acceptance_from_hits,
     eagle_hits,

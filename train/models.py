@@ -101,7 +101,12 @@ class Eagle3Drafter(nn.Module):
 
     def __init__(self, layer_config, target_hidden_size: int, aux_layers: list[int], draft_vocab_size: int):
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+        from transformers.models.llama.modeling_llama import (
+            LlamaAttention,
+            LlamaMLP,
+            LlamaRMSNorm,
+            LlamaRotaryEmbedding,
+        )
 
         c = self.layer_config = layer_config
         c._attn_implementation = c._attn_implementation or "sdpa"  # a standalone layer: pick the kernel
