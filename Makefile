@@ -10,6 +10,8 @@
 #   N=64               synth: pairs to keep;  ENGINE=transformers|vllm
 #   RECIPE=eagle-cpu STAGE=both   train: configs/train/<RECIPE>.yaml, pretrain|finetune|both
 #   SOURCES=wordfreq   vocab: corpora, name[@weight][=path] comma-separated (fineweb2, wikipedia, files, synth)
+#   BUNDLE=dir         export: where to write; eval: which bundle (default $(RUN)/export/bundle)
+#   QUESTIONS=file METHODS=a,b MAX_NEW_TOKENS=128 PER_CELL=1 REPEATS=1   eval options
 #   TORCH=torch==2.13.0  how `setup` installs torch (GPU users: TORCH=torch, or install it beforehand)
 
 SHELL := /bin/bash
@@ -109,8 +111,12 @@ train: check-lang
 export: check-langs
 	$(PY) -m export --langs $(LANGS) --target $(TARGET) --run $(RUN) $(if $(BUNDLE),--out $(BUNDLE))
 
+# make eval BUNDLE=<bundle> [QUESTIONS=question.jsonl] [METHODS=ar,adaspec,...] [MAX_NEW_TOKENS=128] [PER_CELL=1]
 eval: $(STAMP)
-	$(PY) -m decoder --target $(TARGET) --run $(RUN)
+	$(PY) -m decoder.bench --target $(TARGET) --bundle $(or $(BUNDLE),$(RUN)/export/bundle) --out $(RUN)/eval \
+		$(if $(QUESTIONS),--questions $(QUESTIONS)) $(if $(METHODS),--methods $(METHODS)) \
+		$(if $(MAX_NEW_TOKENS),--max-new-tokens $(MAX_NEW_TOKENS)) $(if $(PER_CELL),--per-cell $(PER_CELL)) \
+		$(if $(REPEATS),--repeats $(REPEATS))
 
 all: check-langs
 	$(PY) -m pipelines run --langs $(LANGS) --target $(TARGET) --profile $(PROFILE)

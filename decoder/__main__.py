@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--shape", default="chain", choices=["chain", "tree"], help="adaspec: draft shape")
     r.add_argument("--lang", default="auto", help="auto (from the prompt) or a bundle language (fixed)")
     r.add_argument("--size", default="auto", help="auto, full, or one of the bundle's vocabulary sizes (fixed)")
-    r.add_argument("--gamma", type=int, default=4)
+    r.add_argument("--gamma", type=int, default=None, help="chain draft length (default: calibration g*, else 4)")
     r.add_argument("--max-new-tokens", type=int, default=128)
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--top-p", type=float, default=1.0)

@@ -19,7 +19,8 @@ Methods
 - ``pld`` (prompt lookup) and ``ngram-tree`` (Token Recycling / UNISPEC confidence tree): training-free
   draft sources, no bundle needed; verified exactly like the drafter's drafts.
 
-Options ``lang`` (``auto`` = from the prompt, or a bundle language: fixed), ``size`` (``auto``, an int of
+γ (chain draft length) defaults to the bundle's ``calibration.json`` g* for this device
+(``python -m decoder.calibrate``), else 4. Options ``lang`` (``auto`` = from the prompt, or a bundle language: fixed), ``size`` (``auto``, an int of
 the bundle's sizes: fixed, or ``full``: the whole vocabulary) and ``vocab_lang`` (head language different
 from the drafter's, e.g. one English vocabulary for all: FR-Spec) give the ADASPEC Table 2 ablations.
 """
@@ -85,7 +86,7 @@ class GenerationResult:
 
 
 class Decoder:
-    def __init__(self, target, bundle=None, method: str = "adaspec", *, gamma: int = 4, tree_depth: int = 4,
+    def __init__(self, target, bundle=None, method: str = "adaspec", *, gamma: int | None = None, tree_depth: int = 4,
                  tree_topk: int = 4, tree_nodes: int = 12, shape: str = "chain", lang: str = "auto",
                  size: str | int = "auto", vocab_lang: str | None = None, window: int | None = None,
                  step: int | None = None, offset: float | None = None, gamma_max: int = 8,
@@ -97,11 +98,11 @@ class Decoder:
             raise PolyspecError(f"shape must be chain or tree, not {shape!r}")
         if method in NEEDS_BUNDLE and bundle is None:
             raise PolyspecError(f"method {method!r} needs a bundle (drafters); ar, pld and ngram-tree run without one")
-        if gamma < 1 or tree_depth < 1 or tree_topk < 1 or tree_nodes < 1:
+        if (gamma is not None and gamma < 1) or tree_depth < 1 or tree_topk < 1 or tree_nodes < 1:
             raise PolyspecError("gamma, tree_depth, tree_topk and tree_nodes must be ≥ 1")
         self.target, self.method = target, method
         self.shape = {"tree": "tree", "ngram-tree": "tree", "adaspec": shape, "ar": "ar"}.get(method, "chain")
-        self.gamma, self.depth, self.topk, self.nodes = gamma, tree_depth, tree_topk, tree_nodes
+        self.gamma, self.depth, self.topk, self.nodes = gamma or 4, tree_depth, tree_topk, tree_nodes
         self.gamma_max, self.spide_threshold = gamma_max, spide_threshold
         self.ngram_first_width, self.ngram_threshold = ngram_first_width, ngram_threshold
         self.spide = SpideTable() if method == "spide" else None  # both learn online, across requests
@@ -115,6 +116,13 @@ class Decoder:
         self.bundle = None
         if bundle is not None and method in NEEDS_BUNDLE:
             self._open_bundle(bundle, lang, size, vocab_lang, window, step, offset)
+            if gamma is None:  # UNISPEC calibration of this device, when the bundle has one
+                from decoder.calibrate import load_g_star
+
+                g = load_g_star(self.bundle.root, self.device)
+                if g:
+                    self.gamma = g
+                    self.log(f"γ = {g} from the bundle's calibration for this device")
 
     # ------------------------------------------------------------------------------------- setup
     def _open_bundle(self, bundle, lang, size, vocab_lang, window, step, offset) -> None:

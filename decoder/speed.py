@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts-per-lang", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--methods", default="hf-generate,ar,chain,tree,adaspec")
-    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--gamma", type=int, default=None, help="default: calibration g*, else 4")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)

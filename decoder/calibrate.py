@@ -1,0 +1,176 @@
+"""``python -m decoder.calibrate`` — UNISPEC device-aware calibration (seed 000) of the draft length γ.
+
+    python -m decoder.calibrate --bundle runs/default/export/bundle [--sizes 1,2,3,4,6,8] [--prompts 3]
+
+On a few calibration prompts it measures, for every draft size g: the verification latency s(g) (one
+target forward of g+1 tokens after a prompt), the acceptance τ(g) (tokens per target forward of chain
+decoding with γ = g), the drafter's time per draft token, and the end-to-end throughput. It fits
+s(g) = a + b·g (least squares) and τ(g) = (1 − α^{g+1}) / (1 − α) (α by bounded scalar minimisation),
+then picks g* = argmax τ(g) / (s(g) + d·g) by exact search over the integer sizes 1..max(sizes). If the
+fitted pick was measured and its throughput is more than 5 % below the best measured size, the measured
+best wins (the fit smooths noise; measurements overrule it). The result is stored in the bundle's
+``calibration.json`` under this device's key, and ``Decoder`` uses its g* when γ is not given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from polyspec.errors import PolyspecError, cli_entry
+
+CALIBRATION = "calibration.json"
+
+
+def device_key(device) -> str:
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{platform.machine()}:{torch.get_num_threads()}t"
+
+
+def fit(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float]) -> dict:
+    """Linear verify cost and geometric acceptance, from measurements at ``sizes``."""
+    import numpy as np
+    from scipy.optimize import minimize_scalar
+
+    g = np.array(sizes, dtype=float)
+    s = np.array([verify_s[x] for x in sizes])
+    b, a = np.polyfit(g, s, 1) if len(sizes) > 1 else (0.0, float(s[0]))
+    t = np.array([tau[x] for x in sizes])
+
+    def curve(alpha, gg):
+        return (1 - alpha ** (gg + 1)) / (1 - alpha)
+
+    res = minimize_scalar(lambda al: float(((curve(al, g) - t) ** 2).sum()), bounds=(1e-4, 0.9999), method="bounded")
+    return {"a": float(a), "b": float(b), "alpha": float(res.x)}
+
+
+def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], draft_s_per_token: float,
+           measured_tok_s: dict[int, float] | None = None) -> dict:
+    """g* over 1..max(sizes) on the fitted curves (exact search), overruled by measurements if >5 % worse."""
+    f = fit(sizes, verify_s, tau)
+    al = f["alpha"]
+
+    def predicted(g):
+        return ((1 - al ** (g + 1)) / (1 - al)) / max(f["a"] + f["b"] * g + draft_s_per_token * g, 1e-9)
+
+    grid = range(1, max(sizes) + 1)
+    g_fit = max(grid, key=predicted)
+    g_star, why = g_fit, "fit"
+    if measured_tok_s:
+        best = max(measured_tok_s, key=measured_tok_s.get)
+        if g_fit in measured_tok_s and measured_tok_s[g_fit] < 0.95 * measured_tok_s[best]:
+            g_star, why = best, "measured (the fitted pick was >5% slower when measured)"
+    return {"g_star": int(g_star), "g_fit": int(g_fit), "chosen_by": why, "fit": f,
+            "predicted_tok_s": {g: predicted(g) for g in grid}}
+
+
+def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 3,
+            log=print) -> dict:
+    """Verify latency, τ, draft time and throughput per draft size on this device."""
+    from decoder.core import Decoder
+    from decoder.runner import TargetRunner
+
+    runner = TargetRunner(target)
+    verify_s, tau, draft_tok, tok_s = {}, {}, {}, {}
+    for g in sizes:
+        times = []
+        for ids in prompts:
+            for _ in range(reps + 1):
+                runner.reset()
+                runner.forward(ids[:-1])
+                t0 = time.perf_counter()
+                runner.forward(ids[-1:] + ids[-1:] * g)  # g+1 tokens after the prefix
+                times.append(time.perf_counter() - t0)
+            times.pop(-reps - 1)  # first of each prompt is a warm-up
+        verify_s[g] = statistics.median(times)
+        dec = Decoder(target, bundle, method="chain", gamma=g)
+        dec.generate(prompts[0], 8, stop=[])  # warm-up
+        toks = fwd = 0
+        secs = d_s = drafted = 0.0
+        for ids in prompts:
+            out = dec.generate(ids, max_new_tokens, stop=[])
+            toks += len(out.tokens)
+            fwd += out.target_forwards
+            secs += out.wall_s
+            d_s += sum(s.draft_s for s in out.steps)
+            drafted += sum(s.drafted for s in out.steps)
+        tau[g], tok_s[g], draft_tok[g] = toks / fwd, toks / secs, d_s / max(drafted, 1)
+        log(f"g={g}: verify {verify_s[g] * 1e3:.1f} ms, τ {tau[g]:.2f}, {tok_s[g]:.1f} tok/s")
+    return {"sizes": sizes, "verify_s": verify_s, "tau": tau, "tok_s": tok_s,
+            "draft_s_per_token": statistics.mean(draft_tok.values())}
+
+
+def save(bundle_root: Path, key: str, result: dict) -> Path:
+    from polyspec.io import atomic_write_json
+
+    path = Path(bundle_root) / CALIBRATION
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[key] = result
+    atomic_write_json(path, data)
+    return path
+
+
+def load_g_star(bundle_root: Path, device) -> int | None:
+    """g* stored for this device, or None (calibration.json is per device; not part of the checksums)."""
+    path = Path(bundle_root) / CALIBRATION
+    if not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text()).get(device_key(device))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return int(entry["g_star"]) if entry and "g_star" in entry else None
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m decoder.calibrate", description="UNISPEC draft-size calibration.")
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--target", default="gemma3-270m")
+    ap.add_argument("--sizes", default="1,2,3,4,6,8")
+    ap.add_argument("--prompts", type=int, default=3, help="calibration prompts (built-in seeds of the bundle's languages)")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default=None)
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from export.bundle import load_bundle
+    from polyspec.languages import get_language
+    from polyspec.prompts import encode, render
+    from polyspec.targets import load_target
+
+    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    bundle = load_bundle(args.bundle, target_pin=target.pin())
+    try:
+        sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
+    except ValueError:
+        raise PolyspecError(f"--sizes {args.sizes!r} must be comma-separated integers") from None
+    if not sizes or min(sizes) < 1:
+        raise PolyspecError("--sizes must be positive")
+    fmt = target.spec.prompt_format
+    prompts = []
+    for i in range(args.prompts):
+        lang = get_language(bundle.languages[i % len(bundle.languages)])
+        seed = lang.seeds[3 + i // len(bundle.languages)]
+        prompts.append(encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": seed.instruction}])))
+    m = measure(target, bundle, prompts, sizes, args.max_new_tokens, log=lambda s: print(s, file=sys.stderr))
+    pick = choose(sizes, m["verify_s"], m["tau"], m["draft_s_per_token"], m["tok_s"])
+    best = max(m["tok_s"].values())
+    result = {**m, **pick, "within_5pct_of_best_measured": m["tok_s"].get(pick["g_star"], 0) >= 0.95 * best,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    path = save(bundle.root, device_key(target.device), result)
+    print(json.dumps({"device": device_key(target.device), "g_star": pick["g_star"], "chosen_by": pick["chosen_by"],
+                      "fit": pick["fit"], "measured_tok_s": m["tok_s"], "file": str(path)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""decoder.bench (evaluation harness) and decoder.calibrate (UNISPEC draft-size calibration) on tiny targets."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from conftest import make_tiny_bundle, run_cli
+from polyspec.errors import PolyspecError
+from polyspec.targets import load_target
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama_dir):
+    return load_target(str(tiny_llama_dir))
+
+
+@pytest.fixture(scope="module")
+def small_lm_bundle(tmp_path_factory, llama):
+    """Small-LM drafters, so that transformers' assisted generation (hf-assisted) runs as well."""
+    from export.bundle import load_bundle
+
+    return load_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bench") / "bundle", llama, drafter="small-lm"))
+
+
+def test_builtin_benchmark_covers_seven_languages_seven_tasks_and_mixed():
+    from decoder.bench import load_questions
+
+    qs = load_questions(None)
+    cells = {}
+    for q in qs:
+        cells[(q["language"], q["category"])] = cells.get((q["language"], q["category"]), 0) + 1
+    tasks = {"qa", "rag", "translation", "summarization", "code", "math", "multiturn"}
+    for lang in ("en", "de", "fr", "es", "zh", "ja", "vi"):
+        for task in tasks:
+            assert cells.get((lang, task), 0) >= 3, (lang, task)
+    mixed = [q for q in qs if q["category"] == "mixed"]
+    assert len(mixed) >= 6 and all(q["prompt_language"] != q["language"] for q in mixed)
+    assert all(len(q["turns"]) == 2 for q in qs if q["category"] == "multiturn")
+    assert len({q["question_id"] for q in qs}) == len(qs)
+    few = load_questions(None, ["vi", "de"], per_cell=1)
+    assert len([q for q in few if q["category"] != "mixed"]) == 2 * 7  # one per (language, task)
+    assert {q["language"] for q in few if q["category"] == "mixed"} >= {"vi", "de"}
+
+
+def test_malformed_question_file_is_a_one_line_error(tmp_path):
+    from decoder.bench import load_questions
+
+    bad = tmp_path / "q.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["ok"]}\n{"question_id": 2, "turns": "not a list"}\n')
+    with pytest.raises(PolyspecError, match=r"q.jsonl:2: not a Spec-Bench question"):
+        load_questions(bad)
+
+
+def test_every_method_runs_in_one_harness_and_lossless_ones_are_identical(tmp_path, llama, small_lm_bundle):
+    from decoder.bench import load_questions, run_bench
+
+    qs = load_questions(None, ["vi", "de"], per_cell=1, categories=["qa", "multiturn", "mixed"])
+    methods = ["ar", "hf-generate", "adaspec", "adaspec-fixsize", "eagle-full", "fr-spec", "spide", "pld",
+               "ngram-tree", "hf-pld", "hf-assisted"]
+    notes = []
+    report = run_bench(llama, small_lm_bundle, qs, methods, 16, 2, tmp_path / "eval", log=notes.append)
+    assert set(report["methods"]) == set(methods)
+    for m, d in report["methods"].items():
+        assert d["overall"]["identical"], m  # every method is lossless: same greedy tokens as ar
+        assert d["overall"]["tau"] >= 1.0 and d["overall"]["speedup"] > 0
+        assert set(d["by_language"]) >= {"vi", "de", "mixed"}
+    assert report["methods"]["ar"]["overall"]["tau"] == 1.0
+    assert any("fr-spec" in n for n in notes)  # no English vocabulary in the bundle: said, not hidden
+    out = tmp_path / "eval"
+    for f in ("report.md", "report.json", "speedup.png", "tau.png", "accept_hist.png", "adaptive_trace.png"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    lines = [json.loads(x) for x in (out / "answers" / "adaspec.jsonl").read_text().splitlines()]
+    assert len(lines) == len(qs) and all(x["identical"] for x in lines)
+    assert any(len(x["turns"]) == 2 for x in lines)  # multi-turn: both turns answered
+    md = (out / "report.md").read_text()
+    assert "| adaspec |" in md and "vi Spd." in md
+    assert report["trace"]["steps"] and {"lang", "vocab_size"} <= set(report["trace"]["steps"][0])
+
+
+def test_cli_reads_any_spec_bench_file(tmp_path, tiny_llama_dir, small_lm_bundle):
+    q = tmp_path / "question.jsonl"
+    q.write_text("\n".join(json.dumps({"question_id": i, "category": "writing", "turns": [t]})
+                           for i, t in enumerate(["Write a poem.", "Explain gravity."])) + "\n")
+    r = run_cli("-m", "decoder.bench", "--target", str(tiny_llama_dir), "--bundle", str(small_lm_bundle.root),
+                "--questions", str(q), "--methods", "ar,adaspec,pld", "--max-new-tokens", "8", "--langs", "en",
+                "--out", str(tmp_path / "eval"), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "report:" in r.stdout and (tmp_path / "eval" / "report.md").is_file()
+
+
+# ------------------------------------------------------------------------------------ calibration
+
+
+def synthetic(verify_a: float, verify_b: float, alpha: float, draft: float, sizes, noise: float, seed: int):
+    """Measurements from a known cost model: s(g) = a + b·g, τ(g) geometric in α, with multiplicative noise."""
+    rng = random.Random(seed)
+    verify = {g: (verify_a + verify_b * g) * (1 + rng.uniform(-noise, noise)) for g in sizes}
+    tau = {g: (1 - alpha ** (g + 1)) / (1 - alpha) * (1 + rng.uniform(-noise, noise)) for g in sizes}
+    tok_s = {g: tau[g] / (verify[g] + draft * g) for g in sizes}
+    return verify, tau, tok_s
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_calibration_follows_the_verify_cost_curve_and_stays_near_the_best_measured(seed):
+    from decoder.calibrate import choose
+
+    sizes = [1, 2, 3, 4, 6, 8]
+    picks = {}
+    for name, b in (("flat", 0.002), ("steep", 0.05)):  # GPU-like (verification almost free) vs CPU-like
+        verify, tau, tok_s = synthetic(0.06, b, 0.8, 0.003, sizes, 0.03, seed)
+        pick = choose(sizes, verify, tau, 0.003, tok_s)
+        picks[name] = pick["g_star"]
+        best = max(tok_s.values())
+        assert tok_s.get(pick["g_star"], best) >= 0.95 * best, (name, pick)
+    assert picks["flat"] > picks["steep"]
+
+
+def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small_lm_bundle):
+    import shutil
+
+    from decoder.calibrate import CALIBRATION, choose, device_key, measure, save
+    from decoder.core import Decoder
+    from export.bundle import load_bundle
+
+    root = tmp_path / "bundle"
+    shutil.copytree(small_lm_bundle.root, root)
+    bundle = load_bundle(root)
+    prompts = [llama.tokenizer("Xin chào các bạn")["input_ids"], llama.tokenizer("Guten Morgen")["input_ids"]]
+    m = measure(llama, bundle, prompts, [1, 2, 3], max_new_tokens=12, reps=1, log=lambda *_: None)
+    assert set(m["verify_s"]) == {1, 2, 3} and all(t >= 1.0 for t in m["tau"].values())
+    pick = choose([1, 2, 3], m["verify_s"], m["tau"], m["draft_s_per_token"], m["tok_s"])
+    save(root, device_key(llama.device), {**m, **pick, "g_star": 3})
+    assert json.loads((root / CALIBRATION).read_text())[device_key(llama.device)]["g_star"] == 3
+    assert Decoder(llama, load_bundle(root), method="chain").gamma == 3  # calibration.json is not checksummed
+    assert Decoder(llama, load_bundle(root), method="chain", gamma=2).gamma == 2  # an explicit γ wins
