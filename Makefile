@@ -6,7 +6,8 @@
 #   LANGS=vi,de,ja     several languages (vocab, export, all)
 #   TARGET=gemma3-270m registry name (configs/targets/), HF id org/name, or a local model folder
 #   RUN=runs/default   run directory the stages read and write
-#   PROFILE=cpu-demo   pipeline profile (configs/pipelines/)
+#   PROFILE=cpu-demo   pipeline profile (configs/pipelines/): cpu-demo, cpu-full, gpu-paper
+#   FROM=stage FORCE=1 DRY_RUN=1   all: redo from a stage / redo everything / print and validate the plan only
 #   N=64               synth: pairs to keep;  ENGINE=transformers|vllm
 #   RECIPE=eagle-cpu STAGE=both   train: configs/train/<RECIPE>.yaml, pretrain|finetune|both
 #   SOURCES=wordfreq   vocab: corpora, name[@weight][=path] comma-separated (fineweb2, wikipedia, files, synth)
@@ -80,11 +81,10 @@ test-unit: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# Until the pipeline lands (issue #8), the demo shows what the foundation does on the default target:
-# prepare it offline (once), print its facts, and answer one built-in instruction per language.
+# The README's first command: the whole pipeline (synth → vocab → train → export → calibrate → eval →
+# report) on the default target, offline, profile cpu-demo, languages vi,de,ja, in runs/demo/.
 demo: $(STAMP)
-	$(PY) -m polyspec.targets info $(TARGET)
-	$(PY) -m polyspec.targets generate $(TARGET) --langs $(LANGS) --max-new-tokens 48
+	$(PY) -m pipelines run --profile cpu-demo --langs vi,de,ja --run $(or $(DEMO_RUN),runs/demo)
 
 show-config:
 	@echo "lang=$(LANG_CODE) langs=$(LANGS) target=$(TARGET) run=$(RUN) profile=$(PROFILE)"
@@ -118,8 +118,13 @@ eval: $(STAMP)
 		$(if $(MAX_NEW_TOKENS),--max-new-tokens $(MAX_NEW_TOKENS)) $(if $(PER_CELL),--per-cell $(PER_CELL)) \
 		$(if $(REPEATS),--repeats $(REPEATS))
 
-all: check-langs
-	$(PY) -m pipelines run --langs $(LANGS) --target $(TARGET) --profile $(PROFILE)
+# make all LANGS=vi,de,ja [PROFILE=cpu-demo|cpu-full|gpu-paper] [TARGET=…] [RUN=…] [FROM=stage] [FORCE=1] [DRY_RUN=1]
+# (TARGET and RUN default to the profile's target and runs/<profile>-<langs>)
+all: $(STAMP)
+	$(PY) -m pipelines run --profile $(PROFILE) --langs $(LANGS) \
+		$(if $(filter command line,$(origin TARGET)),--target $(TARGET)) \
+		$(if $(filter command line,$(origin RUN)),--run $(RUN)) \
+		$(if $(FROM),--from $(FROM)) $(if $(FORCE),--force) $(if $(DRY_RUN),--dry-run)
 
 clean-venv:
 	rm -rf $(VENV)

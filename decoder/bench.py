@@ -111,16 +111,31 @@ def build_methods(names: list[str], target, bundle, assistant: str | None, log) 
         return run
 
     def hf(**kw):
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
         from decoder.stopping import Stopper, eos_ids
+
+        class StopText(StoppingCriteria):
+            """The prompt format's stop strings, checked on the decoded tail. (transformers' own
+            ``stop_strings`` cannot be used: assisted generation forwards them to the assistant's
+            ``generate`` without the tokenizer and fails.)"""
+
+            def __init__(self, start: int):
+                self.start = start
+                self.tail = max((len(x) for x in fmt.stop), default=0) + 2
+
+            def __call__(self, input_ids, scores, **_):
+                text = tok.decode(input_ids[0, max(self.start, input_ids.shape[1] - self.tail):])
+                return torch.tensor([any(x in text for x in fmt.stop)], device=input_ids.device)
 
         def run(ids, n):
             x = torch.tensor([ids], device=target.device)
             counter.n = 0
+            stop = StoppingCriteriaList([StopText(len(ids))]) if fmt.stop else None
             t0 = time.perf_counter()
             with torch.inference_mode():
                 out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                                            pad_token_id=tok.pad_token_id, stop_strings=fmt.stop or None,
-                                            tokenizer=tok, **kw)
+                                            pad_token_id=tok.pad_token_id, stopping_criteria=stop, **kw)
             dt = time.perf_counter() - t0
             new = out[0, len(ids):].tolist()
             st = Stopper(tok, eos_ids(target), list(fmt.stop), n)  # the same cut and text as ours
@@ -210,15 +225,25 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
     order = [m for m in AR_METHODS if m in runners] + [m for m in runners if m not in AR_METHODS]
     results: dict[str, list[list[list[Answer]]]] = {m: [] for m in order}  # method → repeat → question → turns
     bar = tqdm(total=len(order) * repeats * len(questions), desc="eval", unit="q")
+    failed = {}
     for m in order:
-        answer_question(runners[m], target, questions[0], min(16, max_new_tokens))  # warm-up
-        for _ in range(repeats):
-            per_q = []
-            for q in questions:
-                per_q.append(answer_question(runners[m], target, q, max_new_tokens))
-                bar.set_postfix(method=m)
-                bar.update()
-            results[m].append(per_q)
+        try:
+            answer_question(runners[m], target, questions[0], min(16, max_new_tokens))  # warm-up
+            for _ in range(repeats):
+                per_q = []
+                for q in questions:
+                    per_q.append(answer_question(runners[m], target, q, max_new_tokens))
+                    bar.set_postfix(method=m)
+                    bar.update()
+                results[m].append(per_q)
+        except Exception as e:  # noqa: BLE001 - one broken peer must not cost the other methods' results
+            if m in AR_METHODS and len([x for x in AR_METHODS if x in runners]) == 1:
+                raise
+            from polyspec.errors import first_line
+
+            failed[m] = f"{type(e).__name__}: {first_line(e)}"
+            log(f"{m} failed and is left out of the report: {failed[m]}")
+            results.pop(m)
     bar.close()
     report = summarize(results, questions, target, bundle, max_new_tokens, repeats)
     out.mkdir(parents=True, exist_ok=True)
@@ -237,6 +262,7 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
                                      "identical": same}, ensure_ascii=False))
         atomic_write_text(out / "answers" / f"{m}.jsonl", "\n".join(lines) + "\n")
     report["trace"] = adaptive_trace(results, questions)
+    report["failed"] = failed
     atomic_write_json(out / "report.json", report)
     atomic_write_text(out / "report.md", render_markdown(report))
     charts(report, out)
@@ -332,6 +358,7 @@ def render_markdown(r: dict) -> str:
         "", head, sep, *rows, "",
         "## Speedup / τ per task", "", chead, "|" + "---|" * (len(cats) + 1), *crows, "",
         "Charts: `speedup.png`, `tau.png`, `accept_hist.png`, `adaptive_trace.png`.", "",
+        *(f"Left out (failed): {m} — {why}" for m, why in r.get("failed", {}).items()),
     ]
     return "\n".join(lines)
 

@@ -136,3 +136,20 @@ def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small
     assert json.loads((root / CALIBRATION).read_text())[device_key(llama.device)]["g_star"] == 3
     assert Decoder(llama, load_bundle(root), method="chain").gamma == 3  # calibration.json is not checksummed
     assert Decoder(llama, load_bundle(root), method="chain", gamma=2).gamma == 2  # an explicit γ wins
+
+
+def test_transformers_peers_stop_at_the_prompt_formats_stop_strings(tmp_path, tiny_gemma_dir):
+    """A base-model target (completion format with stop strings): transformers' generate, prompt lookup and
+    assisted generation run under the same stopping rule as ours, with identical tokens."""
+    from decoder.bench import load_questions, run_bench
+    from export.bundle import load_bundle
+
+    gemma = load_target(str(tiny_gemma_dir))
+    assert gemma.spec.prompt_format.stop  # the case that broke transformers' own stop_strings in assisted decoding
+    bundle = load_bundle(make_tiny_bundle(tmp_path / "b", gemma, drafter="small-lm"))
+    qs = load_questions(None, ["de"], per_cell=1, categories=["qa", "math"])
+    notes = []
+    report = run_bench(gemma, bundle, qs, ["ar", "hf-generate", "hf-pld", "hf-assisted", "adaspec"], 24, 1,
+                       tmp_path / "eval", log=notes.append)
+    assert not report["failed"], report["failed"]
+    assert all(d["overall"]["identical"] for d in report["methods"].values())

@@ -1,0 +1,78 @@
+"""Pipeline profiles (``configs/pipelines/<profile>.yaml``): what each stage runs, as the stages' own
+config files plus dotted overrides, and how long each stage is expected to take (for the ETA)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from polyspec.config import StrictModel
+
+
+class SynthStage(StrictModel):
+    config: str = "configs/synth/default.yaml"
+    n: int = Field(64, ge=1)
+    overrides: list[str] = Field(default_factory=list)
+
+
+class DistillStage(StrictModel):
+    """General (pretraining) text: free-text continuations of the language seeds (seed 004)."""
+
+    config: str = "configs/synth/distill.yaml"
+    temperatures: list[float] = Field(default_factory=lambda: [0.7, 1.0])
+    overrides: list[str] = Field(default_factory=list)
+
+
+class VocabStage(StrictModel):
+    config: str = "configs/vocab/default.yaml"
+    sources: str = "wordfreq,synth@0.5"
+    overrides: list[str] = Field(default_factory=list)
+
+
+class TrainStage(StrictModel):
+    recipe: str = "configs/train/eagle-cpu.yaml"
+    accelerate_args: list[str] = Field(
+        default_factory=lambda: ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+                                 "--dynamo_backend", "no"])
+    pretrain_overrides: list[str] = Field(default_factory=list, description="the one multilingual pretrain run")
+    finetune_overrides: list[str] = Field(default_factory=list, description="each language's finetune")
+
+
+class ExportStage(StrictModel):
+    sizes: list[int] = Field(default_factory=lambda: [8192, 16384, 32768])
+    window: int = 10
+    step: int = 5
+    offset: float = 2
+
+
+class CalibrateStage(StrictModel):
+    enabled: bool = True
+    sizes: list[int] = Field(default_factory=lambda: [1, 2, 3, 4])
+    prompts: int = 2
+    max_new_tokens: int = 32
+
+
+class EvalStage(StrictModel):
+    methods: list[str] = Field(default_factory=lambda: ["ar", "hf-generate", "adaspec", "eagle-full", "pld"])
+    per_cell: int | None = 1
+    max_new_tokens: int = 64
+    repeats: int = 1
+    questions: str | None = Field(None, description="Spec-Bench question.jsonl (default: built-in mini Multi-SpecBench)")
+
+
+class Profile(StrictModel):
+    name: str
+    description: str = ""
+    langs: list[str] = Field(default_factory=lambda: ["vi", "de", "ja"])
+    target: str = "gemma3-270m"
+    seed: int = 0
+    gpu_only: bool = Field(False, description="needs GPUs (validated by DRY_RUN=1 here, not run)")
+    synth: SynthStage = SynthStage()
+    distill: DistillStage = DistillStage()
+    vocab: VocabStage = VocabStage()
+    train: TrainStage = TrainStage()
+    export: ExportStage = ExportStage()
+    calibrate: CalibrateStage = CalibrateStage()
+    eval: EvalStage = EvalStage()
+    eta_minutes: dict[str, float] = Field(
+        default_factory=dict, description="expected minutes per stage kind (synth, distill, vocab, pretrain, "
+        "finetune, export, calibrate, eval, report), per language where the stage is per language")

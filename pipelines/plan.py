@@ -1,0 +1,164 @@
+"""The plan: a profile + languages + target + run directory → ordered stages, each an exact command with
+the configuration it depends on, the stages it reads from, and where its ``DONE`` record goes.
+
+    synth:<l> ─┐            distill:<l> ─┐
+               ├─ vocab ─┬──────────────┴─ train:pretrain (first language, every language's text)
+               │         └─ train:<l> (finetune from the pretrain weights, on synth:<l>) ─┐
+               └────────────────────────────────────────────── export ─ calibrate ─ eval ─ report
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.config import Profile
+from polyspec.config import load_config
+from polyspec.errors import PolyspecError
+
+
+@dataclass
+class Stage:
+    name: str  # synth:vi, vocab, train:pretrain, …
+    kind: str  # synth | distill | vocab | pretrain | finetune | export | calibrate | eval | report
+    cmd: list[str]
+    done: Path  # the stage's DONE record
+    deps: list[str] = field(default_factory=list)
+    config: dict = field(default_factory=dict)  # what the DONE hash covers besides the command
+    check: tuple | None = None  # (pydantic model, yaml path, overrides): validated by dry runs
+
+
+def repo_path(p: str) -> str:
+    """Config paths in profiles are relative to the repository (the commands run from anywhere)."""
+    from polyspec.paths import REPO_ROOT
+
+    if Path(p).is_absolute() or Path.cwd().resolve() == REPO_ROOT.resolve():
+        return p
+    return str(REPO_ROOT / p)
+
+
+def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> list[Stage]:
+    from synth.config import DistillConfig, SynthConfig
+    from train.config import TrainConfig
+    from vocab.config import VocabConfig
+
+    py = sys.executable
+    run = Path(run)
+    profile = profile.model_copy(deep=True)
+    for part in (profile.synth, profile.distill, profile.vocab):
+        part.config = repo_path(part.config)
+    profile.train.recipe = repo_path(profile.train.recipe)
+    args = profile.train.accelerate_args
+    if "--config_file" in args:
+        args[args.index("--config_file") + 1] = repo_path(args[args.index("--config_file") + 1])
+    r = str(run)
+    p = profile
+    first = langs[0]
+    stages: list[Stage] = []
+    for lang in langs:
+        ov = [f"seed={p.seed}", *p.synth.overrides]
+        stages.append(Stage(f"synth:{lang}", "synth",
+                            [py, "-m", "synth", "--config", p.synth.config, "--lang", lang, "--n", str(p.synth.n),
+                             "--target", target, "--run", r, *ov],
+                            run / "synth" / lang / "DONE.json",
+                            check=(SynthConfig, p.synth.config, [f"lang={lang}", f"n={p.synth.n}", f"target={target}", *ov])))
+        dov = [f"seed={p.seed}", *p.distill.overrides]
+        temps = ",".join(str(t) for t in p.distill.temperatures)
+        stages.append(Stage(f"distill:{lang}", "distill",
+                            [py, "-m", "synth", "distill", "--config", p.distill.config, "--lang", lang, "--continuation",
+                             "--out-name", "pretrain", "--temperatures", temps, "--target", target, "--run", r, *dov],
+                            run / "synth" / f"{lang}-pretrain" / "DONE.json",
+                            check=(DistillConfig, p.distill.config, [f"lang={lang}", f"target={target}", *dov])))
+    stages.append(Stage("vocab", "vocab",
+                        [py, "-m", "vocab", "--config", p.vocab.config, "--langs", ",".join(langs), "--sources",
+                         p.vocab.sources, "--target", target, "--run", r,
+                         f"mask_sizes=[{','.join(map(str, p.export.sizes))}]", *p.vocab.overrides],
+                        run / "vocab" / "DONE.json", deps=[f"synth:{lang}" for lang in langs],
+                        check=(VocabConfig, p.vocab.config, [f"mask_sizes={p.export.sizes}", f"sources={_sources(p.vocab.sources)}",
+                                                              *p.vocab.overrides])))
+    launch = [py, "-m", "accelerate.commands.launch", *p.train.accelerate_args, repo_path("train/drafter.py"), "--config",
+              p.train.recipe]
+    pre_data = "[" + ",".join(f"{r}/synth/{lang}-pretrain/data.jsonl" for lang in langs) + "]"
+    pre_ov = [f"lang={first}", f"target={target}", f"run={r}", "stage=pretrain", f"seed={p.seed}",
+              f"data.pretrain={pre_data}", *p.train.pretrain_overrides]
+    stages.append(Stage("train:pretrain", "pretrain", [*launch, *pre_ov], run / "train" / first / "pretrain" / "DONE.json",
+                        deps=["vocab", *(f"distill:{lang}" for lang in langs)],
+                        check=(TrainConfig, p.train.recipe, pre_ov)))
+    for lang in langs:
+        ov = [f"lang={lang}", f"target={target}", f"run={r}", "stage=finetune", f"seed={p.seed}",
+              f"init_from={r}/train/{first}/pretrain/final", *p.train.finetune_overrides]
+        stages.append(Stage(f"train:{lang}", "finetune", [*launch, *ov], run / "train" / lang / "DONE.json",
+                            deps=["train:pretrain", f"synth:{lang}", "vocab"], check=(TrainConfig, p.train.recipe, ov)))
+    bundle = run / "export" / "bundle"
+    e = p.export
+    stages.append(Stage("export", "export",
+                        [py, "-m", "export", "--langs", ",".join(langs), "--run", r, "--target", target, "--out", str(bundle),
+                         "--sizes", ",".join(map(str, e.sizes)), "--window", str(e.window), "--step", str(e.step),
+                         "--offset", str(e.offset)],
+                        run / "export" / "DONE.json", deps=[f"train:{lang}" for lang in langs] + ["vocab"]))
+    last = "export"
+    if p.calibrate.enabled:
+        c = p.calibrate
+        stages.append(Stage("calibrate", "calibrate",
+                            [py, "-m", "decoder.calibrate", "--bundle", str(bundle), "--target", target,
+                             "--sizes", ",".join(map(str, c.sizes)), "--prompts", str(c.prompts),
+                             "--max-new-tokens", str(c.max_new_tokens)],
+                            run / "calibrate" / "DONE.json", deps=["export"]))
+        last = "calibrate"
+    ev = p.eval
+    unknown = set(ev.methods) - KNOWN_METHODS
+    if unknown:
+        raise PolyspecError(f"profile {p.name}: unknown eval methods {sorted(unknown)}")
+    stages.append(Stage("eval", "eval",
+                        [py, "-m", "decoder.bench", "--bundle", str(bundle), "--target", target, "--langs", ",".join(langs),
+                         "--methods", ",".join(ev.methods), "--max-new-tokens", str(ev.max_new_tokens),
+                         "--repeats", str(ev.repeats), "--out", str(run / "eval"),
+                         *(["--per-cell", str(ev.per_cell)] if ev.per_cell else []),
+                         *(["--questions", ev.questions] if ev.questions else [])],
+                        run / "eval" / "DONE.json", deps=[last]))
+    stages.append(Stage("report", "report", [py, "-m", "pipelines", "report", "--run", r],
+                        run / "report" / "DONE.json", deps=["eval"]))
+    return stages
+
+
+def _sources(spec: str) -> str:
+    import json
+
+    from vocab.__main__ import parse_sources  # the vocab CLI's own parser: same rules as the command
+
+    return json.dumps(parse_sources(spec))
+
+
+KNOWN_METHODS = {"ar", "hf-generate", "adaspec", "adaspec-tree", "adaspec-fixsize", "eagle-full", "eagle-tree", "fr-spec",
+                 "spide", "pld", "ngram-tree", "hf-pld", "hf-assisted", "chain", "tree"}
+
+
+def validate_plan(stages: list[Stage], profile: Profile, target: str, langs: list[str]) -> list[str]:
+    """Everything a dry run can check without weights or GPUs; returns what was checked."""
+    from polyspec.languages import parse_languages
+    from polyspec.targets import resolve_target
+
+    checked = [f"target {resolve_target(target).name} (registry entry)",
+               f"languages {', '.join(lang.code for lang in parse_languages(','.join(langs)))}"]
+    for st in stages:
+        if st.check:
+            model, path, ov = st.check
+            if not Path(path).is_file():
+                raise PolyspecError(f"{st.name}: config file {path} not found")
+            load_config(model, path, ov)
+            checked.append(f"{st.name}: {path} + {len(ov)} overrides valid ({model.__name__})")
+    args = profile.train.accelerate_args
+    if "--config_file" in args:
+        cfg = args[args.index("--config_file") + 1]
+        if not Path(cfg).is_file():
+            raise PolyspecError(f"accelerate config {cfg} not found")
+        checked.append(f"accelerate config {cfg}")
+        import yaml
+
+        ds = (yaml.safe_load(Path(cfg).read_text()) or {}).get("deepspeed_config", {}).get("deepspeed_config_file")
+        if ds:
+            if not Path(ds).is_file():
+                raise PolyspecError(f"DeepSpeed config {ds} (from {cfg}) not found")
+            checked.append(f"DeepSpeed config {ds}")
+    return checked

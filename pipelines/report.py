@@ -1,0 +1,142 @@
+"""The final report of a pipeline run: ``<run>/report/report.md`` (+ ``summary.json``, charts, an offline
+wandb run with the same metrics) gathered from the stages' own outputs and DONE records."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+from polyspec.io import atomic_write_json, atomic_write_text
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def training_curves(run: Path, out: Path) -> dict:
+    """Held-out simulated acceptance length over steps, per language and stage → training.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {}
+    for metrics in sorted((run / "train").glob("*/*/metrics.jsonl")):
+        lang, stage = metrics.parent.parent.name, metrics.parent.name
+        pts = []
+        for line in metrics.read_text().splitlines():
+            rec = json.loads(line)
+            if "eval" in rec and "step" in rec:
+                pts.append((rec["step"], rec["eval"]["accept_len"]))
+        if pts:
+            curves[f"{lang}/{stage}"] = pts
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, pts in curves.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("simulated acceptance length")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "training.png", dpi=110)
+    plt.close(fig)
+    return curves
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "polyspec_commit": commit or None, "machine": platform.machine(), "system": platform.system()}
+
+
+def build_report(run: Path) -> tuple[Path, list[str]]:
+    run = Path(run)
+    out = run / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    langs, synth_rows = [], []
+    for stats_path in sorted((run / "synth").glob("*/stats.json")):
+        s = _json(stats_path)
+        if not s or "accepted" not in s:
+            continue
+        langs.append(stats_path.parent.name)
+        rejects = ", ".join(f"{k} {v}" for k, v in s.get("lid_labels_of_rejects", {}).items()) or "–"
+        reasons = ", ".join(f"{k} {v}" for k, v in s.get("rejected_by_reason", {}).items()) or "–"
+        synth_rows.append(f"| {stats_path.parent.name} | {s['accepted']}/{s['attempted']} | {reasons} | {rejects} | "
+                          f"{s.get('tokens_per_second', 0)} |")
+    for png in ("coverage.png", "overlap.png"):
+        if (run / "vocab" / png).is_file():
+            shutil.copy2(run / "vocab" / png, out / png)
+    coverage = _json(run / "vocab" / "coverage.json") or {}
+    curves = training_curves(run, out)
+    calib = _json(run / "export" / "bundle" / "calibration.json") or {}
+    ev = _json(run / "eval" / "report.json")
+    for png in ("speedup.png", "tau.png", "accept_hist.png", "adaptive_trace.png"):
+        if (run / "eval" / png).is_file():
+            shutil.copy2(run / "eval" / png, out / png)
+    commands = []
+    for done in sorted(run.glob("**/DONE.json"), key=lambda p: (_json(p) or {}).get("finished", "")):
+        d = _json(done) or {}
+        if d.get("cmd"):
+            commands.append(f"{d['stage']} ({d.get('seconds', '?')} s): `{' '.join(d['cmd'][1:])}`")
+    summary = []
+    if ev and "adaspec" in ev["methods"]:
+        a = ev["methods"]["adaspec"]
+        for lang, x in a["by_language"].items():
+            summary.append(f"{lang}: adaspec τ {x['tau']:.2f}, speedup {x['speedup']:.2f}× vs fastest AR, "
+                           f"identical {'yes' if x['identical'] else 'NO'}")
+        summary.append(f"all: adaspec τ {a['overall']['tau']:.2f}, speedup {a['overall']['speedup']:.2f}×")
+    v = versions()
+    lines = ["# polyspec run report", "", f"Run `{run}` · languages {', '.join(langs)} · " +
+             ", ".join(f"{k} {val}" for k, val in v.items() if val), "", "## Summary", "",
+             *(f"- {s}" for s in summary), "", "## 1 synth (ADASPEC Alg. 1)", "",
+             "| language | kept/attempted | rejected by reason | LID labels of rejects | tokens/s |", "|---|---|---|---|---|",
+             *synth_rows, "", "## 2 vocab", ""]
+    if coverage:
+        lines += ["Coverage of held-out text by the top-k ids: see `coverage.png`; top-8K overlap: `overlap.png`.", "",
+                  "```json", json.dumps(coverage, indent=1)[:1500], "```", ""]
+    lines += ["## 3 training (held-out simulated acceptance length)", "", "![training](training.png)", ""]
+    lines += [f"- {k}: " + ", ".join(f"step {s}: {a:.3f}" for s, a in pts) for k, pts in curves.items()]
+    lines += ["", "## 4 calibration (UNISPEC)", ""]
+    for dev, c in calib.items():
+        lines.append(f"- {dev}: g* = {c.get('g_star')} ({c.get('chosen_by')}); measured tok/s "
+                     + ", ".join(f"g={g}: {t:.1f}" for g, t in c.get("tok_s", {}).items()))
+    lines += ["", "## 5 evaluation", ""]
+    if ev:
+        lines += [(run / "eval" / "report.md").read_text(encoding="utf-8").split("\n", 2)[2], ""]
+        lines += ["![speedup](speedup.png) ![tau](tau.png) ![accept](accept_hist.png) ![trace](adaptive_trace.png)", ""]
+    lines += ["## Provenance", "", *(f"- {c}" for c in commands), ""]
+    atomic_write_text(out / "report.md", "\n".join(lines))
+    atomic_write_json(out / "summary.json", {"summary": summary, "versions": v, "synth_langs": langs,
+                                             "eval": ev and {m: d["overall"] for m, d in ev["methods"].items()}})
+    _wandb(run, ev, curves)
+    return out / "report.md", summary
+
+
+def _wandb(run: Path, ev: dict | None, curves: dict) -> None:
+    """The same metrics in an offline wandb run (nothing leaves the machine)."""
+    try:
+        import wandb
+    except ImportError:  # pragma: no cover - wandb is a dependency
+        return
+    r = wandb.init(project="polyspec", name=f"report-{run.name}", dir=str(run / "report"), mode="offline",
+                   reinit=True, config={"run": str(run)})
+    for name, pts in curves.items():
+        for step, acc in pts:
+            r.log({f"train/{name}/accept_len": acc, "step": step})
+    if ev:
+        for m, d in ev["methods"].items():
+            for lang, x in d["by_language"].items():
+                r.summary[f"eval/{m}/{lang}/speedup"] = x["speedup"]
+                r.summary[f"eval/{m}/{lang}/tau"] = x["tau"]
+    r.finish()

@@ -1,0 +1,106 @@
+"""pipelines/: the whole chain on a tiny target — stage records and skipping, kill + resume giving the same
+bundle, the final report; and the GPU profile's dry run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from conftest import REPO, run_cli
+
+
+def tiny_profile(path, target_dir) -> str:
+    prof = {
+        "name": "tiny", "description": "test profile on a tiny random target", "langs": ["vi"], "target": str(target_dir),
+        "synth": {"n": 6, "overrides": ["instruction.max_new_tokens=12", "response.max_new_tokens=24",
+                                        "filters.keep_unfinished_instructions=true", "filters.min_response_chars=1",
+                                        "filters.min_instruction_chars=1", "filters.require_language=false",
+                                        "engine.batch_size=8"]},
+        "distill": {"temperatures": [0.7, 1.0], "overrides": ["sampling.max_new_tokens=24", "engine.batch_size=8"]},
+        "vocab": {"sources": "synth", "overrides": ["heldout=seeds"]},
+        "train": {"pretrain_overrides": ["pretrain.steps=4", "checkpoint_every=2", "eval_every=2", "log_every=1",
+                                         "eagle.vocab_size=64", "data.max_length=48", "optim.batch_size=2",
+                                         "data.eval_max_examples=1", "eval_depth=2", "report_to=none"],
+                  "finetune_overrides": ["finetune.steps=3", "checkpoint_every=2", "eval_every=3", "log_every=1",
+                                         "eagle.vocab_size=64", "data.max_length=48", "optim.batch_size=2",
+                                         "data.eval_max_examples=1", "eval_depth=2", "report_to=none"]},
+        "export": {"sizes": [64, 128]},
+        "calibrate": {"sizes": [1, 2], "prompts": 1, "max_new_tokens": 8},
+        "eval": {"methods": ["ar", "adaspec", "pld"], "per_cell": 1, "max_new_tokens": 8},
+        "eta_minutes": {"synth": 0.2, "train": 0.2},
+    }
+    path.write_text(yaml.safe_dump(prof))
+    return str(path)
+
+
+def pipeline(profile, run, *extra, env=None):
+    return run_cli("-m", "pipelines", "run", "--profile", profile, "--langs", "vi", "--run", str(run), *extra, env=env)
+
+
+def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, tiny_llama_dir):
+    profile = tiny_profile(tmp_path / "tiny.yaml", tiny_llama_dir)
+    run = tmp_path / "run"
+    first = pipeline(profile, run)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert "report: " in first.stdout and (run / "report" / "report.md").is_file()
+    report = (run / "report" / "report.md").read_text()
+    for part in ("## 1 synth", "## 2 vocab", "## 3 training", "## 4 calibration", "## 5 evaluation", "## Provenance",
+                 "adaspec"):
+        assert part in report, part
+    assert (run / "report" / "training.png").is_file() and (run / "report" / "speedup.png").is_file()
+    assert list((run / "report" / "wandb").glob("offline-run-*"))  # the same metrics in an offline wandb run
+    for stage in ("synth/vi", "synth/vi-pretrain", "vocab", "train/vi/pretrain", "train/vi", "export", "calibrate", "eval",
+                  "report"):
+        assert (run / stage / "DONE.json").is_file(), stage
+    assert (run / "logs" / "train-pretrain.log").is_file()
+    files = json.loads((run / "export" / "bundle" / "manifest.json").read_text())["files"]
+
+    again = pipeline(profile, run)  # nothing changed: every stage is skipped
+    assert again.returncode == 0 and again.stdout.count("skipped") == 9, again.stdout
+
+    # a changed eval setting redoes eval (and report) only
+    changed = yaml.safe_load(open(profile))
+    changed["eval"]["max_new_tokens"] = 6
+    (tmp_path / "tiny2.yaml").write_text(yaml.safe_dump(changed))
+    third = pipeline(str(tmp_path / "tiny2.yaml"), run)
+    assert third.returncode == 0 and third.stdout.count("skipped") == 7, third.stdout
+
+    # same run directory from scratch, killed (kill -9) inside the pretrain stage, then the same command
+    shutil.rmtree(run)
+    killed = pipeline(profile, run, env={"POLYSPEC_TEST_KILL_AT_STEP": "3"})
+    assert killed.returncode != 0 and "train:pretrain failed" in killed.stderr
+    assert not (run / "train" / "vi" / "pretrain" / "DONE.json").exists()
+    resumed = pipeline(profile, run)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    for stage in ("synth:vi", "distill:vi", "vocab"):
+        assert f"{stage}: done before" in resumed.stdout  # no finished work is redone
+    assert "train:pretrain: running" in resumed.stdout
+    assert json.loads((run / "export" / "bundle" / "manifest.json").read_text())["files"] == files
+
+
+def test_gpu_profile_dry_run_prints_and_validates_the_plan():
+    r = run_cli("make", "all", "PROFILE=gpu-paper", "DRY_RUN=1", "LANGS=vi", cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "target llama-3.1-8b-instruct" in out and "dry run: 9 stages validated" in out
+    for piece in ("engine.name=vllm", "fineweb2", "configs/deepspeed/zero2.yaml", "decoder.bench", "ok: accelerate config"):
+        assert piece in out, piece
+
+
+def test_bad_profile_is_a_one_line_error(tmp_path, tiny_llama_dir):
+    bad = yaml.safe_load(open(tiny_profile(tmp_path / "t.yaml", tiny_llama_dir)))
+    bad["train"]["finetune_overrides"].append("optim.lr=-1")
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    r = run_cli("-m", "pipelines", "run", "--profile", str(tmp_path / "bad.yaml"), "--langs", "vi", "--dry-run")
+    assert r.returncode != 0 and "optim.lr" in r.stderr and r.stderr.strip().count("\n") == 0
+    missing = run_cli("-m", "pipelines", "run", "--profile", "nope", "--dry-run")
+    assert missing.returncode != 0 and "cpu-demo" in missing.stderr
+
+
+@pytest.mark.parametrize("name", ["cpu-demo", "cpu-full", "gpu-paper"])
+def test_shipped_profiles_validate(name):
+    r = run_cli("-m", "pipelines", "run", "--profile", name, "--dry-run")
+    assert r.returncode == 0, r.stderr
