@@ -72,3 +72,18 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same safetensors file with its ``__metadata__`` keys sorted: safetensors writes metadata from
+    a hash map, so the key order (and the file's bytes and checksum) otherwise changes from process to
+    process. Offsets are relative to the data section and the header keeps its length, so only bytes
+    inside the header move."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    meta = header.pop("__metadata__", None)
+    ordered = ({"__metadata__": dict(sorted(meta.items()))} if meta is not None else {}) | header
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(text) > n:  # cannot happen (same characters), but never write a broken file
+        return data
+    return data[:8] + text.ljust(n, b" ") + data[8 + n :]

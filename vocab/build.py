@@ -64,7 +64,7 @@ def count_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -
     kind = heldout_kind(cfg, lang)
     mixed = np.zeros(V, dtype=np.float64)
     held = np.zeros(V, dtype=np.int64)
-    held_docs, total_tokens, source_meta = 0, 0, []
+    held_docs, total_tokens, source_meta, timings = 0, 0, [], []
     for src in cfg.sources:
         if src.name == "wordfreq":
             c = count_weighted(wordfreq_items(lang, cfg.wordfreq_space_share), tok, V)
@@ -81,9 +81,11 @@ def count_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -
             raise PolyspecError(f"source {src.name!r} gave no tokens for {lang.code!r} (empty corpus?)")
         mixed += src.weight * c.counts / c.counts.sum()  # each source as a distribution, mixed by weight
         total_tokens += c.tokens
+        # timings go to summary.json only: the sidecar travels into bundles, whose checksums must be reproducible
         source_meta.append({"name": src.name, "weight": src.weight, "path": src.path, "documents": c.documents,
-                            "tokens": c.tokens, "seconds": round(c.seconds, 2),
-                            "tokens_per_second": round(c.tokens / c.seconds) if c.seconds else None})
+                            "tokens": c.tokens})
+        timings.append({"source": src.name, "seconds": round(c.seconds, 2),
+                        "tokens_per_second": round(c.tokens / c.seconds) if c.seconds else None})
     counts = np.rint(mixed / mixed.sum() * total_tokens).astype(np.int64)
     if kind == "split":
         held_info = {"kind": "split", "every": cfg.heldout_every, "documents": held_docs, "tokens": int(held.sum())}
@@ -93,7 +95,8 @@ def count_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -
         raise PolyspecError(f"no held-out text for {lang.code!r} (kind {kind}); add documents or use heldout=seeds")
     meta = {"target": target.spec.name, "tokenizer_sha256": target.tokenizer_sha256, "vocab_size": V,
             "sources": source_meta, "documents": sum(s["documents"] for s in source_meta), "tokens": total_tokens,
-            "structural_ids": first, "seen_ids": int((counts > 0).sum()), "heldout": held_info}
+            "structural_ids": first, "seen_ids": int((counts > 0).sum()), "heldout": held_info,
+            "_timings": timings}
     return counts, held, meta
 
 
@@ -106,9 +109,10 @@ def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
     first = structural_ids(target.tokenizer, target.spec.prompt_format.stop)
     counted = {lang.code: count_language(cfg, lang, target, first) for lang in langs}
     shares = {code: c / max(c.sum(), 1) for code, (c, _, _) in counted.items()}
-    ranked, curves, ks_needed, held_infos = {}, {}, {}, {}
+    ranked, curves, ks_needed, held_infos, timings = {}, {}, {}, {}, {}
     for lang in langs:
         counts, held, meta = counted[lang.code]
+        timings[lang.code] = meta.pop("_timings")
         # ids unseen in this language follow its seen ids, ordered by the other languages' pooled shares
         others = sum((v for k, v in shares.items() if k != lang.code), np.zeros(target.vocab_size))
         ids = rank(counts, first, tail_counts=others)
@@ -133,6 +137,7 @@ def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
         save_masks(out / "language_masks.safetensors", build_masks(list(ranked.values()), sizes, target.vocab_size),
                    list(ranked), sizes)
     summary = {"languages": list(ranked), "target": target.spec.name, "tokenizer_sha256": target.tokenizer_sha256,
-               "mask_sizes": sizes, "coverage": curves, "k_for_coverage": ks_needed, "heldout": held_infos}
+               "mask_sizes": sizes, "coverage": curves, "k_for_coverage": ks_needed, "heldout": held_infos,
+               "timings": timings}
     atomic_write_json(out / "summary.json", summary)
     return summary

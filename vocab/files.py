@@ -16,7 +16,7 @@ import numpy as np
 from safetensors.numpy import load, save
 
 from polyspec.errors import PolyspecError, first_line
-from polyspec.io import atomic_write_bytes, atomic_write_json
+from polyspec.io import atomic_write_bytes, atomic_write_json, canonical_safetensors
 
 
 @dataclass
@@ -38,7 +38,8 @@ def save_ranked(out_dir: str | Path, vocab: RankedVocab) -> Path:
     out_dir = Path(out_dir)
     path = out_dir / f"{vocab.lang}.safetensors"
     data = {"ranked_ids": vocab.ranked_ids.astype(np.int32), "counts": vocab.counts.astype(np.int64)}
-    atomic_write_bytes(path, save(data, metadata={"lang": vocab.lang, "tokenizer_sha256": vocab.meta["tokenizer_sha256"]}))
+    atomic_write_bytes(path, canonical_safetensors(
+        save(data, metadata={"lang": vocab.lang, "tokenizer_sha256": vocab.meta["tokenizer_sha256"]})))
     atomic_write_json(out_dir / f"{vocab.lang}.json", {"lang": vocab.lang, **vocab.meta})
     return path
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from polyspec.errors import PolyspecError, first_line
-from polyspec.io import atomic_write_bytes
+from polyspec.io import atomic_write_bytes, canonical_safetensors
 
 
 def build_masks(ranked: list[np.ndarray], sizes: list[int], vocab_size: int) -> torch.Tensor:
@@ -49,7 +49,7 @@ def save_masks(path: str | Path, mask: torch.Tensor, languages: list[str], sizes
             "layout": "row = s*|L| + l, bit-packed along the vocabulary (numpy packbits, big bit order)"}
     from safetensors.numpy import save
 
-    return atomic_write_bytes(path, save({"mask_packed": packed}, metadata=meta))
+    return atomic_write_bytes(path, canonical_safetensors(save({"mask_packed": packed}, metadata=meta)))
 
 
 def load_masks(path: str | Path) -> tuple[torch.Tensor, list[str], list[int]]:
