@@ -73,7 +73,7 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
 
     run = Path(run)
     adaptive = adaptive or {"window": 10, "step": 5, "offset": 2}  # ADASPEC Table 3, best (w, u, z)
-    drafter_types = set()
+    drafter_types, cards = set(), {}
     with atomic_directory(out, overwrite=overwrite) as tmp:
         ranked = []
         for lang in languages:
@@ -82,6 +82,7 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
             if cfg.get("target", {}).get("tokenizer_sha256") != target_pin["tokenizer_sha256"]:
                 raise PolyspecError(f"drafter {src} was trained for another target tokenizer")
             drafter_types.add(cfg["drafter_type"])
+            cards[lang] = _training_facts(cfg)
             shutil.copytree(src, tmp / "drafters" / lang)
             vocab = load_ranked(run / "vocab" / f"{lang}.safetensors", tokenizer_sha256=target_pin["tokenizer_sha256"])
             (tmp / "vocab").mkdir(exist_ok=True)
@@ -100,7 +101,7 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
             "vocab_sizes": vocab_sizes,
             "adaptive": adaptive,
         }
-        atomic_write_text(tmp / "README.md", model_card(manifest))
+        atomic_write_text(tmp / "README.md", model_card(manifest, cards, _read_optional_json(run / "eval" / "report.json")))
         manifest["files"] = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         atomic_write_json(tmp / MANIFEST, manifest)
     return load_bundle(out, target_pin=target_pin)
@@ -146,7 +147,28 @@ def load_bundle(path: str | Path, target_pin: dict | None = None, verify: bool =
     return bundle
 
 
-def model_card(manifest: dict) -> str:
+def _training_facts(cfg: dict) -> dict:
+    """What the model card says about a drafter: its data (examples per file), steps, held-out acceptance."""
+    files = []
+    for f in cfg.get("data_files", []):
+        path = Path(f[0] if isinstance(f, list) else f)
+        try:
+            n = sum(1 for line in path.open(encoding="utf-8") if line.strip())
+        except OSError:
+            n = None
+        files.append((path.name if path.parent.name == "" else f"{path.parent.name}/{path.name}", n))
+    return {"stage": cfg.get("stage"), "steps": cfg.get("step"), "files": files,
+            "accept_len": (cfg.get("eval") or {}).get("accept_len"), "arch": cfg.get("arch", "eagle1" if cfg["drafter_type"] == "eagle" else cfg["drafter_type"])}
+
+
+def _read_optional_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def model_card(manifest: dict, cards: dict | None = None, evaluation: dict | None = None) -> str:
     t = manifest["target"]
     lines = [
         f"# polyspec bundle — {t['name']}",
@@ -162,6 +184,22 @@ def model_card(manifest: dict) -> str:
         "Decoding with it is lossless: the target verifies every token.",
         "",
     ]
+    if cards:
+        lines += ["## Drafters", "", "| language | form | last stage | steps | training data (examples) | "
+                  "held-out simulated acceptance |", "|---|---|---|---|---|---|"]
+        for lang, c in cards.items():
+            data = ", ".join(f"{name} ({n if n is not None else '?'})" for name, n in c["files"]) or "–"
+            acc = f"{c['accept_len']:.3f}" if c["accept_len"] is not None else "–"
+            lines.append(f"| {lang} | {c['arch']} | {c['stage']} | {c['steps']} | {data} | {acc} |")
+        lines.append("")
+    if evaluation:
+        lines += ["## Evaluation (speedup vs the fastest AR / τ)", "",
+                  f"{evaluation.get('questions')} questions, {evaluation.get('device')}, max {evaluation.get('max_new_tokens')} "
+                  "new tokens.", "", "| method | speedup | τ | identical |", "|---|---|---|---|"]
+        for m, d in evaluation.get("methods", {}).items():
+            o = d["overall"]
+            lines.append(f"| {m} | {o['speedup']:.2f}× | {o['tau']:.2f} | {'yes' if o['identical'] else 'no'} |")
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -52,7 +52,9 @@ def test_write_and_load_bundle(tmp_path, trained):
     mask, langs, sizes = load_masks(b.masks_file())
     assert mask.shape == (4, target.vocab_size) and mask.dtype == torch.bool
     assert load_bundle(tmp_path / "bundle", target_pin=target.pin()).languages == ["vi", "de"]
-    assert "tiny-llama" in (tmp_path / "bundle" / "README.md").read_text()
+    card = (tmp_path / "bundle" / "README.md").read_text()
+    assert "tiny-llama" in card and "## Drafters" in card
+    assert "| vi | eagle1 | finetune | 2 | vi/data.jsonl (" in card  # training data counts on the model card
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing", "dotdot", "absolute", "format"])
