@@ -376,7 +376,7 @@ def charts(r: dict, out: Path) -> None:
         w = 0.8 / max(len(methods), 1)
         for i, m in enumerate(methods):
             vals = [r["methods"][m]["by_language"].get(lang, {}).get(metric, 0) for lang in langs]
-            ax.bar([j + i * w for j in range(len(langs))], vals, width=w, label=m)
+            ax.bar([j + i * w for j in range(len(langs))], vals, width=w, label=m, color=plt.cm.tab20(i % 20))
         ax.set_xticks([j + 0.4 - w / 2 for j in range(len(langs))], langs)
         ax.axhline(1.0, color="gray", lw=0.8, ls="--")
         ax.set_ylabel(label)
