@@ -251,8 +251,8 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
     ref = results["ar"][0] if "ar" in results else None
     for m, reps in results.items():
         lines = []
-        for q, turns in zip(questions, reps[0]):
-            same = ref is None or [a.tokens for a in turns] == [a.tokens for a in ref[questions.index(q)]]
+        for i, (q, turns) in enumerate(zip(questions, reps[0])):
+            same = ref is None or [a.tokens for a in turns] == [a.tokens for a in ref[i]]
             lines.append(json.dumps({"question_id": q["question_id"], "method": m, "language": q["language"],
                                      "category": q["category"], "turns": [a.text for a in turns],
                                      "new_tokens": sum(len(a.tokens) for a in turns),

@@ -37,7 +37,7 @@ import torch
 from decoder.adaptive import LanguageSelector
 from decoder.drafters import aux_layers, build_runtimes
 from decoder.ngram import SpideTable, TokenRecycler, prompt_lookup
-from decoder.runner import TargetRunner, tree_mask
+from decoder.runner import TargetRunner, additive_mask, tree_mask
 from decoder.stopping import Stopper, eos_ids
 from decoder.verify import accept_greedy, accept_sampled, sample, warp
 from polyspec.errors import PolyspecError
@@ -362,7 +362,7 @@ class Decoder:
             for i, chain in enumerate(anc):
                 m[i, [verified + c for c in chain]] = True
                 m[i, base + i] = True
-            mask = torch.zeros(m.shape, dtype=dtype).masked_fill_(~m, torch.finfo(dtype).min).view(1, 1, *m.shape).to(dev)
+            mask = additive_mask(m, dtype, dev)
             par_h = torch.stack([root_hidden if parent[n] < 0 else hidden[parent[n]] for n in expand])
             pos = torch.full((len(expand),), pend + d, device=dev)
             out = rt.extend(torch.tensor([tok[n] for n in expand], device=dev), par_h, pos, mask)

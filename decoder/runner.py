@@ -92,7 +92,10 @@ def tree_mask(prefix: int, parents: list[int], dtype: torch.dtype, device) -> to
         allowed[i, i] = True
         if p >= 0:
             allowed[i] |= allowed[p]
-    full = torch.cat([torch.ones((n, prefix), dtype=torch.bool), allowed], dim=1)
-    mask = torch.zeros(full.shape, dtype=dtype)
-    mask.masked_fill_(~full, torch.finfo(dtype).min)
-    return mask.view(1, 1, n, prefix + n).to(device)
+    return additive_mask(torch.cat([torch.ones((n, prefix), dtype=torch.bool), allowed], dim=1), dtype, device)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """bool [q, k] (True = may attend) → the additive 4D mask [1, 1, q, k] transformers takes."""
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.view(1, 1, *allowed.shape).to(device)
