@@ -240,3 +240,25 @@ def test_wandb_offline_run_holds_the_logged_metrics(tmp_path, llama_run, tiny_ll
     blob = logged[0].read_bytes()
     for key in (b"finetune/loss", b"finetune/accept_len", b"finetune/tokens_per_s"):
         assert key in blob, key
+
+
+def test_compare_tables_untrained_and_trained_runs(tmp_path, llama_run, tiny_llama_dir, capsys):
+    import shutil
+
+    from train.compare import main as compare_main
+
+    for name, extra in (("untrained", ["eval_only=true"]), ("f", [])):
+        shutil.copytree(llama_run, tmp_path / name)
+        run(tcfg(tmp_path / name, tiny_llama_dir, "stage=finetune", *extra))
+    only = json.loads((tmp_path / "untrained/train/vi/finetune/eval_only.json").read_text())
+    assert only["steps"] == 0 and only["init_from"] is None and only["eval"]["starts"] > 0
+    assert not (tmp_path / "untrained/train/vi/finetune/final").exists(), "eval_only trains nothing"
+    assert compare_main(["--lang", "vi", f"untrained={tmp_path / 'untrained'}", f"f={tmp_path / 'f'}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("| run | step 0 | step 3 | step 6 |")
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in out[3:]}
+    assert rows["untrained"][1] == f"{only['eval']['accept_len']:.3f}" and rows["untrained"][2] == "—"
+    final = [json.loads(x) for x in (tmp_path / "f/train/vi/finetune/metrics.jsonl").read_text().splitlines()]
+    assert rows["f"][1] == "—" and rows["f"][3] == f"{[r for r in final if 'eval' in r][-1]['eval']['accept_len']:.3f}"
+    with pytest.raises(SystemExit):
+        compare_main(["--lang", "vi", f"x={tmp_path / 'missing'}"])

@@ -397,8 +397,10 @@ def run(cfg: TrainConfig, target=None) -> list[dict]:
         recipe = DrafterRecipe(cfg, stage)
         recipe.setup(target=target)
         target = recipe.target
-        if cfg.eval_only:
+        if cfg.eval_only:  # the starting weights' score, kept beside the stage's metrics (python -m train.compare)
             results.append({"stage": stage, "steps": 0, "init_from": recipe.init_from, "eval": recipe.evaluate()})
+            if recipe.acc.is_main_process:
+                atomic_write_json(recipe.out / "eval_only.json", results[-1])
             recipe.cleanup()
             continue
         results.append(recipe.train())
