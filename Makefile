@@ -44,7 +44,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.polyspec-installed
 
-.PHONY: help setup test test-unit lint demo show-config check-lang check-langs synth vocab train export eval all clean-venv
+.PHONY: help setup test test-unit lint demo show-config check-lang check-langs synth vocab train export eval pf-study all clean-venv
 
 help:
 	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
@@ -54,6 +54,7 @@ help:
 	@echo "  make setup | lint"
 	@echo "  make synth LANG=vi [N=64] [TARGET=...] [RUN=...]"
 	@echo "  make vocab LANGS=vi,de,ja | make train LANG=vi | make export LANGS=... | make eval"
+	@echo "  make pf-study LANG=vi [RECIPE=eagle-cpu]   pretrain→finetune vs finetune-only vs untrained"
 	@echo "  make all LANGS=vi,de,ja TARGET=... PROFILE=cpu-demo"
 
 # The venv is (re)built whenever pyproject.toml changes; every target that runs Python depends on it.
@@ -117,6 +118,31 @@ eval: $(STAMP)
 		$(if $(QUESTIONS),--questions $(QUESTIONS)) $(if $(METHODS),--methods $(METHODS)) \
 		$(if $(MAX_NEW_TOKENS),--max-new-tokens $(MAX_NEW_TOKENS)) $(if $(PER_CELL),--per-cell $(PER_CELL)) \
 		$(if $(REPEATS),--repeats $(REPEATS))
+
+# make pf-study LANG=vi [RECIPE=eagle-cpu] [RUN=…] [PRETRAIN_LANGS=vi,de,ja,zh,fr,es,en] [PRETRAIN_STEPS=300]
+#                [DISTILL_ARGS='k=v …'] [STUDY_ARGS='k=v …']   extra overrides for distill / the three training runs
+# Seed 004's claim for one language: pretrain → finetune vs finetune only vs untrained, same finetune steps,
+# one table (python -m train.compare). Needs $(RUN)/synth/$(LANG) and $(RUN)/vocab (make synth, make vocab);
+# distils the pretraining text itself (continuations of every language's seeds at T = 0.3, 0.7, 1.0).
+# About an hour on a 2-core CPU with the default target.
+PRETRAIN_LANGS ?= vi,de,ja,zh,fr,es,en
+PRETRAIN_STEPS ?= 300
+comma := ,
+empty :=
+space := $(empty) $(empty)
+STUDY_DATA = $(subst $(space),$(comma),$(foreach l,$(subst $(comma), ,$(PRETRAIN_LANGS)),$(RUN)/synth/$(l)-pretrain-mix/data.jsonl))
+STUDY_TRAIN = $(VENV)/bin/accelerate launch $(ACCELERATE_ARGS) train/drafter.py --config configs/train/$(RECIPE).yaml \
+	lang=$(LANG_CODE) target=$(TARGET) data.pretrain=[$(STUDY_DATA)] data.finetune=[$(RUN)/synth/$(LANG_CODE)/data.jsonl] \
+	pretrain.steps=$(PRETRAIN_STEPS) $(if $(filter eagle%,$(RECIPE)),eagle.vocab_file=$(RUN)/vocab/$(LANG_CODE).safetensors) $(STUDY_ARGS)
+pf-study: check-lang
+	for l in $(subst $(comma), ,$(PRETRAIN_LANGS)); do \
+		$(PY) -m synth distill --lang $$l --target $(TARGET) --run $(RUN) --continuation --out-name pretrain-mix \
+			--temperatures 0.3,0.7,1.0 --batch-size 32 $(DISTILL_ARGS) || exit $$?; done
+	$(STUDY_TRAIN) run=$(RUN)/pf-study/$(RECIPE)/pretrain-finetune stage=both
+	$(STUDY_TRAIN) run=$(RUN)/pf-study/$(RECIPE)/finetune-only stage=finetune
+	$(STUDY_TRAIN) run=$(RUN)/pf-study/$(RECIPE)/untrained stage=finetune eval_only=true
+	$(PY) -m train.compare --lang $(LANG_CODE) $(foreach r,pretrain-finetune finetune-only untrained,$(r)=$(RUN)/pf-study/$(RECIPE)/$(r)) \
+		> $(RUN)/pf-study/$(RECIPE)/table.md && cat $(RUN)/pf-study/$(RECIPE)/table.md
 
 # make all LANGS=vi,de,ja [PROFILE=cpu-demo|cpu-full|gpu-paper] [TARGET=…] [RUN=…] [FROM=stage] [FORCE=1] [DRY_RUN=1]
 # (TARGET and RUN default to the profile's target and runs/<profile>-<langs>)

@@ -262,3 +262,25 @@ def test_compare_tables_untrained_and_trained_runs(tmp_path, llama_run, tiny_lla
     assert rows["f"][1] == "—" and rows["f"][3] == f"{[r for r in final if 'eval' in r][-1]['eval']['accept_len']:.3f}"
     with pytest.raises(SystemExit):
         compare_main(["--lang", "vi", f"x={tmp_path / 'missing'}"])
+
+
+def test_make_pf_study_trains_the_three_arms_and_tables_them(tmp_path, llama_run, tiny_llama_dir):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    proc = run_cli("make", "-s", "pf-study", "LANG=vi", f"TARGET={tiny_llama_dir}", f"RUN={run_dir}", "PRETRAIN_LANGS=vi,de",
+                   "PRETRAIN_STEPS=3", "DISTILL_ARGS=sampling.max_new_tokens=8",
+                   "STUDY_ARGS=finetune.steps=3 eval_every=3 checkpoint_every=3 report_to=none data.max_length=64 "
+                   "data.eval_max_examples=3 eval_depth=3 eagle.vocab_size=128 optim.batch_size=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = run_dir / "pf-study" / "eagle-cpu"
+    for lang in ("vi", "de"):  # the pretraining text: every language's seed continuations at three temperatures
+        assert json.loads((run_dir / "synth" / f"{lang}-pretrain-mix" / "stats.json").read_text())["accepted"] > 0
+    pf = [json.loads(x) for x in (study / "pretrain-finetune/train/vi/finetune/metrics.jsonl").read_text().splitlines()]
+    assert pf[0]["init_from"].endswith("pretrain-finetune/train/vi/pretrain/final")
+    ft = [json.loads(x) for x in (study / "finetune-only/train/vi/finetune/metrics.jsonl").read_text().splitlines()]
+    assert ft[0]["init_from"] is None and not (study / "finetune-only/train/vi/pretrain").exists()
+    table = (study / "table.md").read_text().splitlines()
+    assert table[1].startswith("| run | step 0 | step 3 |") and table == proc.stdout.strip().splitlines()[-6:]
+    assert [r.split(" | ")[0] for r in table[3:]] == ["| pretrain-finetune", "| finetune-only", "| untrained"]
