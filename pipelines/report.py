@@ -64,12 +64,13 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     run = Path(run)
     out = run / "report"
     out.mkdir(parents=True, exist_ok=True)
-    langs, synth_rows = [], []
+    langs, sets, synth_rows = set(), [], []
     for stats_path in sorted((run / "synth").glob("*/stats.json")):
         s = _json(stats_path)
         if not s or "accepted" not in s:
             continue
-        langs.append(stats_path.parent.name)
+        sets.append(stats_path.parent.name)  # <lang> (self-synth) or <lang>-<name> (distilled)
+        langs.add(s.get("lang") or stats_path.parent.name)
         rejects = ", ".join(f"{k} {v}" for k, v in s.get("lid_labels_of_rejects", {}).items()) or "–"
         reasons = ", ".join(f"{k} {v}" for k, v in s.get("rejected_by_reason", {}).items()) or "–"
         synth_rows.append(f"| {stats_path.parent.name} | {s['accepted']}/{s['attempted']} | {reasons} | {rejects} | "
@@ -97,10 +98,10 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
                            f"identical {'yes' if x['identical'] else 'NO'}")
         summary.append(f"all: adaspec τ {a['overall']['tau']:.2f}, speedup {a['overall']['speedup']:.2f}×")
     v = versions()
-    lines = ["# polyspec run report", "", f"Run `{run}` · languages {', '.join(langs)} · " +
+    lines = ["# polyspec run report", "", f"Run `{run}` · languages {', '.join(sorted(langs))} · " +
              ", ".join(f"{k} {val}" for k, val in v.items() if val), "", "## Summary", "",
              *(f"- {s}" for s in summary), "", "## 1 synth (ADASPEC Alg. 1)", "",
-             "| language | kept/attempted | rejected by reason | LID labels of rejects | tokens/s |", "|---|---|---|---|---|",
+             "| synth set | kept/attempted | rejected by reason | LID labels of rejects | tokens/s |", "|---|---|---|---|---|",
              *synth_rows, "", "## 2 vocab", ""]
     if coverage:
         lines += ["Coverage of held-out text by the top-k ids: see `coverage.png`; top-8K overlap: `overlap.png`.", "",
@@ -117,7 +118,7 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
         lines += ["![speedup](speedup.png) ![tau](tau.png) ![accept](accept_hist.png) ![trace](adaptive_trace.png)", ""]
     lines += ["## Provenance", "", *(f"- {c}" for c in commands), ""]
     atomic_write_text(out / "report.md", "\n".join(lines))
-    atomic_write_json(out / "summary.json", {"summary": summary, "versions": v, "synth_langs": langs,
+    atomic_write_json(out / "summary.json", {"summary": summary, "versions": v, "langs": sorted(langs), "synth_sets": sets,
                                              "eval": ev and {m: d["overall"] for m, d in ev["methods"].items()}})
     _wandb(run, ev, curves)
     return out / "report.md", summary

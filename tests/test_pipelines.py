@@ -51,6 +51,7 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
                  "adaspec"):
         assert part in report, part
     assert (run / "report" / "training.png").is_file() and (run / "report" / "speedup.png").is_file()
+    assert " · languages vi · " in report and "| vi-pretrain | " in report  # languages, not synth folders
     assert list((run / "report" / "wandb").glob("offline-run-*"))  # the same metrics in an offline wandb run
     for stage in ("synth/vi", "synth/vi-pretrain", "vocab", "train/vi/pretrain", "train/vi", "export", "calibrate", "eval",
                   "report"):
