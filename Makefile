@@ -120,29 +120,34 @@ eval: $(STAMP)
 		$(if $(REPEATS),--repeats $(REPEATS))
 
 # make pf-study LANG=vi [RECIPE=eagle-cpu] [RUN=…] [PRETRAIN_LANGS=vi,de,ja,zh,fr,es,en] [PRETRAIN_STEPS=300]
-#                [DISTILL_ARGS='k=v …'] [STUDY_ARGS='k=v …']   extra overrides for distill / the three training runs
+#                [TEST_DATA=file.jsonl [TEST_MAX=64]] [DISTILL_ARGS='k=v …'] [STUDY_ARGS='k=v …']
 # Seed 004's claim for one language: pretrain → finetune vs finetune only vs untrained, same finetune steps,
 # one table (python -m train.compare). Needs $(RUN)/synth/$(LANG) and $(RUN)/vocab (make synth, make vocab);
 # distils the pretraining text itself (continuations of every language's seeds at T = 0.3, 0.7, 1.0).
-# About an hour on a 2-core CPU with the default target.
+# TEST_DATA: score every arm on these records' instructions (e.g. another synth run of the language) instead
+# of the default 10 % split of the finetune data; DISTILL_ARGS / STUDY_ARGS: extra overrides for distill /
+# the three training runs. About an hour on a 2-core CPU with the default target.
 PRETRAIN_LANGS ?= vi,de,ja,zh,fr,es,en
 PRETRAIN_STEPS ?= 300
+TEST_MAX ?= 64
+STUDY = $(RUN)/pf-study/$(RECIPE)
 comma := ,
 empty :=
 space := $(empty) $(empty)
 STUDY_DATA = $(subst $(space),$(comma),$(foreach l,$(subst $(comma), ,$(PRETRAIN_LANGS)),$(RUN)/synth/$(l)-pretrain-mix/data.jsonl))
 STUDY_TRAIN = $(VENV)/bin/accelerate launch $(ACCELERATE_ARGS) train/drafter.py --config configs/train/$(RECIPE).yaml \
 	lang=$(LANG_CODE) target=$(TARGET) data.pretrain=[$(STUDY_DATA)] data.finetune=[$(RUN)/synth/$(LANG_CODE)/data.jsonl] \
-	pretrain.steps=$(PRETRAIN_STEPS) $(if $(filter eagle%,$(RECIPE)),eagle.vocab_file=$(RUN)/vocab/$(LANG_CODE).safetensors) $(STUDY_ARGS)
+	pretrain.steps=$(PRETRAIN_STEPS) $(if $(filter eagle%,$(RECIPE)),eagle.vocab_file=$(RUN)/vocab/$(LANG_CODE).safetensors) \
+	$(if $(TEST_DATA),data.eval_file=[$(TEST_DATA)] data.eval_max_examples=$(TEST_MAX)) $(STUDY_ARGS)
 pf-study: check-lang
 	for l in $(subst $(comma), ,$(PRETRAIN_LANGS)); do \
 		$(PY) -m synth distill --lang $$l --target $(TARGET) --run $(RUN) --continuation --out-name pretrain-mix \
 			--temperatures 0.3,0.7,1.0 --batch-size 32 $(DISTILL_ARGS) || exit $$?; done
-	$(STUDY_TRAIN) run=$(RUN)/pf-study/$(RECIPE)/pretrain-finetune stage=both
-	$(STUDY_TRAIN) run=$(RUN)/pf-study/$(RECIPE)/finetune-only stage=finetune
-	$(STUDY_TRAIN) run=$(RUN)/pf-study/$(RECIPE)/untrained stage=finetune eval_only=true
-	$(PY) -m train.compare --lang $(LANG_CODE) $(foreach r,pretrain-finetune finetune-only untrained,$(r)=$(RUN)/pf-study/$(RECIPE)/$(r)) \
-		> $(RUN)/pf-study/$(RECIPE)/table.md && cat $(RUN)/pf-study/$(RECIPE)/table.md
+	$(STUDY_TRAIN) run=$(STUDY)/pretrain-finetune stage=both
+	$(STUDY_TRAIN) run=$(STUDY)/finetune-only stage=finetune
+	$(STUDY_TRAIN) run=$(STUDY)/untrained stage=finetune eval_only=true
+	$(PY) -m train.compare --lang $(LANG_CODE) $(foreach r,pretrain-finetune finetune-only untrained,$(r)=$(STUDY)/$(r)) \
+		> $(STUDY)/table.md && cat $(STUDY)/table.md
 
 # make all LANGS=vi,de,ja [PROFILE=cpu-demo|cpu-full|gpu-paper] [TARGET=…] [RUN=…] [FROM=stage] [FORCE=1] [DRY_RUN=1]
 # (TARGET and RUN default to the profile's target and runs/<profile>-<langs>)

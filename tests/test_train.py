@@ -269,8 +269,10 @@ def test_make_pf_study_trains_the_three_arms_and_tables_them(tmp_path, llama_run
 
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
+    test_set = tmp_path / "test.jsonl"  # an independent test set scores all three arms
+    test_set.write_text("\n".join((run_dir / "synth/vi/data.jsonl").read_text().splitlines()[:3]) + "\n")
     proc = run_cli("make", "-s", "pf-study", "LANG=vi", f"TARGET={tiny_llama_dir}", f"RUN={run_dir}", "PRETRAIN_LANGS=vi,de",
-                   "PRETRAIN_STEPS=3", "DISTILL_ARGS=sampling.max_new_tokens=8",
+                   "PRETRAIN_STEPS=3", "DISTILL_ARGS=sampling.max_new_tokens=8", f"TEST_DATA={test_set}",
                    "STUDY_ARGS=finetune.steps=3 eval_every=3 checkpoint_every=3 report_to=none data.max_length=64 "
                    "data.eval_max_examples=3 eval_depth=3 eagle.vocab_size=128 optim.batch_size=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -284,3 +286,33 @@ def test_make_pf_study_trains_the_three_arms_and_tables_them(tmp_path, llama_run
     table = (study / "table.md").read_text().splitlines()
     assert table[1].startswith("| run | step 0 | step 3 |") and table == proc.stdout.strip().splitlines()[-6:]
     assert [r.split(" | ")[0] for r in table[3:]] == ["| pretrain-finetune", "| finetune-only", "| untrained"]
+    for arm in ("pretrain-finetune", "finetune-only", "untrained"):
+        seqs = json.loads((study / arm / "train/vi/finetune/eval_sequences.json").read_text())["sequences"]
+        assert len(seqs) == 3, arm
+    assert len({r.split(" | ")[-1] for r in table[3:]}) == 1, "the same start positions for every arm"
+
+
+def test_eval_file_scores_an_independent_test_set(tmp_path, llama_run, tiny_llama_dir):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    records = (run_dir / "synth/vi/data.jsonl").read_text().splitlines()
+    test_a, test_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    test_a.write_text("\n".join(records[:2]) + "\n")
+    test_b.write_text("\n".join(records[2:7]) + "\n")
+    seqs = run_dir / "train/vi/finetune/eval_sequences.json"
+    scores = {}
+    for name, f in (("a", test_a), ("b", test_b)):  # same run folder: the cached sequences must follow the file
+        [res] = run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "eval_only=true", f"data.eval_file=[{f}]",
+                         "data.eval_max_examples=50"))
+        scores[name] = res["eval"]["starts"]
+        assert len(json.loads(seqs.read_text())["sequences"]) == (2 if name == "a" else 5)
+    assert scores["a"] < scores["b"]
+    with pytest.raises(PolyspecError, match="not found"):
+        run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "eval_only=true", f"data.eval_file=[{tmp_path / 'none.jsonl'}]"))
+    # with a test set, finetune trains on every record of its data
+    recipe = DrafterRecipe(tcfg(run_dir, tiny_llama_dir, "stage=finetune", f"data.eval_file=[{test_a}]"), "finetune")
+    recipe.setup()
+    assert len(recipe.train_set) == len(records) and len(recipe.eval_seqs) == 2
+    recipe.cleanup()

@@ -21,6 +21,9 @@ class DataConfig(StrictModel):
     max_length: int = Field(256, ge=8, description="tokens per training sequence")
     eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="held-out share of the finetune data")
     eval_max_examples: int = Field(16, ge=1)
+    eval_file: list[str] | None = Field(
+        None, description="finetune: score held-out acceptance on these files' instructions (a test set) instead of "
+        "a split of the finetune data, which then trains on all of its records")
 
 
 class EagleConfig(StrictModel):

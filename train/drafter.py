@@ -88,7 +88,11 @@ class DrafterRecipe:
         patterns = cfg.data.pretrain if self.stage == "pretrain" else cfg.data.finetune
         ds = build_dataset(patterns, self.target, cfg.run, cfg.lang, cfg.data.max_length,
                            response_only=self.stage == "finetune")
-        self.train_set, held = split(ds, cfg.data.eval_fraction, cfg.seed)
+        if self.stage == "finetune" and cfg.data.eval_file:  # an independent test set
+            self.train_set = ds.examples
+            held = build_dataset(cfg.data.eval_file, self.target, cfg.run, cfg.lang, cfg.data.max_length, True).examples
+        else:
+            self.train_set, held = split(ds, cfg.data.eval_fraction, cfg.seed)
         self.data_files, self.skipped = ds.files, ds.skipped
         # 4. the language's reduced vocabulary (top-s ranked ids) and the head rows it keeps
         self.ids_s, self.vocab_meta = self._reduced_vocab()
@@ -177,8 +181,10 @@ class DrafterRecipe:
         """Held-out prompts + the target's own greedy answers, cached on disk: with greedy sequences
         the simulated acceptance equals what greedy speculative decoding would accept."""
         cache = self.out / "eval_sequences.json"
-        if cache.is_file():
-            data = json.loads(cache.read_text())
+        key = hashlib.sha256(json.dumps([ex.input_ids for ex in held]).encode()).hexdigest()[:16]
+        cached = json.loads(cache.read_text()) if cache.is_file() else {}
+        if isinstance(cached, dict) and cached.get("key") == key:  # made from these held-out examples
+            data = cached["sequences"]
         else:
             data = []
             for ex in held:  # finetune: the prompt is the instruction; pretrain: the first half of the text
@@ -187,7 +193,7 @@ class DrafterRecipe:
                 new = greedy_generate(self.target, prompt, max(8, min(64, self.cfg.data.max_length - start)))
                 data.append({"ids": prompt + new, "start": start})
             if self.acc.is_main_process:
-                atomic_write_json(cache, data)
+                atomic_write_json(cache, {"key": key, "sequences": data})
         return [(torch.tensor([d["ids"]], device=self.acc.device), d["start"]) for d in data]
 
     def _init_trackers(self) -> None:
@@ -392,6 +398,8 @@ def run(cfg: TrainConfig, target=None) -> list[dict]:
     stages = ["pretrain", "finetune"] if cfg.stage == "both" else [cfg.stage]
     for stage in stages:  # missing data is an error before any model is loaded
         expand_paths(cfg.data.pretrain if stage == "pretrain" else cfg.data.finetune, cfg.run, cfg.lang)
+        if stage == "finetune" and cfg.data.eval_file:
+            expand_paths(cfg.data.eval_file, cfg.run, cfg.lang)
     results = []
     for stage in stages:
         recipe = DrafterRecipe(cfg, stage)
