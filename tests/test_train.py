@@ -322,3 +322,16 @@ def test_eval_file_scores_an_independent_test_set(tmp_path, llama_run, tiny_llam
     recipe.setup()
     assert len(recipe.train_set) == len(records) and len(recipe.eval_seqs) == 2
     recipe.cleanup()
+
+
+def test_resume_refuses_checkpoints_of_another_data_config(tmp_path, llama_run, tiny_llama_dir):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=2", "checkpoint_every=2", "eval_every=100"))
+    run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=2", "checkpoint_every=2", "eval_every=100"))
+    for changed in ("data.max_length=48", "data.eval_fraction=0.2"):  # the data settings are part of the resume key
+        with pytest.raises(PolyspecError, match="another config or data"):
+            run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=2", "checkpoint_every=2", "eval_every=100",
+                     changed))

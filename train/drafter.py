@@ -371,10 +371,8 @@ class DrafterRecipe:
 
     def _config_hash(self) -> str:
         relevant = self.cfg.model_dump(exclude={"report_to", "log_every", "checkpoint_every", "keep_checkpoints", "device"})
-        if relevant["data"]["eval_file"] is None:  # added later: checkpoints written before it still resume
-            del relevant["data"]["eval_file"]
         relevant.update(stage=self.stage, tokenizer=self.target.tokenizer_sha256, vocab=self.vocab_meta,
-                        data=[(p, Path(p).stat().st_size) for p in self.data_files], init_from=self.init_from,
+                        data_files=[(p, Path(p).stat().st_size) for p in self.data_files], init_from=self.init_from,
                         processes=self.acc.num_processes)
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
