@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.io import atomic_write_json, read_json_or_none
 
 CALIBRATION = "calibration.json"
 
@@ -109,8 +110,6 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
 
 
 def save(bundle_root: Path, key: str, result: dict) -> Path:
-    from polyspec.io import atomic_write_json
-
     path = Path(bundle_root) / CALIBRATION
     data = json.loads(path.read_text()) if path.is_file() else {}
     data[key] = result
@@ -120,13 +119,7 @@ def save(bundle_root: Path, key: str, result: dict) -> Path:
 
 def load_g_star(bundle_root: Path, device) -> int | None:
     """g* stored for this device, or None (calibration.json is per device; not part of the checksums)."""
-    path = Path(bundle_root) / CALIBRATION
-    if not path.is_file():
-        return None
-    try:
-        entry = json.loads(path.read_text()).get(device_key(device))
-    except (OSError, json.JSONDecodeError):
-        return None
+    entry = (read_json_or_none(Path(bundle_root) / CALIBRATION) or {}).get(device_key(device))
     return int(entry["g_star"]) if entry and "g_star" in entry else None
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from polyspec.errors import PolyspecError
-from polyspec.io import atomic_directory, atomic_write_json, atomic_write_text, sha256_file
+from polyspec.io import atomic_directory, atomic_write_json, atomic_write_text, read_json_or_none, sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -101,7 +101,7 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
             "vocab_sizes": vocab_sizes,
             "adaptive": adaptive,
         }
-        atomic_write_text(tmp / "README.md", model_card(manifest, cards, _read_optional_json(run / "eval" / "report.json")))
+        atomic_write_text(tmp / "README.md", model_card(manifest, cards, read_json_or_none(run / "eval" / "report.json")))
         manifest["files"] = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         atomic_write_json(tmp / MANIFEST, manifest)
     return load_bundle(out, target_pin=target_pin)
@@ -159,13 +159,6 @@ def _training_facts(cfg: dict) -> dict:
         files.append((path.name if path.parent.name == "" else f"{path.parent.name}/{path.name}", n))
     return {"stage": cfg.get("stage"), "steps": cfg.get("step"), "files": files,
             "accept_len": (cfg.get("eval") or {}).get("accept_len"), "arch": cfg.get("arch", "eagle1" if cfg["drafter_type"] == "eagle" else cfg["drafter_type"])}
-
-
-def _read_optional_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def model_card(manifest: dict, cards: dict | None = None, evaluation: dict | None = None) -> str:

@@ -9,14 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from polyspec.io import atomic_write_json, atomic_write_text
-
-
-def _json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none
 
 
 def training_curves(run: Path, out: Path) -> dict:
@@ -66,7 +59,7 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     out.mkdir(parents=True, exist_ok=True)
     langs, sets, synth_rows = set(), [], []
     for stats_path in sorted((run / "synth").glob("*/stats.json")):
-        s = _json(stats_path)
+        s = read_json_or_none(stats_path)
         if not s or "accepted" not in s:
             continue
         sets.append(stats_path.parent.name)  # <lang> (self-synth) or <lang>-<name> (distilled)
@@ -78,16 +71,16 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     for png in ("coverage.png", "overlap.png"):
         if (run / "vocab" / png).is_file():
             shutil.copy2(run / "vocab" / png, out / png)
-    coverage = _json(run / "vocab" / "coverage.json") or {}
+    coverage = read_json_or_none(run / "vocab" / "coverage.json") or {}
     curves = training_curves(run, out)
-    calib = _json(run / "export" / "bundle" / "calibration.json") or {}
-    ev = _json(run / "eval" / "report.json")
+    calib = read_json_or_none(run / "export" / "bundle" / "calibration.json") or {}
+    ev = read_json_or_none(run / "eval" / "report.json")
     for png in ("speedup.png", "tau.png", "accept_hist.png", "adaptive_trace.png"):
         if (run / "eval" / png).is_file():
             shutil.copy2(run / "eval" / png, out / png)
     commands = []
-    for done in sorted(run.glob("**/DONE.json"), key=lambda p: (_json(p) or {}).get("finished", "")):
-        d = _json(done) or {}
+    for done in sorted(run.glob("**/DONE.json"), key=lambda p: (read_json_or_none(p) or {}).get("finished", "")):
+        d = read_json_or_none(done) or {}
         if d.get("cmd"):
             commands.append(f"{d['stage']} ({d.get('seconds', '?')} s): `{' '.join(d['cmd'][1:])}`")
     summary = []

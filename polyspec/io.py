@@ -39,6 +39,14 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int = 2) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False) + "\n")
 
 
+def read_json_or_none(path: str | Path) -> Any:
+    """A JSON file's content, or None when it is missing or unreadable (optional records: reports, cards)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary directory next to ``path``; on success rename it to ``path``.
