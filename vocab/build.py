@@ -58,8 +58,9 @@ def heldout_counts(kind: str, cfg: VocabConfig, lang: Language, tokenizer, vocab
     return counts, {"kind": kind, "documents": len(texts), "tokens": int(counts.sum())}
 
 
-def count_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Mixed counts [|V|] of one language, its held-out counts [|V|] and the metadata of the counting."""
+def count_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -> tuple[np.ndarray, np.ndarray, dict, list]:
+    """Mixed counts [|V|] of one language, its held-out counts [|V|], the metadata of the counting (it goes into
+    the ranked list's sidecar) and per-source timings (summary.json only: sidecars must be reproducible)."""
     tok, V = target.tokenizer, target.vocab_size
     kind = heldout_kind(cfg, lang)
     mixed = np.zeros(V, dtype=np.float64)
@@ -95,9 +96,8 @@ def count_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -
         raise PolyspecError(f"no held-out text for {lang.code!r} (kind {kind}); add documents or use heldout=seeds")
     meta = {"target": target.spec.name, "tokenizer_sha256": target.tokenizer_sha256, "vocab_size": V,
             "sources": source_meta, "documents": sum(s["documents"] for s in source_meta), "tokens": total_tokens,
-            "structural_ids": first, "seen_ids": int((counts > 0).sum()), "heldout": held_info,
-            "_timings": timings}
-    return counts, held, meta
+            "structural_ids": first, "seen_ids": int((counts > 0).sum()), "heldout": held_info}
+    return counts, held, meta, timings
 
 
 def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
@@ -108,11 +108,10 @@ def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
     out = Path(cfg.run) / "vocab"
     first = structural_ids(target.tokenizer, target.spec.prompt_format.stop)
     counted = {lang.code: count_language(cfg, lang, target, first) for lang in langs}
-    shares = {code: c / max(c.sum(), 1) for code, (c, _, _) in counted.items()}
+    shares = {code: c / max(c.sum(), 1) for code, (c, *_) in counted.items()}
     ranked, curves, ks_needed, held_infos, timings = {}, {}, {}, {}, {}
     for lang in langs:
-        counts, held, meta = counted[lang.code]
-        timings[lang.code] = meta.pop("_timings")
+        counts, held, meta, timings[lang.code] = counted[lang.code]
         # ids unseen in this language follow its seen ids, ordered by the other languages' pooled shares
         others = sum((v for k, v in shares.items() if k != lang.code), np.zeros(target.vocab_size))
         ids = rank(counts, first, tail_counts=others)
