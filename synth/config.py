@@ -20,8 +20,9 @@ class EngineConfig(StrictModel):
     batch_size: int = Field(16, ge=1, description="transformers: prompts per forward batch")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     dtype: str | None = Field(None, description="None: the target's dtype")
-    tensor_parallel_size: int = Field(1, ge=1, description="vllm")
-    data_parallel_size: int = Field(1, ge=1, description="vllm")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="vllm: GPUs of the one model replica (more GPUs: one synth job per language, synth/engines.py)"
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="vllm")
 
 

@@ -3,8 +3,19 @@
 - ``transformers``: our own batched sampling loop (left padding, KV cache, CPU or CUDA). Each request
   carries its own seed and is sampled with its own ``torch.Generator``, so a sample depends only on
   (prompt, seed) and a resumed run reproduces an uninterrupted one exactly.
-- ``vllm``: offline ``LLM.generate`` with one ``SamplingParams`` per request (``seed`` set per request),
-  tensor parallelism and data-parallel workers from the config. Optional extra ``polyspec[vllm]``.
+- ``vllm``: offline ``LLM.generate`` with one ``SamplingParams`` per request (``seed`` set per request) and
+  tensor parallelism from the config. Optional extra ``polyspec[vllm]``.
+
+Both engines receive the same token ids for a prompt: :func:`polyspec.prompts.encode` (a chat template
+carries its own BOS; a completion prompt gets the tokenizer's). vLLM is given those ids
+(``{"prompt_token_ids": ids}``, vLLM's ``TokensPrompt``), never the text: from text it would add a BOS of its
+own in front of the template's (two BOS tokens: another prompt than the transformers engine's).
+
+Data parallelism: the offline ``LLM`` serves one model replica (``tensor_parallel_size`` GPUs); vLLM's own
+offline data parallelism needs one process per rank. Languages are independent synth jobs with their own
+output folders, so on a node with more GPUs run one job per language, each on its own devices, e.g.
+``CUDA_VISIBLE_DEVICES=0,1 python -m synth --lang vi engine.name=vllm engine.tensor_parallel_size=2 &``
+``CUDA_VISIBLE_DEVICES=2,3 python -m synth --lang de …`` (never two jobs on the same language and run).
 
 Both stop at EOS or at any of the request's stop strings; the stop string is not part of the text.
 """
@@ -18,7 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from polyspec.errors import PolyspecError
-from polyspec.prompts import truncate_at_stop
+from polyspec.prompts import encode, truncate_at_stop
 
 
 @dataclass
@@ -66,8 +77,7 @@ class TransformersEngine:
     @torch.inference_mode()
     def _generate_batch(self, reqs: list[Request]) -> list[Result]:
         tok, model, dev = self.target.tokenizer, self.target.model, self.target.device
-        add_special = self.target.spec.prompt_format.kind == "completion"
-        encoded = [tok(r.prompt, add_special_tokens=add_special)["input_ids"] for r in reqs]
+        encoded = [encode(self.target.spec.prompt_format, tok, r.prompt) for r in reqs]  # the ids vLLM gets too
         B, L = len(reqs), max(len(e) for e in encoded)
         pad = tok.pad_token_id
         shared = all(e == encoded[0] for e in encoded)  # Alg. 1 instruction prompts: one few-shot prefix
@@ -162,13 +172,13 @@ def _eos_ids(tok: Any, model: Any) -> set[int]:
 
 
 class VLLMEngine:
-    """vLLM offline inference. ``llm`` may be passed in (tests use a fake with vLLM's API)."""
+    """vLLM offline inference on the target's token ids. ``target`` needs its tokenizer only (loaded
+    ``with_model=False``); ``llm`` may be passed in (tests use a fake with vLLM's API)."""
 
     def __init__(
         self,
-        model: str,
+        target: Any,
         tensor_parallel_size: int = 1,
-        data_parallel_size: int = 1,
         dtype: str = "auto",
         gpu_memory_utilization: float = 0.9,
         llm: Any = None,
@@ -179,18 +189,24 @@ class VLLMEngine:
                 from vllm import LLM, SamplingParams
             except ImportError:
                 raise PolyspecError("ENGINE=vllm needs the optional extra: pip install 'polyspec[vllm]'") from None
+            spec = target.spec
             llm = llm or LLM(
-                model=model,
+                model=str(target.path or spec.model_id),
+                revision=None if target.path else spec.revision,
                 tensor_parallel_size=tensor_parallel_size,
-                data_parallel_size=data_parallel_size,
                 dtype=dtype,
                 gpu_memory_utilization=gpu_memory_utilization,
-                trust_remote_code=False,
+                trust_remote_code=spec.trust_remote_code,
             )
             sampling_params_cls = sampling_params_cls or SamplingParams
+        self.target = target
         self.llm = llm
         self.sampling_params_cls = sampling_params_cls
         self.stats = {"tokens": 0, "seconds": 0.0}
+
+    def prompt(self, text: str) -> dict[str, list[int]]:
+        """vLLM's ``TokensPrompt`` (a TypedDict) of a rendered prompt: the transformers engine's ids."""
+        return {"prompt_token_ids": encode(self.target.spec.prompt_format, self.target.tokenizer, text)}
 
     def generate(self, requests: list[Request]) -> list[Result]:
         params = [
@@ -203,8 +219,9 @@ class VLLMEngine:
             )
             for r in requests
         ]
+        prompts = [self.prompt(r.prompt) for r in requests]
         t0 = time.perf_counter()
-        outputs = self.llm.generate([r.prompt for r in requests], params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.stats["seconds"] += time.perf_counter() - t0
         results = []
         for out in outputs:  # vLLM returns outputs in request order
@@ -215,13 +232,13 @@ class VLLMEngine:
         return results
 
 
-def make_engine(cfg: Any, target: Any = None, model: str | None = None) -> Engine:
-    """``cfg`` is a :class:`synth.config.EngineConfig`; transformers needs a loaded target, vLLM a path."""
+def make_engine(cfg: Any, target: Any) -> Engine:
+    """``cfg`` is a :class:`synth.config.EngineConfig`; transformers needs the target's weights, vLLM its
+    tokenizer (and path or hub id)."""
     if cfg.name == "vllm":
         return VLLMEngine(
-            model=model or "",
+            target,
             tensor_parallel_size=cfg.tensor_parallel_size,
-            data_parallel_size=cfg.data_parallel_size,
             dtype=cfg.dtype or "auto",
             gpu_memory_utilization=cfg.gpu_memory_utilization,
         )
@@ -235,5 +252,5 @@ def open_engine(cfg: Any, target_name: str, target: Any = None, engine: Engine |
 
         target = load_target(target_name, device=cfg.device, dtype=cfg.dtype, with_model=cfg.name != "vllm")
     if engine is None:
-        engine = make_engine(cfg, target, model=str(target.path or target.spec.model_id))
+        engine = make_engine(cfg, target)
     return target, engine

@@ -13,7 +13,7 @@ from conftest import run_cli
 from polyspec.config import apply_overrides, validate
 from polyspec.errors import PolyspecError
 from polyspec.languages import get_language, translated_path
-from polyspec.prompts import render
+from polyspec.prompts import encode, render
 from polyspec.targets import greedy_generate, load_target
 from synth.config import DistillConfig, SynthConfig
 from synth.distill import run_distill
@@ -217,13 +217,23 @@ class FakeSamplingParams:  # the fields of vllm.SamplingParams that the adapter 
 
 
 class FakeLLM:
-    """Follows vllm.LLM.generate: list of RequestOutput with .outputs[0].{text, token_ids, finish_reason}."""
+    """Follows vllm.LLM.generate: list of RequestOutput with .outputs[0].{text, token_ids, finish_reason}.
 
-    def __init__(self):
+    ``run_ids`` records the ids vLLM would run: a ``TokensPrompt`` dict as given, a text prompt encoded
+    the way vLLM encodes it (``tokenizer.encode(text)``, special tokens added), when a tokenizer is given."""
+
+    def __init__(self, tokenizer=None):
         self.calls = []
+        self.run_ids = []
+        self.tokenizer = tokenizer
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
         self.calls.append((list(prompts), list(sampling_params)))
+        for p in prompts:
+            if isinstance(p, dict):
+                self.run_ids.append(list(p["prompt_token_ids"]))
+            elif self.tokenizer is not None:
+                self.run_ids.append(self.tokenizer.encode(p))
 
         @dataclass
         class Completion:
@@ -241,23 +251,51 @@ class FakeLLM:
         ]
 
 
-def test_vllm_adapter_maps_requests_and_outputs():
+def test_vllm_adapter_maps_requests_and_outputs(tiny_gemma_dir):
     llm = FakeLLM()
-    engine = VLLMEngine("unused", llm=llm, sampling_params_cls=FakeSamplingParams)
+    target = load_target(str(tiny_gemma_dir), with_model=False)
+    engine = VLLMEngine(target, llm=llm, sampling_params_cls=FakeSamplingParams)
     res = engine.generate([Request("p1", seed=3, temperature=0.7, top_p=0.9, max_new_tokens=5, stop=["###"]),
                            Request("p2", seed=4)])
     prompts, params = llm.calls[0]
-    assert prompts == ["p1", "p2"]
+    fmt, tok = target.spec.prompt_format, target.tokenizer
+    assert prompts == [{"prompt_token_ids": encode(fmt, tok, "p1")}, {"prompt_token_ids": encode(fmt, tok, "p2")}]
     assert params[0] == FakeSamplingParams(temperature=0.7, top_p=0.9, max_tokens=5, stop=["###"], seed=3)
     assert params[1].stop is None
     assert res[0].finished and res[0].num_tokens == 9 and "cây xanh" in res[0].text
     assert engine.stats["tokens"] == 18
 
 
+def test_vllm_runs_the_transformers_engines_token_ids_for_a_chat_target(tiny_llama_dir):
+    """A chat template that writes BOS itself: vLLM must run the ids the transformers engine prefills (one BOS),
+    not its own encoding of the text (which adds a second BOS in front)."""
+    t = load_target(str(tiny_llama_dir))
+    tok, fmt = t.tokenizer, t.spec.prompt_format
+    assert fmt.kind == "chat-template" and "bos_token" in tok.chat_template
+    prompts = [render(fmt, tok, [{"role": "user", "content": c}]) for c in ("Xin chào", "Warum ist der Himmel blau?")]
+    assert tok.encode(prompts[0])[:2] == [tok.bos_token_id] * 2, "text through vLLM's encoding doubles BOS here"
+    prefilled = []  # what the transformers engine feeds the model: one prompt per call, so no padding
+
+    def record(_module, _args, kwargs):
+        if kwargs["past_key_values"] is None:
+            prefilled.append(kwargs["input_ids"][0].tolist())
+
+    hook = t.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        for p in prompts:
+            TransformersEngine(t, batch_size=1).generate([Request(p, seed=0, max_new_tokens=1)])
+    finally:
+        hook.remove()
+    llm = FakeLLM(tokenizer=tok)
+    VLLMEngine(t, llm=llm, sampling_params_cls=FakeSamplingParams).generate([Request(p, seed=0) for p in prompts])
+    assert llm.run_ids == prefilled
+    assert all(ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1 for ids in prefilled)
+
+
 def test_selfsynth_runs_on_the_vllm_engine(tmp_path, tiny_gemma_dir):
     llm = FakeLLM()
-    engine = VLLMEngine("unused", llm=llm, sampling_params_cls=FakeSamplingParams)
     target = load_target(str(tiny_gemma_dir), with_model=False)
+    engine = VLLMEngine(target, llm=llm, sampling_params_cls=FakeSamplingParams)
     assert target.model is None
     cfg = synth_cfg(tmp_path, tiny_gemma_dir, "engine.name=vllm", "filters.require_language=true", n=3)
     stats = run_selfsynth(cfg, target=target, engine=engine, log=lambda *_: None)
@@ -275,7 +313,7 @@ def test_vllm_without_the_extra_is_one_line_error(tiny_gemma_dir):
         pass
     cfg = validate(SynthConfig, {"engine": {"name": "vllm"}}).engine
     with pytest.raises(PolyspecError, match=r"polyspec\[vllm\]"):
-        make_engine(cfg, model=str(tiny_gemma_dir))
+        make_engine(cfg, load_target(str(tiny_gemma_dir), with_model=False))
 
 
 # ------------------------------------------------------------------------------------ distillation
