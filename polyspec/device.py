@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 
 from polyspec.errors import PolyspecError
@@ -35,12 +38,36 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     return dev
 
 
+def cpu_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (x86 AVX512-BF16 or AMX; Arm BF16): then bf16 matmuls are fast.
+    torch's own probes first (``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``; oneDNN's
+    ``_is_mkldnn_bf16_supported`` is not enough: it is also true on AVX512 CPUs that only emulate bf16), then
+    the kernel's CPU flags."""
+    probes = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    try:
+        if any(p() for p in probes if p is not None):
+            return True
+    except Exception:  # noqa: BLE001 - a probe that cannot run answers "no", the flags still decide
+        pass
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="ignore").split()
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(flags))
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``auto`` -> bfloat16 on CUDA devices that support it, float32 elsewhere."""
+    """``auto`` -> bfloat16 on CUDA devices that support it and on CPUs with native bf16, float32 elsewhere.
+    The environment variable ``POLYSPEC_DTYPE`` (e.g. ``float32``) replaces what ``auto`` resolves to (the unit
+    tests set it: fp32 is the exact mode their identity checks need)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype in (None, "auto") and os.environ.get("POLYSPEC_DTYPE", "auto") != "auto":
+        dtype = os.environ["POLYSPEC_DTYPE"]
     if dtype in (None, "auto"):
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        if device.type == "cpu" and cpu_native_bf16():
             return torch.bfloat16
         return torch.float32
     if dtype not in _DTYPES:

@@ -79,7 +79,7 @@ class TargetSpec(StrictModel):
     assemble: str | None = Field(
         None, description="gguf-package: 'module:function' that writes the GGUF to a given path (chunked packages)"
     )
-    dtype: str = Field("float32", description="float32 | bfloat16 | float16 | auto")
+    dtype: str = Field("auto", description="auto (bf16 on CUDA and on CPUs with native bf16, else fp32) | float32 | bfloat16 | float16")
     prompt_format: PromptFormat = Field(default_factory=PromptFormat)
     trust_remote_code: bool = Field(False, description="only when you trust the model repository")
     gpu_only: bool = Field(False, description="preset meant for GPU users (large model)")

@@ -15,6 +15,9 @@ from polyspec.testing import build_tiny_target
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the hub
 os.environ.setdefault("WANDB_MODE", "offline")
+# dtype "auto" means bf16 on CPUs with native bf16; the tests' identity checks need the exact mode (fp32).
+# Tests of auto itself and of bf16 set the dtype explicitly.
+os.environ.setdefault("POLYSPEC_DTYPE", "float32")
 
 
 @pytest.fixture(scope="session")

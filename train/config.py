@@ -66,6 +66,8 @@ class TrainConfig(StrictModel):
 
     lang: str = "vi"
     target: str = "gemma3-270m"
+    target_dtype: str = Field("float32", description="dtype of the frozen target computing the features online: float32 "
+                              "(default; the fp32 drafter trains on exact features) or auto/bfloat16")
     run: str = "runs/default"
     drafter_type: Literal["eagle", "small-lm"] = "eagle"
     stage: Literal["pretrain", "finetune", "both"] = "both"
