@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--target", default="gemma3-270m")
     r.add_argument("--prompt", required=True)
     r.add_argument("--raw", action="store_true", help="send the prompt text as is (no prompt format)")
-    r.add_argument("--method", default="adaspec", choices=["ar", "chain", "tree", "adaspec"])
+    r.add_argument("--method", default="adaspec", choices=["ar", "chain", "tree", "adaspec", "spide", "pld", "ngram-tree",
+                                                           "spectra", "hybrid"])
     r.add_argument("--shape", default="chain", choices=["chain", "tree"], help="adaspec: draft shape")
     r.add_argument("--lang", default="auto", help="auto (from the prompt) or a bundle language (fixed)")
     r.add_argument("--size", default="auto", help="auto, full, or one of the bundle's vocabulary sizes (fixed)")
@@ -35,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--top-p", type=float, default=1.0)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="auto")
-    r.add_argument("--dtype", default=None, help="target dtype (default: the target's config)")
+    r.add_argument("--dtype", default=None, help="target dtype (default: the target's, auto = bf16 where native)")
+    r.add_argument("--spectra-corpus", default=None, help="spectra/hybrid: retrieval corpus (synth JSONL or text; "
+                   "default: the bundle run's self-distilled text)")
     r.add_argument("--trace", action="store_true", help="print one line per step")
     r.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     text = args.prompt if args.raw else render(fmt, target.tokenizer, [{"role": "user", "content": args.prompt}])
     ids = encode(fmt, target.tokenizer, text)
     dec = Decoder(target, args.bundle, method=args.method, shape=args.shape, lang=args.lang, size=args.size,
-                  gamma=args.gamma, log=lambda m: print(f"note: {m}", file=sys.stderr))
+                  gamma=args.gamma, spectra_corpus=args.spectra_corpus, log=lambda m: print(f"note: {m}", file=sys.stderr))
     out = dec.generate(ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                        seed=args.seed)
     if args.json:

@@ -30,7 +30,7 @@ from polyspec.errors import PolyspecError, cli_entry
 
 BUILTIN = Path(__file__).resolve().parent / "data" / "mini_multispecbench.jsonl"
 AR_METHODS = ("ar", "hf-generate")
-DEFAULT_METHODS = ("ar,hf-generate,adaspec,eagle-full,fr-spec,spide,pld,ngram-tree,hf-pld,hf-assisted")
+DEFAULT_METHODS = ("ar,hf-generate,adaspec,eagle-full,fr-spec,spide,pld,ngram-tree,spectra,hybrid,hf-pld,hf-assisted")
 
 
 def load_questions(path: str | Path | None, langs: list[str] | None = None, per_cell: int | None = None,
@@ -156,6 +156,10 @@ def build_methods(names: list[str], target, bundle, assistant: str | None, log) 
             methods[name] = ours(method="pld", gamma=10)
         elif name == "ngram-tree":
             methods[name] = ours(method="ngram-tree")
+        elif name == "spectra":
+            methods[name] = ours(method="spectra")
+        elif name == "hybrid":  # drafter + n-gram sources in one tree (n-gram sources only without a bundle)
+            methods[name] = ours(method="hybrid")
         elif name == "hf-assisted":
             folder = assistant
             if folder is None and bundle is not None and bundle.manifest["drafter_type"] == "small-lm":
@@ -261,6 +265,7 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
                                      "accept_lengths": [x for a in turns for x in a.accept_lengths],
                                      "identical": same}, ensure_ascii=False))
         atomic_write_text(out / "answers" / f"{m}.jsonl", "\n".join(lines) + "\n")
+    report["agreement"] = agreement(results, questions, target, log)
     report["trace"] = adaptive_trace(results, questions)
     report["failed"] = failed
     atomic_write_json(out / "report.json", report)
@@ -319,13 +324,79 @@ def summarize(results: dict, questions: list[dict], target, bundle, max_new_toke
 
 
 def adaptive_trace(results: dict, questions: list[dict]) -> dict | None:
-    """Per-step (language, vocab size, accepted) of adaspec's answer to the first mixed-language question."""
+    """Per-step (language, vocab size, accepted) of one adaspec answer: the answer with the most switches of
+    drafter language or vocabulary size (mixed-language questions first on ties); ``switches`` = 0 says none
+    switched anywhere."""
     if "adaspec" not in results:
         return None
-    pick = next((i for i, q in enumerate(questions) if q["category"] == "mixed"), 0)
-    a = results["adaspec"][0][pick][0]
-    return {"question_id": questions[pick]["question_id"], "text": a.text,
+
+    def switches(a) -> int:
+        keys = [(s.lang, s.vocab_size) for s in a.steps]
+        return sum(x != y for x, y in zip(keys, keys[1:]))
+
+    cands = [(switches(a), q["category"] == "mixed", -i, i, t) for i, q in enumerate(questions)
+             for t, a in enumerate(results["adaspec"][0][i])]
+    n, _, _, pick, turn = max(cands)
+    a = results["adaspec"][0][pick][turn]
+    return {"question_id": questions[pick]["question_id"], "turn": turn, "text": a.text, "switches": n,
             "steps": [{"lang": s.lang, "vocab_size": s.vocab_size, "new_tokens": s.new_tokens} for s in a.steps]}
+
+
+def agreement(results: dict, questions: list[dict], target, log=print) -> dict:
+    """How each method's greedy answers agree with ``ar``'s, per language: answers identical, tokens before the
+    first divergence (mean over the answers that diverge), and at each divergence the margin of the target's
+    logits between AR's token and the method's token, recomputed by one forward over the prompt and the common
+    prefix in the bench's dtype (rounding-level near-ties have margins near 0; a bug shows large ones).
+    Only the first diverging turn of a question is measured (later turns have different prompts)."""
+    import torch
+
+    from polyspec.prompts import encode, render
+
+    if "ar" not in results:
+        return {}
+    fmt, tok = target.spec.prompt_format, target.tokenizer
+    ref = results["ar"][0]
+    out: dict = {}
+    cache: dict = {}
+    for m, reps in results.items():
+        if m == "ar":
+            continue
+        per: dict = {}
+        for i, q in enumerate(questions):
+            key = "mixed" if q["category"] == "mixed" else q["language"]
+            g = per.setdefault(key, {"answers": 0, "identical": 0, "prefix": [], "margins": []})
+            g["answers"] += 1
+            mine, theirs = reps[0][i], ref[i]
+            turn = next((t for t, (a, b) in enumerate(zip(mine, theirs)) if a.tokens != b.tokens), None)
+            if turn is None:
+                g["identical"] += 1
+                continue
+            a, b = mine[turn].tokens, theirs[turn].tokens
+            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            g["prefix"].append(k)
+            if k >= min(len(a), len(b)):
+                continue  # one answer ended (EOS / stop string) where the other went on: no token pair
+            ck = (i, turn, k)
+            if ck not in cache:
+                messages = []
+                for t in range(turn):
+                    messages += [{"role": "user", "content": q["turns"][t]},
+                                 {"role": "assistant", "content": theirs[t].text.strip() or "…"}]
+                messages.append({"role": "user", "content": q["turns"][turn]})
+                ids = encode(fmt, tok, render(fmt, tok, messages)) + b[:k]
+                with torch.inference_mode():
+                    x = torch.tensor([ids], device=target.device)
+                    cache[ck] = target.model(input_ids=x, logits_to_keep=1).logits[0, -1].float()
+            lg = cache[ck]
+            g["margins"].append(float(lg[b[k]] - lg[a[k]]))
+        out[m] = {}
+        for key, g in per.items():
+            ms = sorted(abs(x) for x in g["margins"])
+            out[m][key] = {"answers": g["answers"], "identical": g["identical"],
+                           "mean_tokens_before_divergence": statistics.mean(g["prefix"]) if g["prefix"] else None,
+                           "margins": g["margins"], "margin_median": statistics.median(ms) if ms else None,
+                           "margin_max": max(ms) if ms else None}
+    return out
 
 
 def render_markdown(r: dict) -> str:
@@ -357,10 +428,35 @@ def render_markdown(r: dict) -> str:
         "## Speedup and τ per language (mixed = questions switching language)",
         "", head, sep, *rows, "",
         "## Speedup / τ per task", "", chead, "|" + "---|" * (len(cats) + 1), *crows, "",
-        "Charts: `speedup.png`, `tau.png`, `accept_hist.png`, `adaptive_trace.png`.", "",
+        *agreement_lines(r),
+        "Charts: `speedup.png`, `tau.png`, `accept_hist.png`, `adaptive_trace.png`"
+        + (f" (question {r['trace']['question_id']}: {r['trace']['switches']} switches of drafter language or "
+           "vocabulary size)" if r.get("trace") and r["trace"]["switches"] else
+           " (no adaspec answer switched drafter language or vocabulary size)" if r.get("trace") else "") + ".", "",
         *(f"Left out (failed): {m} — {why}" for m, why in r.get("failed", {}).items()),
     ]
     return "\n".join(lines)
+
+
+def agreement_lines(r: dict) -> list[str]:
+    ag = r.get("agreement") or {}
+    if not ag:
+        return []
+    exact = "fp32: speculative greedy output must equal AR's token for token (tested)" if r["dtype"] == "float32" else (
+        f"{r['dtype']}: a k-token verification and a 1-token forward round differently, so near-ties can flip a "
+        "greedy token; each divergence's AR logit margin says whether it was a near-tie")
+    def f(x, p=2):
+        return "–" if x is None else f"{x:.{p}f}"
+
+    rows = []
+    for m, per in ag.items():
+        for lang in sorted(per, key=lambda x: (x == "mixed", x)):
+            g = per[lang]
+            rows.append(f"| {m} | {lang} | {g['identical']}/{g['answers']} | {f(g['mean_tokens_before_divergence'], 1)} | "
+                        f"{f(g['margin_median'], 3)} | {f(g['margin_max'], 3)} |")
+    return ["## Agreement with `ar` (greedy, same dtype)", "", exact + ".", "",
+            "| method | language | identical answers | tokens before 1st divergence (mean) | |margin| median | |margin| max |",
+            "|---|---|---|---|---|---|", *rows, ""]
 
 
 def charts(r: dict, out: Path) -> None:
@@ -408,7 +504,8 @@ def charts(r: dict, out: Path) -> None:
         ax2.plot(xs, [s["vocab_size"] or 0 for s in tr["steps"]], color="tab:orange", lw=0.8, label="vocab size")
         ax2.set_ylabel("vocab size")
         ax.set_xlabel(f"step (question {tr['question_id']})")
-    ax.set_title("ADASPEC adaptive trace")
+    ax.set_title("ADASPEC adaptive trace" + ("" if not tr or tr["switches"] else
+                                              " — no answer switched language or vocabulary size"))
     fig.tight_layout()
     fig.savefig(out / "adaptive_trace.png", dpi=110)
     plt.close(fig)

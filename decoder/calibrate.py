@@ -2,11 +2,13 @@
 
     python -m decoder.calibrate --bundle runs/default/export/bundle [--sizes 1,2,3,4,6,8] [--prompts 3]
 
-On a few calibration prompts it measures, for every draft size g: the verification latency s(g) (one
-target forward of g+1 tokens after a prompt), the acceptance τ(g) (tokens per target forward of chain
-decoding with γ = g), the drafter's time per draft token, and the end-to-end throughput. It fits
-s(g) = a + b·g (least squares) and τ(g) = (1 − α^{g+1}) / (1 − α) (α by bounded scalar minimisation),
-then picks g* = argmax τ(g) / (s(g) + d·g) by exact search over the integer sizes 1..max(sizes). If the
+On a few calibration prompts it measures the verification cost curve s(k) for k = 1…16 tokens (one target
+forward of k tokens after a prompt; ``decoder.costs``), and for every draft size g the acceptance τ(g) (tokens
+per target forward of chain decoding with γ = g), the drafter's time per draft token and the end-to-end
+throughput. It fits τ(g) = (1 − α^{g+1}) / (1 − α) (α by bounded scalar minimisation) and picks
+g* = argmax τ(g) / (s(g+1) + d·g) over the integer sizes 1..max(sizes), s from the measured curve (not a
+constant, not a line: in bf16 the curve is flat up to ~8 tokens on this CPU). The tree budget (nodes of
+``hybrid``/``spectra`` trees) is the largest k whose s(k)/s(1) ≤ 1.15. If the
 fitted pick was measured and its throughput is more than 5 % below the best measured size, the measured
 best wins (the fit smooths noise; measurements overrule it). The result is stored in the bundle's
 ``calibration.json`` under this device's key, and ``Decoder`` uses its g* when γ is not given.
@@ -28,12 +30,14 @@ from polyspec.io import atomic_write_json, read_json_or_none
 CALIBRATION = "calibration.json"
 
 
-def device_key(device) -> str:
+def device_key(device, dtype=None) -> str:
+    """``cpu:<arch>:<threads>t[:<dtype>]`` / ``cuda:<name>[:<dtype>]`` (a bf16 and an fp32 calibration differ)."""
     import torch
 
+    tail = f":{str(dtype).replace('torch.', '')}" if dtype is not None else ""
     if getattr(device, "type", str(device)) == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    return f"cpu:{platform.machine()}:{torch.get_num_threads()}t"
+        return f"cuda:{torch.cuda.get_device_name(device)}{tail}"
+    return f"cpu:{platform.machine()}:{torch.get_num_threads()}t{tail}"
 
 
 def fit(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float]) -> dict:
@@ -55,12 +59,21 @@ def fit(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float]) -> 
 
 def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], draft_s_per_token: float,
            measured_tok_s: dict[int, float] | None = None) -> dict:
-    """g* over 1..max(sizes) on the fitted curves (exact search), overruled by measurements if >5 % worse."""
+    """g* over 1..max(sizes) by exact search of τ_fit(g) / (s(g) + d·g), overruled by measurements if >5 % worse.
+
+    s(g) is the measured verification cost, interpolated between the measured g (bf16 on CPU and GPUs verify up
+    to ~8–12 tokens for the price of one: a straight line through all sizes would hide that flat region); the
+    linear fit a + b·g is kept for the record."""
+    import numpy as np
+
     f = fit(sizes, verify_s, tau)
     al = f["alpha"]
+    gs = sorted(verify_s)
+    curve = np.array([verify_s[g] for g in gs])
 
     def predicted(g):
-        return ((1 - al ** (g + 1)) / (1 - al)) / max(f["a"] + f["b"] * g + draft_s_per_token * g, 1e-9)
+        s = float(np.interp(g, gs, curve))
+        return ((1 - al ** (g + 1)) / (1 - al)) / max(s + draft_s_per_token * g, 1e-9)
 
     grid = range(1, max(sizes) + 1)
     g_fit = max(grid, key=predicted)
@@ -74,24 +87,16 @@ def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], 
 
 
 def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 3,
-            log=print) -> dict:
-    """Verify latency, τ, draft time and throughput per draft size on this device."""
+            log=print, max_k: int = 16, flat: float = 0.15) -> dict:
+    """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), acceptance τ, draft time and throughput
+    per draft size on this device; the flat-verify tree budget from the curve (``decoder.costs``)."""
     from decoder.core import Decoder
-    from decoder.runner import TargetRunner
+    from decoder.costs import tree_budget, verify_curve
 
-    runner = TargetRunner(target)
-    verify_s, tau, draft_tok, tok_s = {}, {}, {}, {}
+    curve = verify_curve(target, prompts[0], list(range(1, max(max_k, max(sizes) + 1) + 1)), reps=max(3, reps * 2))
+    verify_s = {g: curve["verify_s"][g + 1] for g in sizes}  # g drafts + the pending token
+    tau, draft_tok, tok_s = {}, {}, {}
     for g in sizes:
-        times = []
-        for ids in prompts:
-            for _ in range(reps + 1):
-                runner.reset()
-                runner.forward(ids[:-1])
-                t0 = time.perf_counter()
-                runner.forward(ids[-1:] + ids[-1:] * g)  # g+1 tokens after the prefix
-                times.append(time.perf_counter() - t0)
-            times.pop(-reps - 1)  # first of each prompt is a warm-up
-        verify_s[g] = statistics.median(times)
         dec = Decoder(target, bundle, method="chain", gamma=g)
         dec.generate(prompts[0], 8, stop=[])  # warm-up
         toks = fwd = 0
@@ -105,8 +110,12 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
             drafted += sum(s.drafted for s in out.steps)
         tau[g], tok_s[g], draft_tok[g] = toks / fwd, toks / secs, d_s / max(drafted, 1)
         log(f"g={g}: verify {verify_s[g] * 1e3:.1f} ms, τ {tau[g]:.2f}, {tok_s[g]:.1f} tok/s")
+    budget = tree_budget(curve["ratio"], flat)
+    log("verify(k)/forward(1): " + " ".join(f"{k}:{r:.2f}" for k, r in curve["ratio"].items())
+        + f" → tree budget {budget}")
     return {"sizes": sizes, "verify_s": verify_s, "tau": tau, "tok_s": tok_s,
-            "draft_s_per_token": statistics.mean(draft_tok.values())}
+            "draft_s_per_token": statistics.mean(draft_tok.values()), "cost_curve": curve["ratio"],
+            "forward1_s": curve["forward1_s"], "tree_budget": budget}
 
 
 def save(bundle_root: Path, key: str, result: dict) -> Path:
@@ -117,9 +126,15 @@ def save(bundle_root: Path, key: str, result: dict) -> Path:
     return path
 
 
-def load_g_star(bundle_root: Path, device) -> int | None:
-    """g* stored for this device, or None (calibration.json is per device; not part of the checksums)."""
-    entry = (read_json_or_none(Path(bundle_root) / CALIBRATION) or {}).get(device_key(device))
+def load_entry(bundle_root: Path, device, dtype=None) -> dict | None:
+    """This device's calibration (g*, tree budget, cost curve) for ``dtype``, or None (calibration.json is per
+    device and dtype, and not part of the bundle's checksums)."""
+    return (read_json_or_none(Path(bundle_root) / CALIBRATION) or {}).get(device_key(device, dtype))
+
+
+def load_g_star(bundle_root: Path, device, dtype=None) -> int | None:
+    """g* stored for this device and dtype, or None."""
+    entry = load_entry(bundle_root, device, dtype)
     return int(entry["g_star"]) if entry and "g_star" in entry else None
 
 
@@ -129,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--target", default="gemma3-270m")
     ap.add_argument("--sizes", default="1,2,3,4,6,8")
+    ap.add_argument("--max-k", type=int, default=16, help="verification cost curve up to this many tokens")
     ap.add_argument("--prompts", type=int, default=3, help="calibration prompts (built-in seeds of the bundle's languages)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--device", default="auto")
@@ -154,13 +170,15 @@ def main(argv: list[str] | None = None) -> int:
         lang = get_language(bundle.languages[i % len(bundle.languages)])
         seed = lang.seeds[3 + i // len(bundle.languages)]
         prompts.append(encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": seed.instruction}])))
-    m = measure(target, bundle, prompts, sizes, args.max_new_tokens, log=lambda s: print(s, file=sys.stderr))
+    m = measure(target, bundle, prompts, sizes, args.max_new_tokens, log=lambda s: print(s, file=sys.stderr),
+                max_k=args.max_k)
     pick = choose(sizes, m["verify_s"], m["tau"], m["draft_s_per_token"], m["tok_s"])
     best = max(m["tok_s"].values())
     result = {**m, **pick, "within_5pct_of_best_measured": m["tok_s"].get(pick["g_star"], 0) >= 0.95 * best,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    path = save(bundle.root, device_key(target.device), result)
-    print(json.dumps({"device": device_key(target.device), "g_star": pick["g_star"], "chosen_by": pick["chosen_by"],
+    path = save(bundle.root, device_key(target.device, target.dtype), result)
+    print(json.dumps({"device": device_key(target.device, target.dtype), "g_star": pick["g_star"], "chosen_by": pick["chosen_by"],
+                      "tree_budget": m["tree_budget"], "dtype": str(target.dtype).replace("torch.", ""),
                       "fit": pick["fit"], "measured_tok_s": m["tok_s"], "file": str(path)}))
     return 0
 

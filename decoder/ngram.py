@@ -38,9 +38,13 @@ class TokenRecycler:
     def update(self, inputs: list[int], logits: torch.Tensor) -> None:
         """Row ``inputs[i]`` ← top-k of the verifier's distribution after it (logits [n, V])."""
         p, j = torch.softmax(logits.float(), dim=-1).topk(self.k, dim=-1)
+        self.set_rows(inputs, j, p)
+
+    def set_rows(self, inputs: list[int], ids: torch.Tensor, probs: torch.Tensor) -> None:
+        """Row ``inputs[i]`` ← (ids [n, k], probabilities [n, k]) of the verifier's top-k after it."""
         idx = torch.as_tensor(inputs, dtype=torch.long)
-        self.adj[idx] = j.to(torch.int32).cpu()
-        self.conf[idx] = p.cpu()
+        self.adj[idx] = ids.to(torch.int32).cpu()
+        self.conf[idx] = probs.float().cpu()
 
     def tree(self, root: int, nodes: int, first_width: int, width: int, depth: int,
              threshold: float) -> tuple[list[int], list[int], list[int]]:

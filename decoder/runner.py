@@ -28,38 +28,50 @@ class TargetRunner:
         self.cache = None
         self.forwards = 0
         self.aux_layers: list[int] | None = None  # EAGLE-3 drafters read these layers instead of the last
+        self.pad_rows = 8 if self.head.weight.device.type == "cpu" and self.head.weight.dtype == torch.float32 else 0
+        self._mask, self._mask_dirty = None, None
 
     def reset(self) -> None:
         self.cache = self._cache_cls(config=self.model.config)
         self.cache.activate_past_recording()  # sliding layers keep enough past to be cropped back
         self.forwards = 0
+        self._mask_dirty = None
+        if self._mask is not None:
+            self._mask.zero_()
 
     @property
     def length(self) -> int:
         return self.cache.get_seq_length() if self.cache is not None else 0
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        out = self.head(h).float()
+        """Head logits [n, V] in the head's dtype (argmax reads them as they are; samplers and n-gram tables
+        convert the rows they read). The fp32 GEMM is pathological at 2–3 rows on CPU (FACTS.md: 97 ms at 2
+        rows vs 44 ms at 1 and 71 ms at 8), so on CPU small row counts are zero-padded to ``pad_rows``."""
+        n = h.shape[0]
+        if self.pad_rows and 1 < n < self.pad_rows:
+            h = torch.cat([h, h.new_zeros(self.pad_rows - n, h.shape[1])])
+        out = self.head(h)[:n]
         if self.softcap:
-            out = torch.tanh(out / self.softcap) * self.softcap
+            out = torch.tanh(out.float() / self.softcap) * self.softcap
         return out
 
     @torch.inference_mode()
     def forward(self, ids: list[int] | torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, logits_for: slice | None = None
+                attention_mask: torch.Tensor | None = None, logits_for: slice | None = None, features: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``ids`` after the cache → (features [n, H] — or [n, 3H], the ``aux_layers`` concatenated —,
-        logits [n or sliced, V] float32)."""
+        logits [n or sliced, V]). ``features=False``: nobody reads them (no extra hidden states kept)."""
         dev = self.head.weight.device
         x = torch.as_tensor(ids, dtype=torch.long, device=dev).view(1, -1)
         if position_ids is None:
             position_ids = torch.arange(self.length, self.length + x.shape[1], device=dev).view(1, -1)
+        aux = bool(self.aux_layers) and features
         out = self.base(input_ids=x, position_ids=position_ids, attention_mask=attention_mask,
-                        past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.aux_layers))
+                        past_key_values=self.cache, use_cache=True, output_hidden_states=aux)
         self.forwards += 1
         h = out.last_hidden_state[0]
         logits = self.logits(h if logits_for is None else h[logits_for])
-        if self.aux_layers:
+        if aux:
             h = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1)
         return h, logits
 
@@ -68,31 +80,59 @@ class TargetRunner:
         self.cache.crop(-n)
 
     def keep(self, prefix: int, indices: list[int]) -> None:
-        """Tree: keep the first ``prefix`` cached tokens plus the tree tokens at ``indices`` (in order)."""
+        """Tree: keep the first ``prefix`` cached tokens plus the tree tokens at ``indices`` (in order): the kept
+        rows are copied down in place (only tree-sized slices move) and the rest is cropped."""
+        m = len(indices)
+        if indices == list(range(m)):  # a chain-shaped accept: nothing to move
+            self.cache.crop(-(self.length - prefix - m))
+            return
         idx = torch.tensor(indices, dtype=torch.long, device=self.head.weight.device) + prefix
         for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue
-            layer.keys = torch.cat([layer.keys[:, :, :prefix], layer.keys.index_select(2, idx)], dim=2)
-            layer.values = torch.cat([layer.values[:, :, :prefix], layer.values.index_select(2, idx)], dim=2)
-            if hasattr(layer, "cumulative_length"):
-                layer.cumulative_length = layer.keys.shape[-2]
+            layer.keys[:, :, prefix : prefix + m] = layer.keys.index_select(2, idx)
+            layer.values[:, :, prefix : prefix + m] = layer.values.index_select(2, idx)
+        self.cache.crop(-(self.length - prefix - m))
+
+    def tree_mask(self, prefix: int, parents: list[int]) -> torch.Tensor:
+        """Additive 4D mask [1, 1, n, prefix + n] (see ``tree_mask``), written into a buffer kept across steps:
+        only the n×n tree block is written per step (the prefix columns stay zero = visible)."""
+        n, dtype, dev = len(parents), self.head.weight.dtype, self.head.weight.device
+        need = (n, prefix + n)
+        buf = self._mask
+        if buf is None or buf.shape[2] < need[0] or buf.shape[3] < need[1]:
+            rows, cols = max(need[0], 32), max(need[1] * 2, 1024)
+            buf = self._mask = torch.zeros((1, 1, rows, cols), dtype=dtype, device=dev)
+        elif self._mask_dirty is not None:  # clear the previous step's tree block
+            p0, n0 = self._mask_dirty
+            buf[:, :, :n0, p0 : p0 + n0] = 0
+        block = tree_block(parents)
+        buf[0, 0, :n, prefix : prefix + n] = torch.zeros((n, n), dtype=dtype, device=dev).masked_fill_(
+            ~block.to(dev), torch.finfo(dtype).min)
+        self._mask_dirty = (prefix, n)
+        return buf[:, :, :n, : prefix + n]
 
     def tree_fits(self, extra: int) -> bool:
         """Whether a tree of ``extra`` tokens can be verified with a custom mask at the current length."""
         return self.sliding_window is None or self.length + extra < self.sliding_window - 1
 
 
-def tree_mask(prefix: int, parents: list[int], dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive 4D mask [1, 1, n, prefix + n]: node i sees the whole prefix, its ancestors and itself.
-    ``parents[i]`` is the index of node i's parent among the n nodes (-1 for a root)."""
+def tree_block(parents: list[int]) -> torch.Tensor:
+    """bool [n, n]: node i sees its ancestors and itself (``parents[i]``: index among the n nodes, -1 root)."""
     n = len(parents)
     allowed = torch.zeros((n, n), dtype=torch.bool)
     for i, p in enumerate(parents):
         allowed[i, i] = True
         if p >= 0:
             allowed[i] |= allowed[p]
-    return additive_mask(torch.cat([torch.ones((n, prefix), dtype=torch.bool), allowed], dim=1), dtype, device)
+    return allowed
+
+
+def tree_mask(prefix: int, parents: list[int], dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive 4D mask [1, 1, n, prefix + n]: node i sees the whole prefix, its ancestors and itself."""
+    n = len(parents)
+    allowed = torch.cat([torch.ones((n, prefix), dtype=torch.bool), tree_block(parents)], dim=1)
+    return additive_mask(allowed, dtype, device)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:

@@ -131,7 +131,7 @@ def _sources(spec: str) -> str:
 
 
 KNOWN_METHODS = {"ar", "hf-generate", "adaspec", "adaspec-tree", "adaspec-fixsize", "eagle-full", "eagle-tree", "fr-spec",
-                 "spide", "pld", "ngram-tree", "hf-pld", "hf-assisted", "chain", "tree"}
+                 "spide", "pld", "ngram-tree", "spectra", "hybrid", "hf-pld", "hf-assisted", "chain", "tree"}
 
 
 def validate_plan(stages: list[Stage], profile: Profile, target: str, langs: list[str]) -> list[str]:

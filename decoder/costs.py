@@ -1,0 +1,183 @@
+"""``python -m decoder.costs`` — the decoder's cost structure on this device, in one run.
+
+    python -m decoder.costs [--target gemma3-270m] [--dtype auto] [--context 200] [--max-k 16] [--bundle B]
+                            [--out costs.json]
+
+Prints, at a context of ``--context`` tokens: forward(1) (one target forward of one token with a KV cache), and
+for k = 1…max-k the verification cost verify(k) = one forward of k tokens, as a ratio to forward(1) (medians of
+``--reps``; the cache is rolled back after each, so every measurement sees the same context); then the draft
+cost per token of each drafter kind — EAGLE-1 (one layer of the target's family over [embed ‖ feature], a
+reduced head of 8K rows), EAGLE-3 (fc over three layers, a Llama layer, its own 8K head) and the small LM of the
+CPU recipe — as milliseconds and as a share of forward(1). Without ``--bundle`` the drafters are random (cost
+does not depend on weights); with one, its own drafters are measured too. ``tree_budget`` = the largest k whose
+verify(k)/forward(1) ≤ 1 + ``--flat`` (UNISPEC-style device awareness: how many draft tokens one forward
+verifies for about the price of one); ``decoder.calibrate`` stores it per device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from polyspec.errors import cli_entry
+
+
+def _time(fn, reps: int, sync) -> float:
+    fn()  # warm-up
+    out = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+@torch.inference_mode()
+def verify_curve(target, context: list[int], ks: list[int], reps: int = 12) -> dict:
+    """{"forward1_s", "verify_s": {k: s}, "ratio": {k: verify(k)/forward(1)}} at ``len(context)`` tokens."""
+    from decoder.runner import TargetRunner
+
+    runner = TargetRunner(target)
+    runner.reset()
+    runner.forward(context, logits_for=slice(-1, None), features=False)
+    dev = runner.head.weight.device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    probe = [int(t) for t in context[-16:]] * 2
+
+    def step(k):
+        def run():
+            runner.forward(probe[:k], features=False)
+            runner.rollback(k)
+        return run
+
+    verify = {k: _time(step(k), reps, sync) for k in sorted(set(ks) | {1})}
+    f1 = verify[1]
+    return {"context": len(context), "forward1_s": f1, "verify_s": verify, "ratio": {k: v / f1 for k, v in verify.items()}}
+
+
+def tree_budget(ratio: dict, flat: float = 0.15) -> int:
+    """Largest k with verify(k)/forward(1) ≤ 1 + flat, counting only the contiguous flat region from k = 1."""
+    best = 1
+    for k in sorted(ratio):
+        if ratio[k] > 1 + flat:
+            break
+        best = k
+    return best
+
+
+def random_runtimes(target, draft_rows: int = 8192) -> dict:
+    """kind → (runtime, head) of random-weight drafters of every kind, shaped for ``target``."""
+    from decoder.drafters import EagleRuntime, HeadBank, SmallLMRuntime
+    from train.models import Eagle3Drafter, EagleDrafter, build_small_lm, eagle_layer_config
+
+    dev, dtype = target.device, target.model.get_output_embeddings().weight.dtype
+    emb, head_w = target.model.get_input_embeddings(), target.model.get_output_embeddings().weight
+    ids = torch.arange(min(draft_rows, target.vocab_size))
+    softcap = getattr(target.model.config, "final_logit_softcapping", None)
+    out = {}
+    e1 = EagleDrafter(eagle_layer_config(target.model.config)).to(dev, dtype).eval()
+    out["eagle1"] = (EagleRuntime(e1, emb, head_w, softcap), HeadBank(head_w, {"x": ids}, len(ids), softcap).head("x", len(ids)))
+    e3 = Eagle3Drafter.for_target(target, ids).to(dev, dtype).eval()
+    out["eagle3"] = (EagleRuntime(e3, emb, e3.lm_head.weight),
+                     HeadBank(e3.lm_head.weight, {}, 0, draft_ids=("x", e3.draft_ids), pre=e3.norm).head("x", None))
+    sl = build_small_lm(target, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=768).to(dev, dtype).eval()
+    rt = SmallLMRuntime(sl)
+    out["small-lm"] = (rt, HeadBank(rt.head_weight, {"x": ids}, len(ids)).head("x", len(ids)))
+    return out
+
+
+@torch.inference_mode()
+def draft_cost(target, runtime, head, context: list[int], n: int = 8, reps: int = 8) -> float:
+    """Seconds per drafted token: a chain of ``n`` drafts (head logits → argmax → one drafter entry each), the
+    drafter synced on ``context`` first (as ``DrafterSource.draft_chain`` drafts)."""
+    from decoder.runner import TargetRunner
+
+    runner = TargetRunner(target)
+    runner.reset()
+    runner.aux_layers = list(runtime.drafter.aux_layers) if getattr(getattr(runtime, "drafter", None), "arch_name", "") == "eagle3" else None
+    feats, _ = runner.forward(context, logits_for=slice(-1, None))
+    dev = feats.device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    pend = len(context) - 1
+    runtime.reset()
+    parent0 = runtime.sync(context, feats, pend)
+
+    def chain():
+        parent = parent0
+        for i in range(n):
+            j = int(head.logits(parent).argmax())
+            tok = int(head.to_full(torch.tensor(j, device=dev)))
+            parent = runtime.extend(torch.tensor([tok], device=dev), parent.view(1, -1),
+                                    torch.tensor([pend + 1 + i], device=dev))[-1]
+        runtime.rollback()
+
+    return _time(chain, reps, sync) / n
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m decoder.costs", description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="gemma3-270m")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default=None, help="default: the target's (auto: bf16 where native)")
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--max-k", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--flat", type=float, default=0.15)
+    ap.add_argument("--bundle", default=None, help="also measure this bundle's drafters")
+    ap.add_argument("--out", default=None, help="write the measurements as JSON")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from polyspec.languages import get_language
+    from polyspec.prompts import encode, render
+    from polyspec.targets import load_target
+
+    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    fmt = target.spec.prompt_format
+    ids: list[int] = []
+    for seed in get_language("en").seeds + get_language("de").seeds:
+        ids += encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": seed.instruction}]))
+        if len(ids) >= args.context:
+            break
+    while len(ids) < args.context:
+        ids += ids
+    ctx = ids[: args.context]
+    curve = verify_curve(target, ctx, list(range(1, args.max_k + 1)), args.reps)
+    f1 = curve["forward1_s"]
+    print(f"{target.spec.name} on {target.device} ({str(target.dtype).replace('torch.', '')}, "
+          f"{torch.get_num_threads()} threads), context {len(ctx)}: forward(1) {f1 * 1e3:.1f} ms")
+    print("k      " + " ".join(f"{k:>5d}" for k in curve["ratio"]))
+    print("ratio  " + " ".join(f"{r:5.2f}" for r in curve["ratio"].values()))
+    budget = tree_budget(curve["ratio"], args.flat)
+    print(f"tree_budget (verify(k)/forward(1) ≤ {1 + args.flat:.2f}): {budget}")
+    kinds = random_runtimes(target)
+    if args.bundle:
+        from decoder.drafters import build_runtimes
+        from export.bundle import load_bundle
+
+        b = load_bundle(args.bundle, target_pin=target.pin())
+        rts, banks = build_runtimes(b, target, target.device)
+        lang = b.languages[0]
+        kinds[f"bundle:{lang}"] = (rts[lang], banks[lang].head(lang, min(b.vocab_sizes)))
+    drafts = {}
+    for kind, (rt, head) in kinds.items():
+        d = draft_cost(target, rt, head, ctx)
+        drafts[kind] = d
+        print(f"draft {kind:14s} {d * 1e3:6.2f} ms/token  = {100 * d / f1:5.1f} % of forward(1)")
+    result = {**curve, "tree_budget": budget, "flat": args.flat, "draft_s_per_token": drafts,
+              "device": str(target.device), "dtype": str(target.dtype), "threads": torch.get_num_threads()}
+    if args.out:
+        from polyspec.io import atomic_write_json
+
+        atomic_write_json(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
