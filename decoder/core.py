@@ -132,7 +132,8 @@ class Decoder:
         drafter = getattr(self.source, "drafter", None) or self.source
         self.runner.aux_layers = getattr(drafter, "aux_layers", None)
         self.needs_feats = bool(self.source is not None and self.source.needs_feats)
-        self.max_draft = max(self.nodes, self.gamma, gamma_max, 16) + 2
+        self.tree_span = self.nodes + (10 if method in ("hybrid", "spectra") else 0)  # + a prompt-lookup-deep chain
+        self.max_draft = max(self.tree_span, self.gamma, gamma_max, 16) + 2
         self._step_s = 0.0  # running mean of a verification forward, shared with cost-aware sources
 
     def _calibration(self) -> dict:
@@ -211,7 +212,7 @@ class Decoder:
                 stat = StepStat(0, 0, 0, None, None, "ar", 0.0, time.perf_counter() - t0)
             else:  # 2b. the source proposes a tree (or chain) under the budget left by max_new_tokens
                 ctx.pend, ctx.max_depth = pend, stopper.remaining - 1
-                ctx.tree_ok = not sampling and self.runner.tree_fits(self.nodes + 1)
+                ctx.tree_ok = not sampling and self.runner.tree_fits(self.tree_span + 1)
                 if not ctx.tree_ok and self.tree_capable:
                     self._say_once("tree: sampling, or a context past the target's sliding window, is drafted as a chain")
                 t0 = time.perf_counter()

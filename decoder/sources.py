@@ -468,8 +468,9 @@ class HybridSource(DraftSource):
             t0 = time.perf_counter()
             d = self._drafter_chain(ctx)
             self.cost = 0.8 * self.cost + 0.2 * (time.perf_counter() - t0)
-            cands.insert(0, d)
-        return merge(cands, self.nodes, ctx.max_depth)
+            cands.insert(1, d)
+        # prompt lookup's chain (first) is one branch, as deep as it matched; the branch budget is for the rest
+        return merge(cands, self.nodes + len(cands[0].tokens), ctx.max_depth)
 
     def _drafter_chain(self, ctx: DecodeState) -> Proposal:
         """Draft while P(all drafts so far survive) · (time an accepted token saves) > cost of one more draft."""
@@ -559,7 +560,7 @@ def build_source(method: str, target, bundle=None, *, gamma: int | None = None, 
             return spectra
         from decoder.spectra import Spectra
 
-        return Spectra(vocab)
+        return Spectra(vocab, guess_len=10)
 
     if method == "ar":
         return None
@@ -567,8 +568,8 @@ def build_source(method: str, target, bundle=None, *, gamma: int | None = None, 
         return PromptLookup(gamma or 10)
     if method == "ngram-tree":
         return TokenRecycling(vocab, ngram_k, tree_nodes, ngram_first_width, tree_topk, tree_depth, ngram_threshold, g)
-    if method == "spectra":
-        return SpectraSource(new_spectra(), tree_nodes)
+    if method == "spectra":  # at least as deep as prompt lookup's chain (10): loops repay long guesses
+        return SpectraSource(new_spectra(), max(tree_nodes, 10))
     if method in ("chain", "tree"):
         return drafter(mode=method, name=method)
     if method == "adaspec":
@@ -579,6 +580,6 @@ def build_source(method: str, target, bundle=None, *, gamma: int | None = None, 
                            name="spide")
     if method == "hybrid":
         d = drafter(mode="chain", adaptive=True, name="drafter") if bundle is not None else None
-        return HybridSource(d, [PromptLookup(gamma or 10), SpectraSource(new_spectra(), tree_nodes)],
+        return HybridSource(d, [PromptLookup(10), SpectraSource(new_spectra(), tree_nodes)],
                             nodes=tree_nodes, gamma_max=gamma_max)
     raise PolyspecError(f"unknown method {method!r}")
