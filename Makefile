@@ -10,7 +10,7 @@
 #   FROM=stage FORCE=1 DRY_RUN=1   all: redo from a stage / redo everything / print and validate the plan only
 #   N=64               synth: pairs to keep;  ENGINE=transformers|vllm
 #   RECIPE=eagle-cpu STAGE=both   train: configs/train/<RECIPE>.yaml, pretrain|finetune|both
-#   SOURCES=wordfreq   vocab: corpora, name[@weight][=path] comma-separated (fineweb2, wikipedia, files, synth)
+#   SOURCES=wordfreq   vocab: corpora, name[@weight][:max_tokens=50M][=path] comma-separated (fineweb2, wikipedia, files, synth)
 #   BUNDLE=dir         export: where to write; eval: which bundle (default $(RUN)/export/bundle)
 #   QUESTIONS=file METHODS=a,b MAX_NEW_TOKENS=128 PER_CELL=1 REPEATS=1   eval options
 #   TORCH=torch==2.13.0  how `setup` installs torch (GPU users: TORCH=torch, or install it beforehand)

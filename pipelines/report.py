@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none
+from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none, read_jsonl
 
 
 def training_curves(run: Path, out: Path) -> dict:
@@ -23,8 +23,7 @@ def training_curves(run: Path, out: Path) -> dict:
     for metrics in sorted((run / "train").glob("*/*/metrics.jsonl")):
         lang, stage = metrics.parent.parent.name, metrics.parent.name
         pts = []
-        for line in metrics.read_text().splitlines():
-            rec = json.loads(line)
+        for rec in read_jsonl(metrics):  # a killed training run can leave a torn last line
             if "eval" in rec and "step" in rec:
                 pts.append((rec["step"], rec["eval"]["accept_len"]))
         if pts:

@@ -8,10 +8,13 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from polyspec.errors import PolyspecError, first_line
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -45,6 +48,57 @@ def read_json_or_none(path: str | Path) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def _note(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+class JsonlRecords:
+    """The JSON objects of a JSONL file, one per line, in file order (blank lines are ignored).
+
+    Every stage reads JSONL through this one reader. Stage files are appended to, and a killed writer can
+    leave a torn last line: by default a line that is not a JSON object (torn, malformed, not UTF-8, or
+    another JSON value) is skipped and counted (``skipped``, ``bad_lines``), and one note is logged once the
+    file has been read (or the reading stopped). ``strict=True`` is for files a user wrote (prompt lists):
+    such a line is a one-line PolyspecError naming the file and line instead. Iterating again re-reads.
+    """
+
+    def __init__(self, path: str | Path, strict: bool = False, log: Callable[[str], Any] | None = _note):
+        self.path = Path(path)
+        self.strict = strict
+        self.log = log
+        self.skipped = 0
+        self.bad_lines: list[int] = []  # 1-based line numbers of the skipped lines
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.skipped, self.bad_lines = 0, []
+        try:
+            with open(self.path, "rb") as f:  # bytes: a line cut inside a UTF-8 character is one bad line
+                for n, raw in enumerate(f, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        rec = json.loads(raw)
+                    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                        rec, why = None, first_line(e)
+                    if isinstance(rec, dict):
+                        yield rec
+                        continue
+                    if self.strict:
+                        what = why if rec is None else f"a JSON {type(rec).__name__}, not an object"
+                        raise PolyspecError(f"{self.path}:{n}: not a JSON object per line ({what})")
+                    self.skipped += 1
+                    self.bad_lines.append(n)
+        finally:
+            if self.skipped and self.log is not None:
+                shown = ", ".join(map(str, self.bad_lines[:5])) + (" …" if self.skipped > 5 else "")
+                self.log(f"note: {self.path}: skipped {self.skipped} torn or malformed line(s) (line {shown})")
+
+
+def read_jsonl(path: str | Path, strict: bool = False, log: Callable[[str], Any] | None = _note) -> JsonlRecords:
+    """``for rec in read_jsonl(path)``: see :class:`JsonlRecords` (``.skipped`` after reading)."""
+    return JsonlRecords(path, strict=strict, log=log)
 
 
 @contextlib.contextmanager

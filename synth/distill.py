@@ -19,6 +19,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from polyspec.errors import PolyspecError, first_line
+from polyspec.io import read_jsonl
 from polyspec.languages import get_language
 from polyspec.lid import identify
 from polyspec.prompts import render
@@ -40,7 +41,7 @@ def load_prompts(cfg: DistillConfig) -> list[str]:
         else:
             prompts = [s.instruction for s in lang.seeds]
     elif Path(src).is_file():
-        prompts = [p for p in (_prompt_of(json.loads(line), cfg.prompt_field) for line in _lines(src)) if p]
+        prompts = [p for p in (_prompt_of(rec, cfg.prompt_field) for rec in read_jsonl(src, strict=True)) if p]
     elif "/" in src:  # an HF dataset id (online users)
         prompts = _hf_prompts(src, cfg)
     else:
@@ -104,13 +105,6 @@ def _opening(text: str, words: int = 6) -> str:
     """First few words (or characters, for scripts without spaces) of a text."""
     parts = text.split()
     return " ".join(parts[:words]) if len(parts) > 3 else text[: max(4, len(text) // 4)]
-
-
-def _lines(path: str):
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield line
 
 
 def _prompt_of(rec: dict, field: str) -> str | None:

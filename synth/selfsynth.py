@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from polyspec.io import read_jsonl
 from polyspec.languages import Language, builtin_codes, get_language, is_valid_code
 from polyspec.prompts import render, render_open_turn
 from synth.config import SynthConfig
@@ -161,12 +162,7 @@ def _seen_keys(synth_root: Path, store: SynthStore) -> set[str]:
     for path in glob.glob(str(synth_root / "*" / "data.jsonl")):
         if Path(path) == store.data_path:
             continue
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    recs.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+        recs += read_jsonl(path)
     for r in recs:
         conv = r.get("conversations") or []
         if len(conv) >= 2:

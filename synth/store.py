@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from polyspec.errors import PolyspecError
-from polyspec.io import atomic_write_json, atomic_write_text
+from polyspec.io import atomic_write_json, atomic_write_text, read_jsonl
 
 
 class SynthStore:
@@ -57,18 +57,13 @@ class SynthStore:
         if not path.exists():
             return []
         kept, dropped = [], False
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:  # torn last line of a killed write
-                    dropped = True
-                    continue
-                if rec.get("attempt", -1) < self.next_attempt:
-                    kept.append(rec)
-                else:
-                    dropped = True
-        if dropped:
+        records = read_jsonl(path)  # skips (and counts) the torn last line of a killed write
+        for rec in records:
+            if rec.get("attempt", -1) < self.next_attempt:
+                kept.append(rec)
+            else:
+                dropped = True
+        if dropped or records.skipped:
             atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
         return kept
 

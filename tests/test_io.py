@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from polyspec.io import atomic_directory, atomic_write_json
+from polyspec.errors import PolyspecError
+from polyspec.io import atomic_directory, atomic_write_json, read_jsonl
 
 
 def test_atomic_write_json_replaces_whole_file(tmp_path):
@@ -52,3 +53,32 @@ def test_canonical_safetensors_gives_the_same_bytes_whatever_the_metadata_order(
     with safe_open(str(path), framework="numpy") as f:
         assert f.metadata() == metas[0]
         assert (f.get_tensor("a") == x["a"]).all() and (f.get_tensor("b") == x["b"]).all()
+
+
+def test_read_jsonl_skips_and_counts_torn_and_malformed_lines(tmp_path):
+    p = tmp_path / "data.jsonl"
+    p.write_bytes(b'{"a": 1}\n\n[1, 2]\n{"a": 2, "s": "\xc3\xa9"}\nnot json\n{"a": "\xc3"}\n{"a": 3}\n{"a": 4, "t')
+    notes = []
+    records = read_jsonl(p, log=notes.append)
+    assert [r["a"] for r in records] == [1, 2, 3]
+    assert records.skipped == 4 and records.bad_lines == [3, 5, 6, 8]  # a list, not JSON, cut UTF-8, torn end
+    assert len(notes) == 1 and "skipped 4" in notes[0] and str(p) in notes[0]
+    assert [r["a"] for r in read_jsonl(p, log=None)] == [1, 2, 3]  # iterating again re-reads
+
+
+def test_read_jsonl_strict_is_a_one_line_error_naming_the_line(tmp_path):
+    p = tmp_path / "questions.jsonl"
+    p.write_text('{"q": 1}\n{"q": \n', encoding="utf-8")
+    with pytest.raises(PolyspecError, match=rf"{p.name}:2: not a JSON object") as e:
+        list(read_jsonl(p, strict=True))
+    assert "\n" not in str(e.value)
+
+
+def test_read_jsonl_notes_skips_when_the_reader_stops_early(tmp_path):
+    p = tmp_path / "big.jsonl"
+    p.write_text('{"a": 1}\n{"a"\n{"a": 2}\n{"a": 3}\n', encoding="utf-8")
+    notes = []
+    it = iter(read_jsonl(p, log=notes.append))
+    assert next(it) == {"a": 1} and next(it) == {"a": 2}
+    it.close()  # a capped stream (vocab max_tokens) stops reading: the skip seen so far is still reported
+    assert len(notes) == 1 and "skipped 1" in notes[0]

@@ -11,12 +11,14 @@ from polyspec.config import validate
 from polyspec.errors import PolyspecError
 from polyspec.languages import get_language
 from polyspec.targets import load_target
+from vocab.__main__ import parse_sources
 from vocab.analysis import coverage_curve, k_for_coverage, overlap_matrix
 from vocab.build import run_vocab
-from vocab.config import VocabConfig
+from vocab.config import SourceConfig, VocabConfig
 from vocab.count import count_documents, rank, structural_ids
 from vocab.files import load_ranked
 from vocab.masks import build_masks, load_masks, save_masks, size_offsets
+from vocab.sources import documents
 
 # ------------------------------------------------------------------------------------------- masks
 
@@ -218,3 +220,99 @@ def test_cli(tmp_path, tiny_gemma_dir, corpus):
     assert json.loads(proc.stdout.strip().splitlines()[-1])["mask_sizes"] == [32, 64]
     bad = run_cli("-m", "vocab", "--langs", "vi,qq", "--target", str(tiny_gemma_dir), "--run", str(tmp_path))
     assert bad.returncode == 2 and "'qq'" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------- bounded streaming
+
+
+def test_sources_cli_syntax_sets_caps_and_options():
+    assert parse_sources("fineweb2@1.0:max_tokens=50M,wikipedia@0.5:max_tokens=2.5k:max_documents=100,wordfreq") == [
+        {"name": "fineweb2", "weight": 1.0, "max_tokens": 50_000_000},
+        {"name": "wikipedia", "weight": 0.5, "max_tokens": 2500, "max_documents": 100},
+        {"name": "wordfreq"},
+    ]
+    assert parse_sources("files:text_field=body:max_tokens=1000=/d/a=b/*.jsonl,fineweb2:dataset=/mirror/fw2") == [
+        {"name": "files", "text_field": "body", "max_tokens": 1000, "path": "/d/a=b/*.jsonl"},
+        {"name": "fineweb2", "dataset": "/mirror/fw2"},
+    ]
+    assert parse_sources("files=/data/x.jsonl") == [{"name": "files", "path": "/data/x.jsonl"}]
+    for bad, why in [("fineweb2:max_tokens=lots", "not a count"), ("fineweb2:weight=2", "name\\[@weight\\]"),
+                     ("fineweb2@x", "not a number"), ("fineweb2:max_tokens", "expected name")]:
+        with pytest.raises(PolyspecError, match=why):
+            parse_sources(bad)
+    with pytest.raises(PolyspecError, match="sources.0.colour: unknown key"):  # other options: SourceConfig's fields
+        validate(VocabConfig, {"sources": parse_sources("fineweb2:colour=red")})
+    with pytest.raises(PolyspecError, match="dataset is for fineweb2/wikipedia"):
+        validate(VocabConfig, {"sources": parse_sources("synth:dataset=/x")})
+
+
+def test_gpu_profile_caps_every_streamed_source():
+    from pipelines.__main__ import load_profile
+
+    for src in parse_sources(load_profile("gpu-paper").vocab.sources):
+        if src["name"] in ("fineweb2", "wikipedia"):
+            assert src.get("max_tokens", 0) >= 10**6, src
+
+
+@pytest.fixture
+def fineweb2_snapshot(tmp_path):
+    """A local folder laid out like the HuggingFaceFW/fineweb-2 repo: README.md `configs` (one per language,
+    split train) over parquet shards with FineWeb-2's columns. vie_Latn: 3 shards × 40 documents."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "fineweb-2"
+    readme = ["---", "configs:"]
+    for code, config, shards in (("vi", "vie_Latn", 3), ("de", "deu_Latn", 1)):
+        readme += [f"- config_name: {config}", "  data_files:", "  - split: train", f"    path: data/{config}/train/*.parquet"]
+        seeds = get_language(code).seeds
+        (root / "data" / config / "train").mkdir(parents=True)
+        for k in range(shards):
+            texts = [f"{seeds[i % len(seeds)].response} ({config} {k}-{i})" for i in range(40)]
+            table = pa.table({"text": texts, "id": [f"<urn:{config}:{k}:{i}>" for i in range(40)],
+                              "url": [f"https://example.org/{i}" for i in range(40)], "language": [config] * 40,
+                              "language_score": [0.99] * 40})
+            pq.write_table(table, root / "data" / config / "train" / f"{k:03d}_00000.parquet")
+    (root / "README.md").write_text("\n".join([*readme, "---", "A FineWeb-2 stand-in for tests.", ""]), encoding="utf-8")
+    return root
+
+
+def test_hub_path_streams_a_local_snapshot_and_stops_at_the_token_cap(tmp_path, tiny_gemma_dir, fineweb2_snapshot,
+                                                                      monkeypatch):
+    import datasets
+
+    calls = []
+    real = datasets.load_dataset
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", spy)
+    vi = get_language("vi")
+    docs = list(documents(SourceConfig(name="fineweb2", dataset=str(fineweb2_snapshot)), vi, tmp_path))
+    assert calls == [((str(fineweb2_snapshot),), {"name": "vie_Latn", "split": "train", "streaming": True})]
+    assert len(docs) == 120 and all("(vie_Latn " in d for d in docs)  # the language's config, every shard
+
+    tok = load_target(str(tiny_gemma_dir), with_model=False).tokenizer
+    per_doc = max(len(ids) for ids in tok(docs, add_special_tokens=False)["input_ids"])
+    cap = 2000
+    proc = run_cli("-m", "vocab", "--langs", "vi", "--sources", f"fineweb2:dataset={fineweb2_snapshot}:max_tokens={cap}",
+                   "--target", str(tiny_gemma_dir), "--run", str(tmp_path), "batch_size=4", "heldout_every=5",
+                   "mask_sizes=[32]", "coverage_ks=[16,32]")
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((tmp_path / "vocab" / "vi.json").read_text())
+    (src,) = meta["sources"]
+    # the stream stopped at the first batch (4 documents) that reached the cap, long before its 120 documents
+    assert cap <= src["tokens"] < cap + 4 * per_doc
+    assert src["documents"] + meta["heldout"]["documents"] < 120
+
+
+def test_synth_source_skips_a_torn_line(tmp_path, capsys):
+    d = tmp_path / "synth" / "vi"
+    d.mkdir(parents=True)
+    conv = [{"from": "human", "value": "Xin chào"}, {"from": "gpt", "value": "Chào bạn"}]
+    (d / "data.jsonl").write_text(json.dumps({"conversations": conv}, ensure_ascii=False) + '\n{"conversations": [{"fr',
+                                  encoding="utf-8")
+    assert list(documents(SourceConfig(name="synth"), get_language("vi"), tmp_path)) == ["Xin chào\nChào bạn"]
+    assert "skipped 1 torn or malformed line" in capsys.readouterr().err

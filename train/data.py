@@ -10,13 +10,13 @@ Malformed lines are skipped and counted; a file with no usable line is an error 
 from __future__ import annotations
 
 import glob
-import json
 import random
 from dataclasses import dataclass
 
 import torch
 
 from polyspec.errors import PolyspecError
+from polyspec.io import read_jsonl
 from polyspec.prompts import render
 
 
@@ -47,19 +47,13 @@ def expand_paths(patterns: list[str], run: str, lang: str) -> list[str]:
 def read_records(paths: list[str]) -> tuple[list[dict], int]:
     records, skipped = [], 0
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    skipped += 1
-                    continue
-                if isinstance(rec, dict) and (isinstance(rec.get("text"), str) or _turns(rec)):
-                    records.append(rec)
-                else:
-                    skipped += 1
+        lines = read_jsonl(path)  # torn or malformed lines are skipped and counted
+        for rec in lines:
+            if isinstance(rec.get("text"), str) or _turns(rec):
+                records.append(rec)
+            else:
+                skipped += 1
+        skipped += lines.skipped
     return records, skipped
 
 

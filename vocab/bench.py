@@ -1,5 +1,5 @@
-"""Benchmark: token counting throughput of the ``files`` source, end to end (reading the jsonl through
-``datasets``, batched Rust tokenization, ``np.bincount``), on the target tokenizer.
+"""Benchmark: token counting throughput of the ``files`` source, end to end (reading the jsonl with
+``polyspec.io.read_jsonl``, batched Rust tokenization, ``np.bincount``), on the target tokenizer.
 
 Writes a corpus of running text (the built-in seeds' sentences, shuffled into documents, in all
 languages) to a temporary jsonl file unless ``--file`` is given, then counts it like ``make vocab

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from polyspec.config import StrictModel
 
@@ -21,9 +21,25 @@ class SourceConfig(StrictModel):
         description="files: a txt/jsonl/parquet file, glob or folder; fineweb2/wikipedia: a local dataset folder "
         "with the same schema instead of the hub (tests, mirrors); may contain {lang}",
     )
+    dataset: str | None = Field(
+        None,
+        description="fineweb2/wikipedia: the `datasets` repo streamed with the language's config and split (default: "
+        "the language entry's, e.g. HuggingFaceFW/fineweb-2); a local folder laid out like it (a partial snapshot: "
+        "README.md configs + data files) streams through the same load_dataset call, offline",
+    )
     text_field: str | None = Field(None, description="column holding the text (default: the language entry's / 'text')")
     max_documents: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=1, description="stop after about this many counted tokens")
+    max_tokens: int | None = Field(
+        None, ge=1, description="stop streaming after this many counted tokens (checked per batch of documents)"
+    )
+
+    @model_validator(mode="after")
+    def _dataset_only_for_hub_sources(self) -> SourceConfig:
+        if self.dataset is not None and self.name not in ("fineweb2", "wikipedia"):
+            raise ValueError(f"dataset is for fineweb2/wikipedia, not {self.name}")
+        if self.dataset is not None and self.path is not None:
+            raise ValueError("give dataset (a datasets repo or snapshot folder) or path (a folder of files), not both")
+        return self
 
 
 class VocabConfig(StrictModel):

@@ -1,10 +1,13 @@
 """Corpus sources behind one interface: ``documents(source, lang, run) -> iterator of texts``.
 
-- ``fineweb2`` / ``wikipedia``: ``datasets`` streaming of the language's configured dataset and config
-  (FineWeb-2, English: FineWeb; Wikipedia ``20231101.<code>``); ``path`` points at a local folder with
-  the same schema instead (mirrors, tests). Nothing is downloaded unless the hub is reachable.
-- ``files``: local txt / jsonl / parquet (a file, glob or folder) read through ``datasets``.
-- ``synth``: the text of the run's synth output (``<run>/synth/<lang>*/data.jsonl``).
+- ``fineweb2`` / ``wikipedia``: ``datasets`` streaming (``load_dataset(dataset, name=config, split=split,
+  streaming=True)``) of the language's configured dataset and config (FineWeb-2, English: FineWeb; Wikipedia
+  ``20231101.<code>``); ``dataset`` names another repo or a local snapshot folder laid out like it (same
+  call, offline), ``path`` a local folder of files with the same schema instead (read as ``files``).
+  Nothing is downloaded unless the hub is reachable; ``max_tokens`` stops the stream (vocab.count).
+- ``files``: local txt / parquet (a file, glob or folder) read through ``datasets``; jsonl through
+  :func:`polyspec.io.read_jsonl` (a torn or malformed line is skipped and counted, not fatal).
+- ``synth``: the text of the run's synth output (``<run>/synth/<lang>*/data.jsonl``), read the same way.
 - ``wordfreq``: not running text. :func:`wordfreq_items` gives (text, weight) pairs — each word with and
   without a leading space, weighted by the word's frequency — an *approximation* of running-text counts
   (no context effects, no punctuation, numbers or markup).
@@ -13,11 +16,11 @@
 from __future__ import annotations
 
 import glob
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from polyspec.errors import PolyspecError, first_line
+from polyspec.io import read_jsonl
 from polyspec.languages import Language
 from vocab.config import SourceConfig
 
@@ -32,7 +35,8 @@ def documents(src: SourceConfig, lang: Language, run: str | Path) -> Iterator[st
         if src.path:
             yield from _dataset_texts(_load_local(src.path.format(lang=lang.code)), field, src.path)
         else:
-            yield from _dataset_texts(_load_hub(ref.dataset, ref.config, ref.split), field, f"{ref.dataset}/{ref.config}")
+            dataset = src.dataset or ref.dataset
+            yield from _dataset_texts(_load_hub(dataset, ref.config, ref.split), field, f"{dataset}/{ref.config}")
     elif src.name == "files":
         if not src.path:
             raise PolyspecError("source 'files' needs a path (txt, jsonl or parquet file, glob or folder)")
@@ -40,10 +44,8 @@ def documents(src: SourceConfig, lang: Language, run: str | Path) -> Iterator[st
     elif src.name == "synth":
         paths = sorted(glob.glob(str(Path(run) / "synth" / f"{lang.code}*" / "data.jsonl")))
         for path in paths:
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    rec = json.loads(line)
-                    yield "\n".join(t["value"] for t in rec.get("conversations", []))
+            for rec in read_jsonl(path):
+                yield "\n".join(t["value"] for t in rec.get("conversations", []) if isinstance(t.get("value"), str))
     else:
         raise PolyspecError(f"source {src.name!r} yields no documents (wordfreq is counted from word lists)")
 
@@ -91,7 +93,10 @@ def _load_local(path: str):
     kinds = {Path(f).suffix for f in files}
     if len(kinds) > 1:
         raise PolyspecError(f"{path}: mixed file kinds {sorted(kinds)}; point at one kind")
-    builder = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}[kinds.pop()]
+    kind = kinds.pop()
+    if kind == ".jsonl":  # the shared tolerant reader: a torn line (an interrupted download or write) is skipped
+        return (rec for f in files for rec in read_jsonl(f))
+    builder = {".parquet": "parquet", ".json": "json", ".txt": "text"}[kind]
     return load_dataset(builder, data_files=files, split="train", streaming=True)
 
 
