@@ -2,12 +2,14 @@
 
     accelerate launch train/drafter.py --config configs/train/eagle-cpu.yaml lang=vi
     accelerate launch --multi_gpu --num_processes 2 train/drafter.py --config … (DDP; gloo on CPU)
-    accelerate launch --config_file configs/deepspeed/zero2.yaml train/drafter.py --config …
+    accelerate launch --config_file configs/deepspeed/zero2.yaml train/drafter.py --config …    (GPUs)
+    accelerate launch --config_file configs/accelerate/zero2-cpu.yaml train/drafter.py --config …  (2 CPU processes)
 
 Stages (seed 004's pretrain-and-finetune): ``pretrain`` on general text (loss on every token), then
 ``finetune`` on the language's synth data (loss on response tokens), starting from the pretrain
-weights. Outputs under ``<run>/train/<lang>/``: ``<stage>/checkpoint-<step>/`` (model, optimizer,
-scheduler, RNG, data position — exact resume), ``<stage>/final/``, ``<stage>/best/`` (by held-out
+weights. Outputs under ``<run>/train/<lang>/``: ``<stage>/checkpoint-<step>/`` (``accelerator.save_state``:
+model, optimizer — sharded under DeepSpeed ZeRO —, every process's RNG; plus ``trainer_state.json``: data
+position, scheduler, config hash — exact resume), ``<stage>/final/``, ``<stage>/best/`` (by held-out
 simulated acceptance), ``<stage>/metrics.jsonl``, and ``final/`` (the last stage's weights for export).
 
 The loop reads top to bottom: lr → forward/backward in the accumulation context → clip → step → log →
@@ -17,11 +19,11 @@ evaluate/save.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
 import os
-import random
 import shutil
 import sys
 import time
@@ -32,7 +34,6 @@ if __package__ in (None, ""):  # `accelerate launch train/drafter.py` runs this 
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
 from polyspec.config import load_config
 from polyspec.errors import PolyspecError, cli_entry
@@ -58,6 +59,8 @@ from train.objectives import (
     target_features,
 )
 
+CHECKPOINT_LAYOUT = 2  # 2: accelerate's save_state + trainer_state.json (1: hand-written model/optimizer/RNG files)
+
 
 class DrafterRecipe:
     """setup → train → cleanup, for one stage of one language."""
@@ -69,18 +72,26 @@ class DrafterRecipe:
     # ------------------------------------------------------------------------------------- setup
     def setup(self, target=None) -> None:
         from accelerate import Accelerator
-        from accelerate.utils import set_seed
+        from accelerate.utils import InitProcessGroupKwargs, set_seed
 
         cfg = self.cfg
-        # 1. accelerator (DDP / DeepSpeed / mixed precision come from `accelerate launch`)
+        # 1. accelerator (DDP / DeepSpeed / mixed precision come from `accelerate launch`). A distributed launch
+        #    without CUDA names the process-group backend: left unset, DeepSpeed's CPU accelerator starts the group
+        #    itself and accelerate counts one process while DeepSpeed sees all of them (train_batch_size mismatch);
+        #    a plain process must not name one (accelerate would take it for a distributed run)
         mp = cfg.mixed_precision
         if mp == "auto":
             mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
         log_with = None if cfg.report_to == "none" else cfg.report_to
+        launched = int(os.environ.get("LOCAL_RANK", -1)) != -1  # by torchrun (accelerate launch, several processes)
+        handlers = [InitProcessGroupKwargs(backend="gloo")] if launched and not torch.cuda.is_available() else []
         self.acc = Accelerator(mixed_precision=mp, gradient_accumulation_steps=cfg.optim.grad_accum,
-                               log_with=log_with, project_dir=str(self.out))
+                               log_with=log_with, project_dir=str(self.out), kwargs_handlers=handlers)
+        self._batch_shape_from_config()
         set_seed(cfg.seed, device_specific=False)
-        # 2. frozen target, its embedding and head (never trained, never saved with the drafter)
+        # 2. frozen target, its embedding and head (never trained, never saved with the drafter); it and the
+        #    drafter are built whole, also under ZeRO-3 (prepare shards the drafter)
+        whole = self._whole_models()
         self.target = target or load_target(cfg.target, device=self.acc.device)
         self.embed = self.target.model.get_input_embeddings()
         self.softcap = getattr(self.target.model.config, "final_logit_softcapping", None)
@@ -112,6 +123,7 @@ class DrafterRecipe:
             self.acc.wait_for_everyone()
         # 5. drafter, optimizer, cosine schedule with warmup (seed 004 Appendix F)
         self.model = self._build_drafter()
+        whole.close()
         steps = self.stage_cfg.steps
         lr = self.stage_cfg.lr or cfg.optim.lr
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -121,12 +133,46 @@ class DrafterRecipe:
         # stepped once per optimizer step by us (accelerate would step it once per process)
         self.sched = get_cosine_schedule_with_warmup(self.opt, math.ceil(cfg.optim.warmup_ratio * steps), steps)
         self.model, self.opt = self.acc.prepare(self.model, self.opt)
-        # 6. counters, resume, trackers
+        # 6. counters, resume, trackers (feature noise draws from the global torch RNG, which save_state keeps
+        #    per process)
         self.step, self.best = 0, -1.0
-        self.gen = torch.Generator().manual_seed(cfg.seed + 1)
         self._resume()
         if log_with:
             self._init_trackers()
+
+    def _batch_shape_from_config(self) -> None:
+        """The train config owns the batch shape (``batches`` feeds optim.batch_size × grad_accum per process):
+        DeepSpeed's ``auto`` values are filled from it — our stream is no DataLoader that ``prepare`` could read
+        them from — and an accelerate config that sets them otherwise is refused."""
+        o = self.cfg.optim
+        if self.acc.gradient_accumulation_steps != o.grad_accum:  # ACCELERATE_GRADIENT_ACCUMULATION_STEPS
+            raise PolyspecError(f"accelerate is set to {self.acc.gradient_accumulation_steps} gradient accumulation steps, "
+                                f"the train config to {o.grad_accum}: remove it from the accelerate config (optim.grad_accum)")
+        plugin = self.acc.state.deepspeed_plugin
+        if plugin is None:
+            return
+        ds = plugin.deepspeed_config
+        for key, value, field in (("train_micro_batch_size_per_gpu", o.batch_size, "optim.batch_size"),
+                                  ("gradient_accumulation_steps", o.grad_accum, "optim.grad_accum"),
+                                  ("gradient_clipping", o.max_grad_norm, "optim.max_grad_norm")):
+            if ds.get(key, "auto") == "auto":
+                ds[key] = value
+            elif ds[key] != value:
+                raise PolyspecError(f"the DeepSpeed config sets {key}={ds[key]}, the train config {field}={value}: "
+                                    f"remove it from the DeepSpeed/accelerate config")
+
+    def _whole_models(self) -> contextlib.ExitStack:
+        """Under ZeRO-3 accelerate shows transformers its DeepSpeed config even with ``zero3_init_flag: false``,
+        and transformers then builds every model sharded (``zero.Init``): the frozen target would come out empty.
+        Hidden until ``close()``, which shows it again."""
+        stack = contextlib.ExitStack()
+        plugin = self.acc.state.deepspeed_plugin
+        if plugin is not None and plugin.zero_stage == 3:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
+            stack.callback(plugin.set_deepspeed_weakref)
+        return stack
 
     @property
     def stage_cfg(self):
@@ -235,7 +281,7 @@ class DrafterRecipe:
             f, aux = target_features(self.target.model, batch["input_ids"], batch["attention_mask"], self.aux_layers)
         else:  # online: the frozen target inside the step
             f = target_features(self.target.model, batch["input_ids"], batch["attention_mask"])
-        return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, self.gen, aux=aux)
+        return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, aux=aux)
 
     def train(self) -> dict:
         cfg, steps = self.cfg, self.stage_cfg.steps
@@ -312,29 +358,28 @@ class DrafterRecipe:
                 "vocab": self.vocab_meta, "train_config": json.loads(self.cfg.model_dump_json()),
                 "data_files": self.data_files}
 
-    def _save_weights(self, path: Path, extra: dict, barrier: bool = True) -> None:
+    def _save_weights(self, path: Path, extra: dict) -> None:
+        """A drafter folder (``load_drafter``). Every process takes part: under ZeRO-3 accelerate gathers the
+        sharded parameters (``stage3_gather_16bit_weights_on_model_save``); the main process writes them."""
+        state = self.acc.get_state_dict(self.model)
         if self.acc.is_main_process:
-            save_drafter(path, self.acc.unwrap_model(self.model), {**self._meta(), **extra})
-        if barrier:
-            self.acc.wait_for_everyone()
+            save_drafter(path, self.acc.unwrap_model(self.model), {**self._meta(), **extra}, state=state)
+        self.acc.wait_for_everyone()
 
     def save_checkpoint(self) -> None:
-        """model (safetensors), optimizer (tensors only), scheduler, RNG, step/data position, best."""
+        """``accelerator.save_state`` (model and optimizer — DeepSpeed's own sharded files under ZeRO —, the
+        RNG of every process), then ``trainer_state.json`` (step = data position, best, scheduler, config
+        hash), written last: a checkpoint folder without it is incomplete and never resumed from."""
+        ck = self.out / f"checkpoint-{self.step}"
+        if self.acc.is_main_process:
+            shutil.rmtree(ck, ignore_errors=True)  # a save torn by a crash before a resume re-reached this step
+        self.acc.wait_for_everyone()
+        self.acc.save_state(str(ck))  # collective under DeepSpeed: every process saves its shard
         self.acc.wait_for_everyone()
         if self.acc.is_main_process:
-            ck = self.out / f"checkpoint-{self.step}"
-            self._save_weights(ck, {"step": self.step}, barrier=False)
-            torch.save(self.opt.state_dict(), ck / "optimizer.pt")
-            rng = {"torch": torch.get_rng_state(), "gen": self.gen.get_state()}
-            if torch.cuda.is_available():
-                rng["cuda"] = torch.cuda.get_rng_state()
-            save_file(rng, str(ck / "rng.safetensors"))
-            np_state = np.random.get_state()
             atomic_write_json(ck / "trainer_state.json", {
-                "step": self.step, "best": self.best, "scheduler": self.sched.state_dict(),
-                "python_random": repr(random.getstate()), "numpy_random": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-                "config_hash": self._config_hash(),
-            })
+                "layout": CHECKPOINT_LAYOUT, "step": self.step, "best": self.best,
+                "scheduler": self.sched.state_dict(), "config_hash": self._config_hash()})
             for old in sorted(self.out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[: -self.cfg.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
         self.acc.wait_for_everyone()
@@ -346,25 +391,12 @@ class DrafterRecipe:
             return
         ck = cks[-1]
         state = json.loads((ck / "trainer_state.json").read_text())
+        if state.get("layout") != CHECKPOINT_LAYOUT:
+            raise PolyspecError(f"{ck} is in an older checkpoint layout; use another RUN or delete {self.out}")
         if state.get("config_hash") != self._config_hash():
             raise PolyspecError(f"{ck} was written with another config or data; use another RUN or delete {self.out}")
-        weights = load_file(str(ck / "model.safetensors"))
-        model = self.acc.unwrap_model(self.model)
-        model.load_state_dict(weights, strict=False)
-        if self.cfg.drafter_type == "small-lm":
-            model.tie_weights()
-        self.opt.load_state_dict(torch.load(ck / "optimizer.pt", weights_only=True, map_location=self.acc.device))
+        self.acc.load_state(str(ck))  # model, optimizer (DeepSpeed: this process's shard), this process's RNG
         self.sched.load_state_dict(state["scheduler"])
-        rng = load_file(str(ck / "rng.safetensors"))
-        torch.set_rng_state(rng["torch"])
-        self.gen.set_state(rng["gen"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
-        import ast
-
-        random.setstate(ast.literal_eval(state["python_random"]))
-        ns = state["numpy_random"]
-        np.random.set_state((ns[0], np.asarray(ns[1], dtype=np.uint32), *ns[2:]))
         self.step, self.best = int(state["step"]), float(state["best"])
         if self.acc.is_main_process:
             print(f"[train] resumed {self.cfg.lang}/{self.stage} from {ck.name}", flush=True)
@@ -373,7 +405,8 @@ class DrafterRecipe:
         relevant = self.cfg.model_dump(exclude={"report_to", "log_every", "checkpoint_every", "keep_checkpoints", "device"})
         relevant.update(stage=self.stage, tokenizer=self.target.tokenizer_sha256, vocab=self.vocab_meta,
                         data_files=[(p, Path(p).stat().st_size) for p in self.data_files], init_from=self.init_from,
-                        processes=self.acc.num_processes)
+                        processes=self.acc.num_processes, distributed=str(self.acc.distributed_type),
+                        zero_stage=getattr(self.acc.state.deepspeed_plugin, "zero_stage", None))
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def _log_line(self, rec: dict) -> None:

@@ -257,13 +257,14 @@ def project_embedding(weight: torch.Tensor, dim: int, init_std: float = 0.02) ->
 # ------------------------------------------------------------------------------------- save / load
 
 
-def save_drafter(path: str | Path, model: nn.Module, meta: dict) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (drafter weights only), atomically."""
+def save_drafter(path: str | Path, model: nn.Module, meta: dict, state: dict | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (drafter weights only), atomically. ``state``: the
+    weights when ``model``'s own are not whole (DeepSpeed ZeRO-3 shards: ``accelerator.get_state_dict``)."""
     if isinstance(model, (EagleDrafter, Eagle3Drafter)):
         dtype, arch = "eagle", model.arch()
     else:
         dtype, arch = "small-lm", {"config": model.config.to_dict()}
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in (model.state_dict() if state is None else state).items()}
     if dtype == "small-lm" and model.config.tie_word_embeddings:  # tied head: store the shared matrix once
         state.pop("lm_head.weight", None)
     with atomic_directory(path, overwrite=True) as tmp:
