@@ -92,7 +92,7 @@ class DrafterRecipe:
         # 2. frozen target, its embedding and head (never trained, never saved with the drafter); it and the
         #    drafter are built whole, also under ZeRO-3 (prepare shards the drafter)
         whole = self._whole_models()
-        self.target = target or load_target(cfg.target, device=self.acc.device)
+        self.target = target or load_target(cfg.target, device=self.acc.device, dtype=cfg.target_dtype)
         self.embed = self.target.model.get_input_embeddings()
         self.softcap = getattr(self.target.model.config, "final_logit_softcapping", None)
         # 3. data: pretrain = general text, every token; finetune = synth data, response tokens only
