@@ -29,7 +29,7 @@ class DataConfig(StrictModel):
 class EagleConfig(StrictModel):
     arch: Literal["eagle1", "eagle3"] = Field(
         "eagle1", description="eagle1: fc over [embedding ‖ last feature], target head; eagle3: three target layers "
-        "fused, own draft-vocabulary head (vLLM's LlamaForCausalLMEagle3 layout)")
+        "fused, own draft-vocabulary head (the speculators / vLLM eagle3 form)")
     vocab_size: int | None = Field(8192, ge=1, description="s: top-s ids of the language's ranked list; None = full")
     vocab_file: str = Field("{run}/vocab/{lang}.safetensors")
     feature_loss_weight: float = Field(1.0, ge=0.0, description="EAGLE-1: SmoothL1 on the next feature")

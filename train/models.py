@@ -89,8 +89,9 @@ class EagleDrafter(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
-    """EAGLE-3 form, in the layout vLLM serves (``LlamaForCausalLMEagle3``): g = fc([h_low ‖ h_mid ‖ h_high])
-    fuses three target layers (``aux_layers``, indices into ``output_hidden_states``); one Llama layer whose
+    """EAGLE-3 form, as speculators' ``Eagle3DraftModel`` and vLLM's eagle3 compute it (``norm_before_residual``
+    false; ``export.interop.write_speculators``): g = fc([h_low ‖ h_mid ‖ h_high]) fuses three distinct target
+    layers (``aux_layers``, indices into ``output_hidden_states``); one Llama layer whose
     attention reads [input_norm(embed(x)) ‖ hidden_norm(g)] (2H → heads), residual g; ``norm`` → its own
     ``lm_head`` over the draft vocabulary ``draft_ids`` (the language's top-s ids, initialised from the
     target head's rows, so row order = rank order and a size s' < s is the first s' rows). Unrolled steps
@@ -141,6 +142,8 @@ class Eagle3Drafter(nn.Module):
         t = _text_config(target.model.config)
         n = t.num_hidden_layers
         aux = aux_layers or [min(2, n), max(1, n // 2), max(1, n - 3)]  # vLLM's default for EAGLE-3
+        if len(set(aux)) < 3 and n >= 2:  # shallow targets (n ≤ 6, tests): three distinct ids, as speculators needs
+            aux = [n - 3, n - 2, n - 1] if n >= 3 else [0, 1, 2]
         cfg = LlamaConfig(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=1,
                           num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
                           head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
@@ -196,31 +199,6 @@ class Eagle3Drafter(nn.Module):
 
         d = {k: v for k, v in arch["layer_config"].items() if k != "model_type"}
         return cls(LlamaConfig(**d), arch["target_hidden_size"], arch["aux_layers"], arch["draft_vocab_size"])
-
-    def vllm_eagle3_state(self, ranked: torch.Tensor, target) -> tuple[dict, dict]:
-        """Weights and config in vLLM's ``LlamaForCausalLMEagle3`` layout (exact: same modules, renamed)."""
-        if not torch.equal(ranked.cpu(), self.draft_ids.cpu()):
-            raise PolyspecError("the drafter's draft vocabulary differs from the bundle's ranked list")
-        sd = {k: v.detach().cpu() for k, v in self.state_dict().items()}
-        state = {"fc.weight": sd["fc.weight"], "norm.weight": sd["norm.weight"], "lm_head.weight": sd["lm_head.weight"]}
-        for k, v in sd.items():
-            if k.startswith(("input_layernorm.", "hidden_norm.", "post_attention_layernorm.", "self_attn.", "mlp.")):
-                state[f"midlayer.{k}"] = v
-        s = self.draft_vocab_size
-        state["d2t"] = self.draft_ids.cpu() - torch.arange(s)  # vLLM: target id = draft id + d2t[draft id]
-        t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
-        t2d[self.draft_ids.cpu()] = True
-        state["t2d"] = t2d
-        c = self.layer_config
-        config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
-                  "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
-                  "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-                  "head_dim": self.self_attn.head_dim, "rms_norm_eps": c.rms_norm_eps, "hidden_act": c.hidden_act,
-                  "max_position_embeddings": c.max_position_embeddings, "rope_parameters": c.rope_parameters,
-                  "vocab_size": target.vocab_size, "draft_vocab_size": s, "target_hidden_size": self.target_hidden_size,
-                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": self.aux_layers},
-                  "tie_word_embeddings": False, "torch_dtype": "float32"}
-        return state, config
 
 
 def build_small_lm(target: Any, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int):
