@@ -44,7 +44,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.polyspec-installed
 
-.PHONY: help setup test test-unit lint demo show-config check-lang check-langs synth vocab train export eval pf-study all clean-venv
+.PHONY: help setup test test-unit lint demo show-config check-lang check-langs synth vocab train export check-speculators eval pf-study all clean-venv
 
 help:
 	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
@@ -54,6 +54,7 @@ help:
 	@echo "  make setup | lint"
 	@echo "  make synth LANG=vi [N=64] [TARGET=...] [RUN=...]"
 	@echo "  make vocab LANGS=vi,de,ja | make train LANG=vi | make export LANGS=... | make eval"
+	@echo "  make check-speculators BUNDLE=...   EAGLE-3 drafters loaded by vllm-project/speculators, logits compared"
 	@echo "  make pf-study LANG=vi [RECIPE=eagle-cpu]   pretrain→finetune vs finetune-only vs untrained"
 	@echo "  make all LANGS=vi,de,ja TARGET=... PROFILE=cpu-demo"
 
@@ -111,6 +112,33 @@ train: check-lang
 
 export: check-langs
 	$(PY) -m export --langs $(LANGS) --target $(TARGET) --run $(RUN) $(if $(BUNDLE),--out $(BUNDLE))
+
+# make check-speculators [BUNDLE=<bundle of eagle.arch=eagle3 drafters>] [TARGET=…] [SPEC_TOL=1e-3]
+# Exports every language of the bundle in the speculators format (what vLLM loads for method eagle3) to
+# <bundle's folder>/speculators/, writes polyspec's own logits on real target features beside it, then loads
+# each export with speculators' own classes and compares. speculators pins another transformers and pulls
+# CUDA torchvision/torchaudio wheels, so it lives in its own environment, built once (torch pinned to
+# $(TORCH) by a constraint; torchvision/torchaudio removed).
+SPECULATORS ?= speculators==0.9.0
+SPEC_VENV   ?= .venv-speculators
+SPEC_STAMP  := $(SPEC_VENV)/.speculators-installed
+SPEC_TOL    ?= 1e-3
+SPEC_BUNDLE  = $(patsubst %/,%,$(or $(BUNDLE),$(RUN)/export/bundle))
+SPEC_OUT     = $(dir $(SPEC_BUNDLE))speculators
+
+$(SPEC_STAMP):
+	@test -x $(SPEC_VENV)/bin/python || python3 -m venv $(SPEC_VENV)
+	$(SPEC_VENV)/bin/python -m pip install -q --disable-pip-version-check "$(TORCH)"
+	echo "$(TORCH)" > $(SPEC_VENV)/constraints.txt
+	$(SPEC_VENV)/bin/python -m pip install -q --disable-pip-version-check -c $(SPEC_VENV)/constraints.txt "$(SPECULATORS)"
+	$(SPEC_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio
+	@touch $@
+
+check-speculators: $(STAMP) $(SPEC_STAMP)
+	$(PY) -m export --format speculators --target $(TARGET) --bundle $(SPEC_BUNDLE) --out $(SPEC_OUT) \
+		--reference $(SPEC_OUT)-reference
+	$(SPEC_VENV)/bin/python export/check_speculators.py --exported $(SPEC_OUT) --reference $(SPEC_OUT)-reference \
+		--tol $(SPEC_TOL)
 
 # make eval BUNDLE=<bundle> [QUESTIONS=question.jsonl] [METHODS=ar,adaspec,...] [MAX_NEW_TOKENS=128] [PER_CELL=1]
 eval: $(STAMP)

@@ -3,12 +3,15 @@
     python -m export --langs vi,de,ja [--run runs/default] [--target gemma3-270m] [--out <run>/export/bundle]
                      [--sizes 8192,16384,32768] [--window 10 --step 5 --offset 2]
     python -m export --check <bundle> [--target …]      validate an existing bundle
-    python -m export --format hf-assistant|vllm-eagle3 [--bundle <run>/export/bundle] [--out <run>/export/<format>]
+    python -m export --format hf-assistant|speculators [--bundle <run>/export/bundle] [--out <run>/export/<format>]
+                     [--speculative-tokens 3] [--reference DIR]
                                                         convert a bundle's drafters for transformers / vLLM
 
 ``hf-assistant`` (small-LM drafters): ``target.generate(..., assistant_model=AutoModelForCausalLM
-.from_pretrained("<out>/<lang>"))``. ``vllm-eagle3`` (drafters trained with ``eagle.arch=eagle3``):
-``vllm serve <target> --speculative-config '{"method": "eagle3", "model": "<out>/<lang>", "num_speculative_tokens": 3}'``.
+.from_pretrained("<out>/<lang>"))``. ``speculators`` (drafters trained with ``eagle.arch=eagle3``; ``vllm-eagle3``
+is the same format under its old name): vllm-project/speculators' EAGLE-3 layout, for
+``vllm serve <target> --speculative-config '{"method": "eagle3", "model": "<out>/<lang>", "num_speculative_tokens": 3}'``;
+``--reference DIR`` also writes polyspec's logits on real target features for ``make check-speculators``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=10, help="ADASPEC Alg. 2 w")
     ap.add_argument("--step", type=int, default=5, help="ADASPEC Alg. 2 u")
     ap.add_argument("--offset", type=float, default=2, help="ADASPEC Alg. 2 z")
-    ap.add_argument("--format", default="polyspec", choices=["polyspec", "hf-assistant", "vllm-eagle3"])
+    ap.add_argument("--format", default="polyspec", choices=["polyspec", "hf-assistant", "speculators", "vllm-eagle3"],
+                    help="vllm-eagle3 = speculators (the EAGLE-3 format vLLM loads)")
+    ap.add_argument("--speculative-tokens", type=int, default=3, help="speculators: the greedy proposal's draft length")
+    ap.add_argument("--reference", default=None, metavar="DIR",
+                    help="speculators: also write polyspec's logits on real target features to DIR/<lang>.safetensors")
     ap.add_argument("--check", default=None, metavar="BUNDLE", help="only validate this bundle")
     ap.add_argument("--bundle", default=None, help="interop formats: the bundle to convert (default <run>/export/bundle)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -41,19 +48,29 @@ def main(argv: list[str] | None = None) -> int:
     from polyspec.targets import load_target
 
     if args.format != "polyspec":
-        from export.interop import check_vllm_eagle3, write_hf_assistant, write_vllm_eagle3
+        from export.interop import (
+            check_speculators,
+            write_hf_assistant,
+            write_speculators,
+            write_speculators_reference,
+        )
 
-        # the weights are needed: vocab_size of the head and, for hf-assistant, the tokenizer files
-        target = load_target(args.target, device="cpu")
+        # the weights are needed: vocab_size of the head and, for hf-assistant, the tokenizer files; the
+        # reference logits are computed in float32 (the precision speculators' check runs in)
+        target = load_target(args.target, device="cpu", dtype="float32" if args.reference else None)
         b = load_bundle(args.bundle or Path(args.run) / "export" / "bundle", target_pin=target.pin())
-        out = Path(args.out or Path(args.run) / "export" / args.format)
-        if args.format == "hf-assistant":
+        fmt = "speculators" if args.format == "vllm-eagle3" else args.format
+        out = Path(args.out or Path(args.run) / "export" / fmt)
+        if fmt == "hf-assistant":
             folders = write_hf_assistant(b, target, out)
         else:
-            folders = write_vllm_eagle3(b, target, out)
+            folders = write_speculators(b, target, out, speculative_tokens=args.speculative_tokens)
             for f in folders:
-                check_vllm_eagle3(f, target.vocab_size)
-        print(json.dumps({"format": args.format, "folders": [str(f) for f in folders]}))
+                check_speculators(f, target.vocab_size)
+        report = {"format": fmt, "folders": [str(f) for f in folders]}
+        if args.reference and fmt == "speculators":
+            report["reference"] = [str(r) for r in write_speculators_reference(b, target, args.reference)]
+        print(json.dumps(report))
         return 0
     target = load_target(args.target, device="cpu", with_model=False)  # the pin needs tokenizer + config only
     if args.check:

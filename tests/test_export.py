@@ -174,46 +174,100 @@ def eagle3_bundle(tmp_path_factory, trained, tiny_llama_dir):
     return write_bundle(tmp_path_factory.mktemp("b3") / "bundle", run3, ["vi"], target.pin(), [64, 128])
 
 
-def test_vllm_eagle3_export_has_vllms_layout_and_maps_exactly(tmp_path, trained, eagle3_bundle):
-    from safetensors.torch import load_file
+SPECULATORS_LAYER_KEYS = {f"layers.0.{k}.weight" for k in (
+    "input_layernorm", "hidden_norm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+    "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
 
-    from export.interop import check_vllm_eagle3, write_vllm_eagle3
+
+def test_speculators_export_file_contract_and_exact_mapping(tmp_path, trained, eagle3_bundle, tiny_llama_dir):
+    from safetensors.torch import load_file, save_file
+
+    from export.interop import check_speculators, speculators_tensors, write_speculators
     from train.models import Eagle3Drafter, load_drafter
 
     _, target = trained
-    (folder,) = write_vllm_eagle3(eagle3_bundle, target, tmp_path / "vllm")
-    cfg = check_vllm_eagle3(folder, target.vocab_size)
-    assert cfg["draft_vocab_size"] == 128 and cfg["vocab_size"] == target.vocab_size
-    state = load_file(str(folder / "model.safetensors"))
+    (folder,) = write_speculators(eagle3_bundle, target, tmp_path / "spec", speculative_tokens=4)
+    cfg = check_speculators(folder, target.vocab_size)
     mine, _ = load_drafter(eagle3_bundle.drafter_dir("vi"))
+    H, hd = mine.hidden_size, mine.self_attn.head_dim
+    # config.json: the fields speculators' Eagle3SpeculatorConfig and vLLM read
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["speculators_version"] == "0.9.0"
+    assert cfg["draft_vocab_size"] == 128 and cfg["target_hidden_size"] == target.hidden_size
+    assert cfg["norm_before_residual"] is False  # residual = fc output before hidden_norm (vLLM's default is true)
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == mine.aux_layers
+    layer = cfg["transformer_layer_config"]
+    assert layer["model_type"] == "llama" and layer["vocab_size"] == target.vocab_size and layer["head_dim"] == hd
+    assert layer["num_hidden_layers"] == 1 and not any(k.startswith("_attn_implementation") for k in layer)
+    spec = cfg["speculators_config"]
+    assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
+    assert spec["proposal_methods"] == [{"proposal_type": "greedy", "speculative_tokens": 4, "verifier_accept_k": 1,
+                                         "accept_tolerance": 0.0}]
+    assert spec["verifier"] == {"name_or_path": str(tiny_llama_dir.resolve()), "architectures": ["LlamaForCausalLM"]}
+    # model.safetensors: exactly speculators' Eagle3DraftModel names and shapes
+    state = load_file(str(folder / "model.safetensors"))
+    assert set(state) == {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", *SPECULATORS_LAYER_KEYS}
+    assert state["fc.weight"].shape == (H, 3 * target.hidden_size) and state["lm_head.weight"].shape == (128, H)
+    assert state["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * H  # attention reads [embed ‖ hidden]
     # d2t/t2d: draft row j is target id j + d2t[j], the language's top-128 ranked ids, marked in t2d
+    assert state["d2t"].dtype == torch.int64 and state["t2d"].dtype == torch.bool
     assert torch.equal(torch.arange(128) + state["d2t"], mine.draft_ids)
+    assert state["t2d"].shape == (target.vocab_size,)
     assert torch.equal(torch.nonzero(state["t2d"]).flatten(), mine.draft_ids.sort().values)
     # the exported tensors, renamed back, rebuild a drafter that computes the same logits
     back = Eagle3Drafter.from_arch({"layer_config": mine.layer_config.to_dict(), "aux_layers": mine.aux_layers,
                                     "target_hidden_size": mine.target_hidden_size, "draft_vocab_size": 128})
-    renamed = {k.removeprefix("midlayer."): v for k, v in state.items() if k not in ("d2t", "t2d")}
+    renamed = {k.removeprefix("layers.0."): v for k, v in state.items() if k not in ("d2t", "t2d")}
     back.load_state_dict({**renamed, "draft_ids": mine.draft_ids}, strict=True)
-    H = mine.hidden_size
     emb, aux = torch.randn(1, 5, H), torch.randn(1, 5, 3 * H)
     with torch.no_grad():
         assert torch.allclose(back.logits(back(emb, aux)[0]), mine.logits(mine(emb, aux)[0]), atol=1e-6)
+    # a draft vocabulary as large as the target's: no maps, head rows in target-id order
+    full = Eagle3Drafter.for_target(target, torch.randperm(target.vocab_size))
+    tensors = speculators_tensors(full, target.vocab_size)
+    assert "d2t" not in tensors and "t2d" not in tensors
+    assert torch.equal(tensors["lm_head.weight"][full.draft_ids], full.lm_head.weight)
     # a damaged export fails the structural check in one line
-    broken = {k: v for k, v in state.items() if k != "d2t"}
-    from safetensors.torch import save_file
-
-    save_file(broken, str(folder / "model.safetensors"))
-    with pytest.raises(PolyspecError, match="missing tensors"):
-        check_vllm_eagle3(folder, target.vocab_size)
+    save_file({k: v for k, v in state.items() if k != "d2t"}, str(folder / "model.safetensors"))
+    with pytest.raises(PolyspecError, match="tensors missing"):
+        check_speculators(folder, target.vocab_size)
 
 
-def test_vllm_eagle3_refuses_eagle1_drafters_with_the_reason(tmp_path, trained, tiny_llama_dir):
+@pytest.mark.parametrize("fmt", ["speculators", "vllm-eagle3"])
+def test_speculators_refuses_eagle1_drafters_with_the_reason(tmp_path, trained, tiny_llama_dir, fmt):
     from conftest import run_cli
 
     run_dir, _ = trained
     out = tmp_path / "bundle"
     assert run_cli("-m", "export", "--langs", "vi", "--run", str(run_dir), "--target", str(tiny_llama_dir),
                    "--out", str(out), "--sizes", "64").returncode == 0
-    r = run_cli("-m", "export", "--format", "vllm-eagle3", "--bundle", str(out), "--target", str(tiny_llama_dir),
+    r = run_cli("-m", "export", "--format", fmt, "--bundle", str(out), "--target", str(tiny_llama_dir),
                 "--out", str(tmp_path / "vllm"))
     assert r.returncode == 2 and "EAGLE-1 form" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.integration
+def test_make_check_speculators_loads_exports_with_speculators_and_fails_on_a_wrong_one(tmp_path, tiny_llama_dir):
+    """`make check-speculators` on a tiny EAGLE-3 bundle: builds .venv-speculators once (measured 1 min 20 s with
+    a warm pip cache), exports both languages, loads each with speculators' own Eagle3DraftModel and compares its
+    logits with polyspec's drafter (measured ~40 s). Then the same check fails on an export whose
+    norm_before_residual is flipped (vLLM's default when the flag is missing): the flag changes the model."""
+    import re
+    import subprocess
+
+    from conftest import REPO, make_tiny_bundle, run_cli
+
+    target = load_target(str(tiny_llama_dir), device="cpu")
+    bundle = make_tiny_bundle(tmp_path / "bundle", target, langs=("vi", "de"), drafter="eagle3", sizes=(64, 256))
+    r = run_cli("make", "check-speculators", f"BUNDLE={bundle}", f"TARGET={tiny_llama_dir}")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    ok = [ln for ln in r.stdout.splitlines() if re.match(r"(vi|de): ok — max \|Δlogit\| = \S+ \(tol 0.001\)", ln)]
+    assert len(ok) == 2, r.stdout[-3000:]
+    cfg_file = tmp_path / "speculators" / "vi" / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["norm_before_residual"] = True
+    cfg_file.write_text(json.dumps(cfg))
+    r = subprocess.run([str(REPO / ".venv-speculators" / "bin" / "python"), "export/check_speculators.py",
+                        "--exported", str(tmp_path / "speculators"), "--reference", str(tmp_path / "speculators-reference")],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and re.search(r"^vi: FAIL — max \|Δlogit\|", r.stdout, re.M), r.stdout[-3000:]
+    assert re.search(r"^de: ok", r.stdout, re.M)
