@@ -198,8 +198,7 @@ class Decoder:
         prefill_s = time.perf_counter() - t_start
 
         src = self.source
-        ctx = DecodeState(tokens, feats, P, temperature=temperature, gen=gen, vocab_size=self.vocab_size,
-                          step_s=self._step_s)
+        ctx = DecodeState(tokens, feats, P, temperature=temperature, gen=gen, step_s=self._step_s)
         if src is not None:
             src.begin(ctx)
         steps: list[StepStat] = []

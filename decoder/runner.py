@@ -95,7 +95,7 @@ class TargetRunner:
         self.cache.crop(-(self.length - prefix - m))
 
     def tree_mask(self, prefix: int, parents: list[int]) -> torch.Tensor:
-        """Additive 4D mask [1, 1, n, prefix + n] (see ``tree_mask``), written into a buffer kept across steps:
+        """Additive 4D mask [1, 1, n, prefix + n]: node i sees the prefix, its ancestors (``tree_block``) and itself; written into a buffer kept across steps:
         only the n×n tree block is written per step (the prefix columns stay zero = visible)."""
         n, dtype, dev = len(parents), self.head.weight.dtype, self.head.weight.device
         need = (n, prefix + n)
@@ -126,13 +126,6 @@ def tree_block(parents: list[int]) -> torch.Tensor:
         if p >= 0:
             allowed[i] |= allowed[p]
     return allowed
-
-
-def tree_mask(prefix: int, parents: list[int], dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive 4D mask [1, 1, n, prefix + n]: node i sees the whole prefix, its ancestors and itself."""
-    n = len(parents)
-    allowed = torch.cat([torch.ones((n, prefix), dtype=torch.bool), tree_block(parents)], dim=1)
-    return additive_mask(allowed, dtype, device)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:

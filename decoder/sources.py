@@ -86,7 +86,6 @@ class DecodeState:
     temperature: float = 0.0
     gen: torch.Generator | None = None
     step_s: float = 0.0  # running mean of one verification forward (s), for cost-aware sources
-    vocab_size: int = 0
 
 
 @dataclass
@@ -440,10 +439,14 @@ class HybridSource(DraftSource):
     def sources(self) -> list[DraftSource]:
         return ([self.drafter] if self.drafter else []) + self.ngram
 
+    def _tau(self) -> float:
+        """Rough tokens per step from the sources' recent acceptance."""
+        return 1.0 + sum(self.acc_rate.values()) / max(len(self.acc_rate), 1)
+
     def _drafter_pays(self, ctx: DecodeState) -> bool:
         if self.drafter is None or ctx.max_depth < 1:
             return False
-        tau = 1.0 + sum(self.acc_rate.values()) / max(len(self.acc_rate), 1)  # rough tokens per step
+        tau = self._tau()
         step = ctx.step_s or 0.03
         pays = self.marginal * step / tau > self.cost  # m/τ > c/T (throughput with vs without)
         if pays:
@@ -458,10 +461,7 @@ class HybridSource(DraftSource):
         if ctx.temperature > 0 or not ctx.tree_ok:
             best = max(self.sources, key=lambda s: self.acc_rate[s.name])
             p = best.propose(ctx) if best is not self.drafter else self._drafter_chain(ctx)
-            p = p if p.is_chain else p.first_chain()
-            if ctx.temperature > 0 and p.q is None:
-                p.q = [_onehot(t, ctx.vocab_size, ctx.feats.device) for t in p.tokens]
-            return p
+            return p if p.is_chain else p.first_chain()  # sampling: core gives n-gram drafts point-mass q
         cands = [s.propose(ctx) for s in self.ngram]
         self.used_drafter = self._drafter_pays(ctx)
         if self.used_drafter:
@@ -477,7 +477,7 @@ class HybridSource(DraftSource):
     def _drafter_chain(self, ctx: DecodeState) -> Proposal:
         """Draft while P(all drafts so far survive) · (time an accepted token saves) > cost of one more draft."""
         d = self.drafter
-        tau = 1.0 + sum(self.acc_rate.values()) / max(len(self.acc_rate), 1)
+        tau = self._tau()
         saved = (ctx.step_s or 0.03) / tau
         threshold = min(0.9, self.draft_tok_s / max(saved, 1e-6))
         t0 = time.perf_counter()
@@ -534,12 +534,6 @@ def merge(cands: list[Proposal], budget: int, max_depth: int) -> Proposal:
         if c.lang is not None and out.lang is None:
             out.lang, out.vocab_size = c.lang, c.vocab_size
     return out
-
-
-def _onehot(token: int, vocab_size: int, device) -> torch.Tensor:
-    q = torch.zeros(vocab_size, dtype=torch.float32, device=device)
-    q[token] = 1.0  # a deterministic draft source: q is a point mass (Leviathan still applies)
-    return q
 
 
 # --------------------------------------------------------------------------------------------- factory
