@@ -1,0 +1,246 @@
+"""The prompt pool for on-policy distillation, and the disjoint held-out prompts (issue 14, items 1 and 4).
+
+Per language the target answers (``python -m synth distill``) a broad pool of prompts, in this stable,
+interleaved order of kinds (round robin, so that ``limit`` keeps every kind that has prompts):
+
+- ``instruction``: the self-synthesized instructions of ADASPEC Alg. 1, the human turn of ``conversations`` in
+  ``{run}/synth/{lang}/data.jsonl`` (or ``synth_file``), when that file exists;
+- ``seed``: the language seeds' instructions (``configs/languages/<lang>.yaml``);
+- the benchmark's kinds, filled from ``synth/data/tasks/<lang>.yaml`` (written in the language): ``qa``,
+  ``rag`` and ``summarization`` (every template × every passage), ``translation`` (an English passage into
+  the language, and the language's passage into English; English itself translates the other built-in
+  languages' passages), ``math``, ``code`` and ``multiturn``.
+
+A prompt is a list of **user** messages, one per turn. Single-turn prompts have one; a ``multiturn`` prompt
+has two (a question, then a follow-up such as "explain that more simply"). The caller answers the turns in
+order, putting the target's own answer to each turn into the history before the next one — the way the
+decoder's benchmark runs multi-turn questions — so every assistant turn the drafter trains on is on-policy
+(no fixed, off-policy answer is ever inserted).
+
+``synth/data/heldout.jsonl`` holds 8 prompts per language (``{id, lang, category, turns}``) for scoring
+drafters during training; :func:`load_heldout` reads them. :func:`build_pool` drops every prompt with a turn
+equal (whitespace-normalized) to a held-out turn or a turn of the built-in benchmark
+(``decoder/data/mini_multispecbench.jsonl``), so neither is ever trained on.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from polyspec.config import StrictModel, read_yaml, validate
+from polyspec.errors import PolyspecError
+from polyspec.io import read_jsonl
+from polyspec.languages import builtin_codes, get_language
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+TASKS_DIR = DATA_DIR / "tasks"
+HELDOUT = DATA_DIR / "heldout.jsonl"
+KINDS = ("instruction", "seed", "qa", "rag", "summarization", "translation", "math", "code", "multiturn")
+HELDOUT_CATEGORIES = ("qa", "rag", "translation", "summarization", "code", "math", "multiturn")
+
+
+def _needs(template: str, *fields: str) -> str:
+    missing = [f for f in fields if "{" + f + "}" not in template]
+    if missing:
+        raise ValueError(f"template {template[:40]!r} lacks {', '.join('{' + f + '}' for f in missing)}")
+    return template
+
+
+class Passage(StrictModel):
+    text: str = Field(min_length=1, description="2–4 factual sentences in the language")
+    question: str = Field(min_length=1, description="a question the passage answers (rag)")
+
+
+class Templates(StrictModel):
+    rag: list[str] = Field(min_length=1, description="each with {passage} and {question}")
+    summarization: list[str] = Field(min_length=1, description="each with {passage}")
+    translation_into: str = Field(description="into this language, with {passage} from translation_sources")
+    translation_out_of: str | None = Field(None, description="this language's {passage} into English")
+
+    @field_validator("rag")
+    @classmethod
+    def _rag(cls, v: list[str]) -> list[str]:
+        return [_needs(t, "passage", "question") for t in v]
+
+    @field_validator("summarization")
+    @classmethod
+    def _summ(cls, v: list[str]) -> list[str]:
+        return [_needs(t, "passage") for t in v]
+
+    @field_validator("translation_into", "translation_out_of")
+    @classmethod
+    def _trans(cls, v: str | None) -> str | None:
+        return v if v is None else _needs(v, "passage")
+
+
+class TaskFile(StrictModel):
+    """``synth/data/tasks/<lang>.yaml``."""
+
+    lang: str
+    translation_sources: list[str] = Field(["en"], min_length=1, description="languages whose passages "
+                                           "translation_into translates (passage i from source i mod n)")
+    templates: Templates
+    passages: list[Passage] = Field(min_length=24)
+    qa: list[str] = Field(min_length=30)
+    math: list[str] = Field(min_length=20)
+    code: list[str] = Field(min_length=15)
+    multiturn: list[list[str]] = Field(min_length=10, description="[question, follow-up] pairs")
+
+    @field_validator("multiturn")
+    @classmethod
+    def _pairs(cls, v: list[list[str]]) -> list[list[str]]:
+        if any(len(p) < 2 or not all(t.strip() for t in p) for p in v):
+            raise ValueError("each multiturn item is a list of at least two non-empty turns")
+        return v
+
+
+class HeldoutPrompt(StrictModel):
+    id: str = Field(pattern=r"^[a-z]{2}-heldout-\d{2}$")
+    lang: str
+    category: Literal[HELDOUT_CATEGORIES]  # type: ignore[valid-type]
+    turns: list[str] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class PoolPrompt:
+    kind: str  # one of KINDS
+    turns: tuple[str, ...]  # user turns, answered in order
+
+    @property
+    def messages(self) -> list[dict]:
+        return [{"role": "user", "content": t} for t in self.turns]
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+@functools.lru_cache(maxsize=16)
+def load_tasks(lang: str) -> TaskFile | None:
+    """The validated task file of ``lang`` (None when the language has none, e.g. a translated language)."""
+    path = TASKS_DIR / f"{lang}.yaml"
+    if not path.is_file():
+        return None
+    tasks = validate(TaskFile, read_yaml(path), source=str(path))
+    if tasks.lang != lang:
+        raise PolyspecError(f"{path}: lang {tasks.lang!r} does not match the file name")
+    return tasks
+
+
+def task_prompts(lang: str) -> dict[str, list[PoolPrompt]]:
+    """The filled task templates of ``lang`` per kind, in file order (not yet guarded)."""
+    tasks = load_tasks(lang)
+    if tasks is None:
+        return {}
+    t = tasks.templates
+
+    def one(kind: str, text: str) -> PoolPrompt:
+        return PoolPrompt(kind, (text,))
+
+    out = {
+        "qa": [one("qa", q) for q in tasks.qa],
+        "rag": [one("rag", tpl.replace("{passage}", p.text).replace("{question}", p.question))
+                for tpl in t.rag for p in tasks.passages],
+        "summarization": [one("summarization", tpl.replace("{passage}", p.text))
+                          for tpl in t.summarization for p in tasks.passages],
+        "math": [one("math", q) for q in tasks.math],
+        "code": [one("code", q) for q in tasks.code],
+        "multiturn": [PoolPrompt("multiturn", tuple(p)) for p in tasks.multiturn],
+    }
+    sources = []
+    for code in tasks.translation_sources:
+        src = load_tasks(code)
+        if src is None or code == lang:
+            raise PolyspecError(f"{TASKS_DIR / f'{lang}.yaml'}: translation source {code!r} has no other task file")
+        sources.append(src.passages)
+    trans = [one("translation", t.translation_into.replace("{passage}", sources[i % len(sources)][i].text))
+             for i in range(min(len(tasks.passages), *(len(s) for s in sources)))]
+    if t.translation_out_of:
+        trans += [one("translation", t.translation_out_of.replace("{passage}", p.text)) for p in tasks.passages]
+    out["translation"] = trans
+    return out
+
+
+def load_heldout(lang: str) -> list[dict]:
+    """The held-out records of ``lang`` (``{id, lang, category, turns}``), in file order; [] for a language
+    without any (a language translated by synth)."""
+    return [r for r in _heldout_all() if r["lang"] == lang]
+
+
+@functools.lru_cache(maxsize=1)
+def _heldout_all() -> tuple[dict, ...]:
+    out, ids = [], set()
+    for n, rec in enumerate(read_jsonl(HELDOUT, strict=True), 1):
+        h = validate(HeldoutPrompt, rec, source=f"{HELDOUT}:{n}")
+        if h.id in ids or not h.id.startswith(h.lang + "-"):
+            raise PolyspecError(f"{HELDOUT}:{n}: id {h.id!r} is repeated or does not start with its lang")
+        ids.add(h.id)
+        out.append(h.model_dump())
+    return tuple(out)
+
+
+def benchmark_turns() -> set[str]:
+    """Every turn of the built-in benchmark, whitespace-normalized."""
+    path = importlib.resources.files("decoder").joinpath("data/mini_multispecbench.jsonl")
+    return {_norm(t) for rec in read_jsonl(Path(str(path)), strict=True) for t in rec.get("turns", [])}
+
+
+def forbidden_turns() -> set[str]:
+    """Texts the pool never contains: the held-out turns (all languages) and the benchmark's turns."""
+    return benchmark_turns() | {_norm(t) for r in _heldout_all() for t in r["turns"]}
+
+
+def _synth_instructions(path: Path) -> list[str]:
+    out = []
+    for rec in read_jsonl(path):
+        human = next((c.get("value") for c in rec.get("conversations") or [] if c.get("from") in ("human", "user")),
+                     None)
+        if isinstance(human, str) and human.strip():
+            out.append(human.strip())
+    return out
+
+
+def pool_items(lang: str, run: str | None, synth_file: str | None = None, limit: int | None = None,
+               target: str | None = None) -> list[PoolPrompt]:
+    """The pool of ``lang`` as :class:`PoolPrompt` items (kind + turns); see :func:`build_pool`."""
+    if synth_file is not None and not Path(synth_file).is_file():
+        raise PolyspecError(f"synth file {synth_file} not found")
+    path = Path(synth_file) if synth_file else (Path(run) / "synth" / lang / "data.jsonl" if run else None)
+    by_kind: dict[str, list[PoolPrompt]] = {k: [] for k in KINDS}
+    if path is not None and path.is_file():
+        by_kind["instruction"] = [PoolPrompt("instruction", (p,)) for p in _synth_instructions(path)]
+    if lang in builtin_codes() or target:
+        by_kind["seed"] = [PoolPrompt("seed", (s.instruction,)) for s in get_language(lang, target).seeds]
+    by_kind.update(task_prompts(lang))
+    forbidden, seen = forbidden_turns(), set()
+    for kind in KINDS:  # guard: drop held-out / benchmark prompts and repeats (first occurrence kept)
+        kept = []
+        for p in by_kind[kind]:
+            key = tuple(_norm(t) for t in p.turns)
+            if key not in seen and not forbidden.intersection(key):
+                seen.add(key)
+                kept.append(p)
+        by_kind[kind] = kept
+    out: list[PoolPrompt] = []
+    for i in range(max(len(v) for v in by_kind.values())):  # round robin over the kinds
+        out += [by_kind[k][i] for k in KINDS if i < len(by_kind[k])]
+    if not out:
+        raise PolyspecError(f"no prompts for language {lang!r}: no task file, seeds or synth data")
+    return out[:limit] if limit else out
+
+
+def build_pool(lang: str, run: str | None, synth_file: str | None = None, limit: int | None = None,
+               target: str | None = None) -> list[list[dict]]:
+    """The distillation prompts of ``lang`` as message lists (user turns only, answered in order).
+
+    ``run``: the run folder whose ``synth/<lang>/data.jsonl`` adds the self-synthesized instructions
+    (``synth_file`` names another file instead). ``limit`` keeps the first prompts of the interleaved order,
+    so every kind stays represented. ``target`` resolves a language translated by synth (its seeds).
+    """
+    return [p.messages for p in pool_items(lang, run, synth_file, limit, target)]
