@@ -83,3 +83,10 @@ class DistillConfig(StrictModel):
     continuation: bool = Field(False, description="free-text continuation (no prompt format): pretraining text")
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=192)
     engine: EngineConfig = EngineConfig()
+    capture_features: bool = Field(False, description="keep the target's hidden states of every record from the "
+                                   "generating forwards (polyspec/features.py): drafters then train offline")
+    feature_layers: Literal["last", "eagle3"] = Field("last", description="last: the last layer (EAGLE-1); eagle3: "
+                                                      "also the three layers an EAGLE-3 drafter reads")
+    max_feature_gb: float = Field(20.0, gt=0, description="stop capturing (records go on) past this disk use")
+    lid_filter: bool = Field(True, description="reject sampled (T > 0) answers confidently in another language to "
+                             "prompts in the language; greedy answers (the decoder's path) and translations are kept")

@@ -19,10 +19,12 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from polyspec.errors import PolyspecError, first_line
+from polyspec.features import disk_bytes, write_shard
 from polyspec.io import read_jsonl
 from polyspec.languages import get_language
 from polyspec.lid import identify
 from polyspec.prompts import render
+from polyspec.targets import eagle3_layers
 from synth.config import DistillConfig
 from synth.engines import Engine, Request, open_engine
 from synth.filters import strip_leakage
@@ -30,9 +32,21 @@ from synth.selfsynth import derive_seed
 from synth.store import SynthStore
 
 
-def load_prompts(cfg: DistillConfig) -> list[str]:
-    """The prompt texts, in a stable order."""
+def load_prompts(cfg: DistillConfig) -> list:
+    """The prompts in a stable order: message lists (``[{"role": "user", "content": …}, …]``), or plain texts in
+    continuation mode. ``pool``: the language's broad prompt pool (synth/pool.py); ``heldout``: its held-out
+    prompts (never trained on: the training score and coverage read their greedy answers)."""
     src = cfg.prompts
+    if src in ("pool", "heldout") and not cfg.continuation:
+        from synth.pool import build_pool, load_heldout
+
+        if src == "pool":
+            prompts = build_pool(cfg.lang, cfg.run, limit=cfg.limit)
+        else:
+            prompts = [[{"role": "user", "content": r["turns"][0]}] for r in load_heldout(cfg.lang)]
+        if not prompts:
+            raise PolyspecError(f"no {src} prompts for language {cfg.lang!r}")
+        return prompts[: cfg.limit] if cfg.limit else prompts
     if src == "seeds":
         lang = get_language(cfg.lang)
         if cfg.continuation:  # openings of every seed text: varied starting points for free text
@@ -48,7 +62,8 @@ def load_prompts(cfg: DistillConfig) -> list[str]:
         raise PolyspecError(f"prompts {src!r}: not a file, 'seeds', or an HF dataset id (org/name)")
     if not prompts:
         raise PolyspecError(f"no prompts found in {src!r}")
-    return prompts[: cfg.limit] if cfg.limit else prompts
+    prompts = prompts[: cfg.limit] if cfg.limit else prompts
+    return prompts if cfg.continuation else [[{"role": "user", "content": p}] for p in prompts]
 
 
 def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = None) -> dict:
@@ -58,33 +73,46 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
     fmt = target.spec.prompt_format
     temps = cfg.temperatures
     out_dir = Path(cfg.run) / "synth" / f"{lang.code}-{cfg.out_name}"
-    args = {**cfg.model_dump(include={"seed", "temperatures", "continuation", "sampling"}),
-            "prompts": hashlib.sha256("\x00".join(prompts).encode()).hexdigest(), "batch": cfg.engine.batch_size,
-            "tokenizer": target.tokenizer_sha256}
+    aux = eagle3_layers(target.num_layers) if cfg.feature_layers == "eagle3" else []
+    args = {**cfg.model_dump(include={"seed", "temperatures", "continuation", "sampling", "capture_features",
+                                      "lid_filter"}),
+            "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest(),
+            "batch": cfg.engine.batch_size, "tokenizer": target.tokenizer_sha256}
+    if cfg.capture_features:
+        args["aux_layers"] = aux
     store = SynthStore(out_dir, hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16])
+    meta = {"target": target.spec.name, "tokenizer": target.tokenizer_sha256, "aux_layers": json.dumps(aux or None)}
+    capture = cfg.capture_features
     total = len(prompts) * len(temps)  # attempt a = prompt index * len(temps) + temperature index
     stop = [] if cfg.continuation else fmt.stop
+    wall = time.perf_counter()
     bar = tqdm(total=total, initial=store.next_attempt, desc=f"distill {lang.code}", unit="sample", dynamic_ncols=True)
     while store.next_attempt < total:
         t_batch = time.perf_counter()
         attempts = list(range(store.next_attempt, min(store.next_attempt + cfg.engine.batch_size, total)))
+        asked = {a: prompts[a // len(temps)] for a in attempts}
+        if not cfg.continuation:  # multi-turn: the target's own answers to the earlier turns become the history
+            asked = _answer_earlier_turns(engine, target, asked, temps, cfg, stop)
         reqs = []
         for a in attempts:
-            p, t = prompts[a // len(temps)], temps[a % len(temps)]
-            text = p if cfg.continuation else render(fmt, target.tokenizer, [{"role": "user", "content": p}])
+            p, t = asked[a], temps[a % len(temps)]
+            text = p if cfg.continuation else render(fmt, target.tokenizer, p)
             reqs.append(Request(text, derive_seed(cfg.seed, a, "distill"), t, cfg.sampling.top_p,
                                 cfg.sampling.max_new_tokens, stop))
-        accepted, rejected = [], []
-        for a, r in zip(attempts, engine.generate(reqs)):
-            p, t = prompts[a // len(temps)], temps[a % len(temps)]
+        results = engine.generate(reqs, capture=aux if capture else None)
+        accepted, rejected, rows = [], [], {}
+        shard = f"features/a{attempts[0]:07d}.safetensors"
+        for a, r in zip(attempts, results):
+            p, t = asked[a], temps[a % len(temps)]
             resp = r.text.strip() if cfg.continuation else strip_leakage(r.text, fmt.stop)
-            label, prob = identify(p + "\n" + resp)
+            question = p if cfg.continuation else p[-1]["content"]
+            label, prob = identify(question + "\n" + resp)
             rec = {
                 "id": f"{lang.code}-distill-s{cfg.seed}-{a // len(temps):06d}-t{t:g}",
                 "lang": lang.code,
                 "source": "self-distill",
                 "temperature": t,
-                "conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": resp}],
+                "conversations": _conversation(p, resp, cfg.continuation),
                 "lid": {"label": label, "prob": round(prob, 4)},
                 "target": target.spec.name,
                 "attempt": a,
@@ -93,12 +121,86 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
             }
             if cfg.continuation:
                 rec["text"] = p + r.text
-            (accepted if resp else rejected).append(rec if resp else {**rec, "reason": "empty_response"})
+            reason = None if resp else "empty_response"
+            if reason is None and cfg.lid_filter and not cfg.continuation and t > 0:  # greedy answers are the
+                # decoder's own path (math, code, loops in any script): kept whatever their language
+                reason = _off_language(lang, question, resp)
+            if reason:
+                rejected.append({**rec, "reason": reason})
+                continue
+            if capture and r.features is not None:
+                rows[rec["id"]] = {"ids": r.ids, "start": r.prompt_tokens, **r.features}
+                rec["features_file"] = shard
+            accepted.append(rec)
+        if rows:  # the shard lands before the records that name it (a resume rewrites it)
+            used = disk_bytes(out_dir)
+            if used > cfg.max_feature_gb * 2**30:
+                tqdm.write(f"distill {lang.code}: features use {used / 2**30:.1f} GB > max_feature_gb "
+                           f"{cfg.max_feature_gb}: capture stops, records go on")
+                capture = False
+                for rec in accepted:
+                    rec.pop("features_file", None)
+            else:
+                write_shard(out_dir / shard, rows, meta)
         store.commit(accepted, rejected, attempts[-1] + 1, seconds=time.perf_counter() - t_batch)
         bar.update(len(attempts))
     bar.close()
-    return store.write_stats({"lang": lang.code, "target": target.spec.name, "prompts": len(prompts),
-                              "temperatures": temps, "complete": True})
+    stats = store.write_stats({"lang": lang.code, "target": target.spec.name, "prompts": len(prompts),
+                               "temperatures": temps, "complete": True,
+                               "feature_bytes": disk_bytes(out_dir), "wall_seconds_this_session":
+                               round(time.perf_counter() - wall, 1)})
+    tqdm.write(f"distill {lang.code}: {stats['accepted']} records, {stats['tokens']} tokens at "
+               f"{stats['tokens_per_second']} tok/s (generation {stats['seconds']} s), features "
+               f"{stats['feature_bytes'] / 2**20:.0f} MB in {out_dir}")
+    return stats
+
+
+def _answer_earlier_turns(engine, target, asked: dict, temps: list[float], cfg, stop: list[str]) -> dict:
+    """Prompts with several user turns (synth/pool.py multiturn): each earlier turn is answered by the target
+    at the attempt's temperature (its own seed stream) and put into the history before the next turn."""
+    fmt, out = target.spec.prompt_format, {}
+    todo = {a: list(p) for a, p in asked.items()}
+    history = {a: [] for a in asked}
+    while True:
+        pending = [a for a, p in todo.items() if len(p) > 1]
+        if not pending:
+            break
+        reqs = []
+        for a in pending:
+            msgs = history[a] + [todo[a][0]]
+            reqs.append(Request(render(fmt, target.tokenizer, msgs), derive_seed(cfg.seed, a, f"turn{len(history[a])}"),
+                                temps[a % len(temps)], cfg.sampling.top_p, cfg.sampling.max_new_tokens, stop))
+        for a, r in zip(pending, engine.generate(reqs)):
+            history[a] += [todo[a].pop(0), {"role": "assistant", "content": strip_leakage(r.text, fmt.stop)}]
+    for a, p in todo.items():
+        out[a] = history[a] + p
+    return out
+
+
+def _conversation(p, resp: str, continuation: bool) -> list[dict]:
+    """ShareGPT turns: every message asked (multi-turn prompts carry earlier turns) + the target's answer."""
+    if continuation:
+        return [{"from": "human", "value": p}, {"from": "gpt", "value": resp}]
+    turns = [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in p if m["role"] != "system"]
+    return turns + [{"from": "gpt", "value": resp}]
+
+
+def _off_language(lang, asked: str, resp: str) -> str | None:
+    """An answer confidently in another language to a prompt in the language (a request to translate into
+    another language is asked in the language but answered in the other: its prompt names that language and
+    stays unfiltered only through the LID of the prompt's first line, which is the instruction)."""
+    if len(resp) < 24:
+        return None
+    p_label, _ = identify(asked)
+    label, prob = identify(resp)
+    if p_label == lang.lid_code and label != lang.lid_code and prob >= lang.lid_threshold and not _is_translation(asked):
+        return f"lid_{label}"
+    return None
+
+
+def _is_translation(asked: str) -> bool:
+    head = asked.split(":")[0].lower()
+    return any(w in head for w in ("transl", "übersetz", "tradu", "dịch", "翻訳", "翻译", "訳"))
 
 
 def _opening(text: str, words: int = 6) -> str:

@@ -47,10 +47,15 @@ class Result:
     text: str
     num_tokens: int  # generated tokens, up to and including the stop (or EOS)
     finished: bool  # stopped at EOS or a stop string (False: ran into max_new_tokens)
+    # with ``capture``: prompt + generated ids and the target's hidden states at those positions
+    # ({"f": [n, H] last layer after the final norm, "aux": [n, 3H] the chosen layers}); n = len(ids)
+    ids: list[int] | None = None
+    features: dict[str, torch.Tensor] | None = None
+    prompt_tokens: int = 0  # with ``capture``: ids[:prompt_tokens] is the prompt
 
 
 class Engine(Protocol):
-    def generate(self, requests: list[Request]) -> list[Result]: ...
+    def generate(self, requests: list[Request], capture: list[int] | None = None) -> list[Result]: ...
 
 
 # ------------------------------------------------------------------------------------- transformers
@@ -64,18 +69,20 @@ class TransformersEngine:
         self.batch_size = batch_size
         self.stats = {"tokens": 0, "seconds": 0.0}
 
-    def generate(self, requests: list[Request]) -> list[Result]:
+    def generate(self, requests: list[Request], capture: list[int] | None = None) -> list[Result]:
+        """``capture``: None, or the ``output_hidden_states`` indices to keep beside the last layer ([]: the
+        last layer only): the features a drafter trains on, taken from the generating forwards themselves."""
         out: list[Result] = []
         for i in range(0, len(requests), self.batch_size):
             t0 = time.perf_counter()
-            res = self._generate_batch(requests[i : i + self.batch_size])
+            res = self._generate_batch(requests[i : i + self.batch_size], capture)
             self.stats["seconds"] += time.perf_counter() - t0
             self.stats["tokens"] += sum(r.num_tokens for r in res)
             out += res
         return out
 
     @torch.inference_mode()
-    def _generate_batch(self, reqs: list[Request]) -> list[Result]:
+    def _generate_batch(self, reqs: list[Request], capture: list[int] | None = None) -> list[Result]:
         tok, model, dev = self.target.tokenizer, self.target.model, self.target.device
         encoded = [encode(self.target.spec.prompt_format, tok, r.prompt) for r in reqs]  # the ids vLLM gets too
         B, L = len(reqs), max(len(e) for e in encoded)
@@ -96,8 +103,11 @@ class TransformersEngine:
         finished = [False] * B
         past = None
         step_ids = ids
+        grab = _FeatureGrab(model, capture, B) if capture is not None else None
+        live = list(range(B))  # rows still generating, in cache order: finished rows leave the batch
         for _ in range(max_new):
-            # 2. one forward for the whole batch (prefill on the first step, then one token per row)
+            # 2. one forward for the live rows (prefill on the first step, then one token per row)
+            prefill = step_ids.shape[1] > 1
             pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
             o = model(
                 input_ids=step_ids,
@@ -106,20 +116,21 @@ class TransformersEngine:
                 past_key_values=past,
                 use_cache=True,
                 logits_to_keep=1,  # the LM head only where we sample: prefill would otherwise cost L x |V|
+                output_hidden_states=bool(capture),
             )
             past = o.past_key_values
+            if grab is not None:  # prefill: the prompt positions; then the token each live row was fed
+                grab.take(o, live, [slice(L - len(encoded[b]), L) if prefill else slice(0, 1) for b in live])
             logits = o.logits[:, -1, :].float().cpu()
-            if mask.shape[0] != B:  # shared prompt: prefilled once, now fan out the cache to B rows
+            if mask.shape[0] != B and prefill:  # shared prompt: prefilled once, now fan out the cache to B rows
                 past.batch_repeat_interleave(B)
                 mask = mask.expand(B, -1).contiguous()
                 logits = logits.expand(B, -1)
             # 3. sample each row with its own generator
             nxt = []
-            for b, r in enumerate(reqs):
-                if done[b]:
-                    nxt.append(pad)
-                    continue
-                t = _sample(logits[b], r.temperature, r.top_p, gens[b])
+            for j, b in enumerate(live):
+                r = reqs[b]
+                t = _sample(logits[j], r.temperature, r.top_p, gens[b])
                 new_tokens[b].append(t)
                 if t in eos:
                     done[b] = finished[b] = True
@@ -128,17 +139,60 @@ class TransformersEngine:
                 elif len(new_tokens[b]) >= r.max_new_tokens:
                     done[b] = True
                 nxt.append(t)
-            if all(done):
+            keep = [j for j, b in enumerate(live) if not done[b]]
+            if not keep:
                 break
+            if len(keep) < len(live):  # 4. drop finished rows from the cache: no forward is spent on them
+                sel = torch.tensor(keep, device=dev)
+                past.batch_select_indices(sel)
+                mask = mask[sel]
+                live, nxt = [live[j] for j in keep], [nxt[j] for j in keep]
             step_ids = torch.tensor(nxt, device=dev).unsqueeze(1)
-            # finished rows keep feeding pad tokens; only they attend to them, so other rows are unaffected
-            mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+        if grab is not None:
+            grab.close()
         results = []
         for b, r in enumerate(reqs):
             toks = [t for t in new_tokens[b] if t not in eos]
             text, _ = truncate_at_stop(tok.decode(toks, skip_special_tokens=True), r.stop)
-            results.append(Result(text=text, num_tokens=len(new_tokens[b]), finished=finished[b]))
+            res = Result(text=text, num_tokens=len(new_tokens[b]), finished=finished[b])
+            if grab is not None:  # a row's last sampled token is never fed: its feature does not exist
+                res.features = grab.rows(b)
+                res.ids = (encoded[b] + new_tokens[b])[: res.features["f"].shape[0]]
+                res.prompt_tokens = len(encoded[b])
+            results.append(res)
         return results
+
+
+class _FeatureGrab:
+    """The target's hidden states from the generating forwards (no second pass): the base model's output
+    (last layer after the final norm, what the LM head reads) through a forward hook, and ``aux`` layers from
+    ``output_hidden_states``. Kept per row on the CPU in the model's dtype."""
+
+    def __init__(self, model: Any, aux: list[int], rows: int):
+        self.aux, self.last = list(aux), None
+        self.parts: list[dict[str, list[torch.Tensor]]] = [{"f": [], "aux": []} for _ in range(rows)]
+        self._hook = model.get_decoder().register_forward_hook(self._keep)
+
+    def _keep(self, module, args, output) -> None:
+        self.last = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+    def take(self, out: Any, live: list[int], where: list[slice]) -> None:
+        rows = self.last.shape[0]
+        for j, (b, sl) in enumerate(zip(live, where)):
+            src = j if rows > 1 else 0  # a shared prompt is prefilled once for every row
+            self.parts[b]["f"].append(self.last[src, sl].cpu())
+            if self.aux:
+                self.parts[b]["aux"].append(torch.cat([out.hidden_states[i][src, sl] for i in self.aux], -1).cpu())
+
+    def rows(self, b: int) -> dict[str, torch.Tensor]:
+        got = {"f": torch.cat(self.parts[b]["f"])}
+        if self.aux:
+            got["aux"] = torch.cat(self.parts[b]["aux"])
+        return got
+
+    def close(self) -> None:
+        self._hook.remove()
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int:
@@ -208,7 +262,10 @@ class VLLMEngine:
         """vLLM's ``TokensPrompt`` (a TypedDict) of a rendered prompt: the transformers engine's ids."""
         return {"prompt_token_ids": encode(self.target.spec.prompt_format, self.target.tokenizer, text)}
 
-    def generate(self, requests: list[Request]) -> list[Result]:
+    def generate(self, requests: list[Request], capture: list[int] | None = None) -> list[Result]:
+        if capture is not None:  # vLLM's offline LLM returns tokens and logprobs, never hidden states
+            raise PolyspecError("capture_features needs engine.name=transformers (vLLM does not return hidden "
+                                "states); or train with features: online")
         params = [
             self.sampling_params_cls(
                 temperature=r.temperature,

@@ -1,0 +1,77 @@
+"""Target features captured while the target generates (``synth distill capture_features=true``): the file
+contract between synth/ (writer) and train/ (reader).
+
+``<run>/synth/<lang>-<name>/features/a<first attempt:07d>.safetensors``, one file per committed batch, written
+atomically before the batch's records are committed (so a resumed run rewrites, never half-reads, a shard).
+Per record id ``r`` (the ``id`` of its data.jsonl line, which names the file in ``features_file``):
+
+- ``r.ids``  int32 [n]      prompt + generated token ids exactly as the target saw them (no re-tokenization);
+- ``r.start`` int32 [1]     number of prompt tokens (the loss of a finetune covers ids[start:]);
+- ``r.f``    bf16 [n, H]    last layer after the final norm (what the LM head reads; EAGLE-1 input and target);
+- ``r.aux``  bf16 [n, 3H]   optional: the three ``output_hidden_states`` layers an EAGLE-3 drafter reads.
+
+Header metadata: ``target`` (name), ``tokenizer`` (sha256), ``aux_layers`` (json) — the reader refuses features
+of another target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save
+
+from polyspec.errors import PolyspecError
+from polyspec.io import atomic_write_bytes
+
+
+def write_shard(path: Path, rows: dict[str, dict[str, torch.Tensor]], meta: dict[str, str], dtype=torch.bfloat16) -> int:
+    """rows: record id → {"ids", "start", "f"[, "aux"]}; returns the bytes written."""
+    out = {}
+    for rid, r in rows.items():
+        out[f"{rid}.ids"] = torch.as_tensor(r["ids"], dtype=torch.int32)
+        out[f"{rid}.start"] = torch.tensor([int(r["start"])], dtype=torch.int32)
+        out[f"{rid}.f"] = r["f"].to(dtype).contiguous()
+        if "aux" in r:
+            out[f"{rid}.aux"] = r["aux"].to(dtype).contiguous()
+    data = save(out, metadata={k: str(v) for k, v in meta.items()})
+    atomic_write_bytes(Path(path), data)
+    return len(data)
+
+
+def disk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in Path(root).glob("features/*.safetensors"))
+
+
+class FeatureReader:
+    """Random access to captured features by (file, record id); keeps the last few files open."""
+
+    def __init__(self, target_name: str, tokenizer_sha256: str):
+        self.target, self.tokenizer = target_name, tokenizer_sha256
+        self._open: dict[str, object] = {}
+
+    def _file(self, path: str):
+        if path not in self._open:
+            if len(self._open) >= 8:
+                self._open.pop(next(iter(self._open)))
+            if not Path(path).is_file():
+                raise PolyspecError(f"{path}: captured features missing (re-run synth distill; it resumes)")
+            h = safe_open(path, framework="pt")
+            meta = h.metadata() or {}
+            if meta.get("tokenizer") != self.tokenizer or meta.get("target") != self.target:
+                raise PolyspecError(f"{path}: features of target {meta.get('target')!r}, not {self.target!r}")
+            self._open[path] = h
+        return self._open[path]
+
+    def aux_layers(self, path: str) -> list[int] | None:
+        raw = (self._file(path).metadata() or {}).get("aux_layers")
+        return json.loads(raw) if raw and raw != "None" else None
+
+    def ids(self, path: str, rid: str) -> tuple[list[int], int]:
+        h = self._file(path)
+        return h.get_tensor(f"{rid}.ids").tolist(), int(h.get_tensor(f"{rid}.start")[0])
+
+    def get(self, path: str, rid: str, name: str = "f") -> torch.Tensor:
+        return self._file(path).get_tensor(f"{rid}.{name}")
