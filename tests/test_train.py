@@ -16,7 +16,7 @@ from polyspec.targets import load_target
 from train.config import TrainConfig
 from train.drafter import DrafterRecipe, run
 from train.models import EagleDrafter, eagle_layer_config, load_drafter, project_embedding
-from train.objectives import acceptance_from_hits
+from train.score import summarize, walk
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +83,14 @@ def test_pca_projection_keeps_the_top_directions():
     assert project_embedding(w, 5).shape == (500, 5)
 
 
-def test_acceptance_from_hits():
-    hits = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)
-    m = acceptance_from_hits(hits, torch.tensor([True, True, True, False]))
-    assert m["accept_len"] == pytest.approx((2 + 1 + 0) / 3) and m["alpha"] == [0.6667, 0.3333, 0.0]
+def test_the_score_walks_the_decoders_chain_steps():
+    # answer x[3..9] (n = 10, start = 3); the drafter proposes 3 tokens, right for the first `right[p]` of them
+    right = {3: 2, 6: 0, 7: 3}
+    acc = walk(10, 3, 3, lambda p: [i < right[p] for i in range(3)])
+    assert acc == [2, 0, 1]  # p 3 → 6 (2 drafts + the target's token), 6 → 7, 7 → 9: only x[8] was left to accept
+    m = summarize([(7, acc)], 3)
+    assert m["tau"] == pytest.approx(7 / 4) and m["steps"] == 3  # prefill + 3 verify forwards for 7 tokens
+    assert m["accept_len"] == pytest.approx(1.0) and m["alpha"] == [0.6667, 0.3333, 0.0]
 
 
 # ---------------------------------------------------------------------------------------- training
@@ -134,9 +138,9 @@ def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tin
     ev = results[1]["eval"]
     assert ev["accept_len"] == pytest.approx(sum(ev["alpha"]), abs=1e-3)  # mean accepted = Σ_i P(accept ≥ i)
     target = load_target(str(tiny_llama_dir))
-    if kind == "small-lm":  # the trained drafter, drafting token by token on each held-out prefix
+    if kind == "small-lm":  # the trained drafter, drafting token by token from each step's verified prefix
         got, want = ev, redrafted_small_lm(base / "finetune", target, k=3)
-    else:  # EAGLE drafts are unrolled in one pass: scored on a drafter whose drafts follow from the target alone
+    else:  # EAGLE: scored on a drafter whose drafts follow from the target alone
         echo_run = tmp_path / "echo-run"
         shutil.copytree(llama_run, echo_run)
         echo = echo_eagle(base / "finetune" / "final", tmp_path / "echo", target)
@@ -144,45 +148,81 @@ def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tin
                        f"init_from={echo}"))[0]["eval"]
         want = echo_acceptance(echo_run / "train" / "vi" / "finetune", target, echo, k=3)
     assert want["accept_len"] > 0, "a drafter that never hits cannot tell a right evaluation from a wrong one"
-    assert got["starts"] == want["starts"]
+    assert got["steps"] == want["steps"]
     assert got["alpha"] == pytest.approx(want["alpha"], abs=1e-4)
-    assert got["accept_len"] == pytest.approx(want["accept_len"], abs=1e-6)
+    assert got["accept_len"] == pytest.approx(want["accept_len"], abs=1e-4)
+    assert got["tau"] == pytest.approx(want["tau"], abs=1e-3)
 
 
-def _valid_starts(seq: dict) -> range:
-    """Start positions t of a held-out sequence: x_{t+1} is an answer token and x_{t+2} exists."""
-    return range(max(0, seq["start"] - 1), len(seq["ids"]) - 2)
+def test_training_score_is_the_decoders_tau(tmp_path, llama_run, tiny_llama_dir):
+    """The score that picks best/ is what the decoder measures: the same held-out prompts decoded by
+    decoder/core.py (chain, γ = eval_depth, greedy, fp32) take as many target forwards as the score counts."""
+    from decoder.core import Decoder
+    from export.bundle import write_bundle
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    target = load_target(str(tiny_llama_dir))
+    shutil.copytree(llama_run, tmp_path / "trained")
+    run(tcfg(tmp_path / "trained", tiny_llama_dir, "stage=finetune"))
+    echo = echo_eagle(tmp_path / "trained/train/vi/finetune/final", tmp_path / "echo", target)  # accepts drafts here
+    [res] = run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "eval_only=true", f"init_from={echo}",
+                     "data.eval_max_examples=6", "data.eval_fraction=0.4"))
+    shutil.copytree(echo, run_dir / "train/vi/final")
+    bundle = write_bundle(tmp_path / "bundle", run_dir, ["vi"], target.pin(), [128])
+    dec = Decoder(target, bundle, method="chain", gamma=3, size=128, lang="vi")
+    tokens = forwards = 0
+    seqs = json.loads((run_dir / "train/vi/finetune/eval_sequences.json").read_text())["sequences"]
+    for s in seqs:
+        out = dec.generate(s["ids"][: s["start"]], len(s["ids"]) - s["start"], stop=[])
+        assert out.tokens == s["ids"][s["start"] :]
+        tokens, forwards = tokens + len(out.tokens), forwards + out.target_forwards
+    assert len(seqs) >= 4 and res["eval"]["accept_len"] > 0.2, res["eval"]
+    assert res["eval"]["tau"] == pytest.approx(tokens / forwards, rel=0.02)
 
 
-def _acceptance(leads: list[int], k: int) -> dict:
-    return {"starts": len(leads), "alpha": [sum(n >= i for n in leads) / len(leads) for i in range(1, k + 1)],
-            "accept_len": sum(leads) / len(leads)}
+def _chain(seq: dict, k: int, drafts_at) -> tuple[int, list[int]]:
+    """The decoder's greedy chain procedure on a known greedy answer, written out independently of
+    train/score.py: from the verified prefix ids[:p+1], k drafts; the leading matches and the target's next
+    token are kept. → (answer tokens, accepted drafts per step)."""
+    ids, p, acc = seq["ids"], seq["start"], []
+    while p < len(ids) - 1:
+        d, a = drafts_at(p), 0
+        while a < k and p + 2 + a < len(ids) and d[a] == ids[p + 1 + a]:
+            a += 1
+        acc.append(a)
+        p += a + 1
+    return len(ids) - seq["start"], acc
+
+
+def _acceptance(per_seq: list[tuple[int, list[int]]], k: int) -> dict:
+    steps = [a for _, acc in per_seq for a in acc]
+    return {"steps": len(steps), "alpha": [sum(n >= i for n in steps) / len(steps) for i in range(1, k + 1)],
+            "accept_len": sum(steps) / len(steps), "tau": sum(t for t, _ in per_seq) / (len(per_seq) + len(steps))}
 
 
 @torch.no_grad()
 def redrafted_small_lm(stage_dir, target, k: int) -> dict:
-    """The held-out acceptance of a small-LM drafter (``<stage>/final``) recomputed from the stage's files: at every
-    start it drafts token by token (greedy over its vocabulary) on the prefix until a draft differs from the
-    target's greedy sequence (``eval_sequences.json``), not by train's one-forward teacher forcing."""
+    """The held-out score of a small-LM drafter (``<stage>/final``) recomputed from the stage's files: at every
+    step it drafts token by token (greedy over its vocabulary) from the verified prefix, not by train's one-forward
+    teacher forcing."""
     from vocab.files import load_ranked
 
     model, meta = load_drafter(stage_dir / "final")
     model.eval()
     ids_s = torch.as_tensor(load_ranked(meta["vocab"]["file"]).top(meta["vocab"]["size"]).astype("int64"))
     restrict = len(ids_s) < target.vocab_size
-    leads = []
-    for s in json.loads((stage_dir / "eval_sequences.json").read_text())["sequences"]:
-        ids = s["ids"]
-        for t in _valid_starts(s):
-            ctx, n = ids[: t + 2], 0
-            while n < k and t + 2 + n < len(ids):
-                logits = model(input_ids=torch.tensor([ctx])).logits[0, -1]
-                d = int(ids_s[logits[ids_s].argmax()]) if restrict else int(logits.argmax())
-                if d != ids[t + 2 + n]:
-                    break
-                ctx, n = [*ctx, d], n + 1
-            leads.append(n)
-    return _acceptance(leads, k)
+
+    def drafts(ids, p):
+        ctx, out = list(ids[: p + 1]), []
+        for _ in range(k):
+            logits = model(input_ids=torch.tensor([ctx])).logits[0, -1]
+            d = int(ids_s[logits[ids_s].argmax()]) if restrict else int(logits.argmax())
+            ctx, out = [*ctx, d], [*out, d]
+        return out
+
+    seqs = json.loads((stage_dir / "eval_sequences.json").read_text())["sequences"]
+    return _acceptance([_chain(s, k, lambda p, ids=s["ids"]: drafts(ids, p)) for s in seqs], k)
 
 
 def echo_eagle(src, dst, target):
@@ -215,23 +255,18 @@ def echo_eagle(src, dst, target):
 
 @torch.no_grad()
 def echo_acceptance(stage_dir, target, echo_dir, k: int) -> dict:
-    """Acceptance of :func:`echo_eagle`'s drafter from the target alone: every draft at start t is
-    D_t = argmax over the draft vocabulary of the target's logits at t, so a start accepts as many drafts as
-    the greedy sequence repeats D_t from x_{t+2} on (at most k)."""
+    """Score of :func:`echo_eagle`'s drafter from the target alone: at a step whose verified prefix ends at p, its
+    first draft reads the target's feature at p - 1 and re-proposes D = argmax over the draft vocabulary of the
+    target's logits there, and every later draft reads that same feature: k copies of D."""
     from vocab.files import load_ranked
 
     vocab = json.loads((echo_dir / "config.json").read_text())["vocab"]
     ids_s = torch.as_tensor(load_ranked(vocab["file"]).top(vocab["size"]).astype("int64"))
-    leads = []
+    per_seq = []
     for s in json.loads((stage_dir / "eval_sequences.json").read_text())["sequences"]:
-        ids = s["ids"]
-        logits = target.model(input_ids=torch.tensor([ids])).logits[0]
-        for t in _valid_starts(s):
-            d, n = int(ids_s[logits[t, ids_s].argmax()]), 0
-            while n < k and t + 2 + n < len(ids) and ids[t + 2 + n] == d:
-                n += 1
-            leads.append(n)
-    return _acceptance(leads, k)
+        logits = target.model(input_ids=torch.tensor([s["ids"]])).logits[0]
+        per_seq.append(_chain(s, k, lambda p, lg=logits: [int(ids_s[lg[p - 1, ids_s].argmax()])] * k))
+    return _acceptance(per_seq, k)
 
 
 def test_training_reduces_the_loss(tmp_path, llama_run, tiny_llama_dir):
@@ -360,15 +395,15 @@ def test_compare_tables_untrained_and_trained_runs(tmp_path, llama_run, tiny_lla
         shutil.copytree(llama_run, tmp_path / name)
         run(tcfg(tmp_path / name, tiny_llama_dir, "stage=finetune", *extra))
     only = json.loads((tmp_path / "untrained/train/vi/finetune/eval_only.json").read_text())
-    assert only["steps"] == 0 and only["init_from"] is None and only["eval"]["starts"] > 0
+    assert only["steps"] == 0 and only["init_from"] is None and only["eval"]["steps"] > 0
     assert not (tmp_path / "untrained/train/vi/finetune/final").exists(), "eval_only trains nothing"
     assert compare_main(["--lang", "vi", f"untrained={tmp_path / 'untrained'}", f"f={tmp_path / 'f'}"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("| run | step 0 | step 3 | step 6 |")
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in out[3:]}
-    assert rows["untrained"][1] == f"{only['eval']['accept_len']:.3f}" and rows["untrained"][2] == "—"
+    assert rows["untrained"][1] == f"{only['eval']['tau']:.3f}" and rows["untrained"][2] == "—"
     final = [json.loads(x) for x in (tmp_path / "f/train/vi/finetune/metrics.jsonl").read_text().splitlines()]
-    assert rows["f"][1] == "—" and rows["f"][3] == f"{[r for r in final if 'eval' in r][-1]['eval']['accept_len']:.3f}"
+    assert rows["f"][1] == "—" and rows["f"][3] == f"{[r for r in final if 'eval' in r][-1]['eval']['tau']:.3f}"
     with pytest.raises(SystemExit):
         compare_main(["--lang", "vi", f"x={tmp_path / 'missing'}"])
 
@@ -381,13 +416,14 @@ def test_make_pf_study_trains_the_three_arms_and_tables_them(tmp_path, llama_run
     test_set = tmp_path / "test.jsonl"  # an independent test set scores all three arms
     test_set.write_text("\n".join((run_dir / "synth/vi/data.jsonl").read_text().splitlines()[:3]) + "\n")
     proc = run_cli("make", "-s", "pf-study", "LANG=vi", f"TARGET={tiny_llama_dir}", f"RUN={run_dir}", "PRETRAIN_LANGS=vi,de",
-                   "PRETRAIN_STEPS=3", "DISTILL_ARGS=sampling.max_new_tokens=8", f"TEST_DATA={test_set}",
+                   "PRETRAIN_EPOCHS=1", "DISTILL_ARGS=sampling.max_new_tokens=8 limit=12", f"TEST_DATA={test_set}",
                    "STUDY_ARGS=finetune.steps=3 eval_every=3 checkpoint_every=3 report_to=none data.max_length=64 "
                    "data.eval_max_examples=3 eval_depth=3 eagle.vocab_size=128 optim.batch_size=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = run_dir / "pf-study" / "eagle-cpu"
-    for lang in ("vi", "de"):  # the pretraining text: every language's seed continuations at three temperatures
-        assert json.loads((run_dir / "synth" / f"{lang}-pretrain-mix" / "stats.json").read_text())["accepted"] > 0
+    for lang in ("vi", "de"):  # the pretraining data: every language's on-policy answers, features captured
+        stats = json.loads((run_dir / "synth" / f"{lang}-distill" / "stats.json").read_text())
+        assert stats["accepted"] > 0 and stats["feature_bytes"] > 0
     pf = [json.loads(x) for x in (study / "pretrain-finetune/train/vi/finetune/metrics.jsonl").read_text().splitlines()]
     assert pf[0]["init_from"].endswith("pretrain-finetune/train/vi/pretrain/final")
     ft = [json.loads(x) for x in (study / "finetune-only/train/vi/finetune/metrics.jsonl").read_text().splitlines()]
@@ -398,7 +434,7 @@ def test_make_pf_study_trains_the_three_arms_and_tables_them(tmp_path, llama_run
     for arm in ("pretrain-finetune", "finetune-only", "untrained"):
         seqs = json.loads((study / arm / "train/vi/finetune/eval_sequences.json").read_text())["sequences"]
         assert len(seqs) == 3, arm
-    assert len({r.split(" | ")[-1] for r in table[3:]}) == 1, "the same start positions for every arm"
+    assert len({r.split(" | ")[-1] for r in table[3:]}) == 1, "the same held-out answers for every arm"
 
 
 def test_eval_file_scores_an_independent_test_set(tmp_path, llama_run, tiny_llama_dir):
@@ -415,7 +451,7 @@ def test_eval_file_scores_an_independent_test_set(tmp_path, llama_run, tiny_llam
     for name, f in (("a", test_a), ("b", test_b)):  # same run folder: the cached sequences must follow the file
         [res] = run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "eval_only=true", f"data.eval_file=[{f}]",
                          "data.eval_max_examples=50"))
-        scores[name] = res["eval"]["starts"]
+        scores[name] = res["eval"]["sequences"]
         assert len(json.loads(seqs.read_text())["sequences"]) == (2 if name == "a" else 5)
     assert scores["a"] < scores["b"]
     with pytest.raises(PolyspecError, match="not found"):

@@ -16,7 +16,7 @@ from polyspec.errors import PolyspecError, cli_entry
 
 
 def eval_rows(run: str | Path, lang: str, stage: str = "finetune") -> dict[int, dict]:
-    """step → {"accept_len", "alpha", "starts"} for one run's stage."""
+    """step → {"tau", "accept_len", "alpha", "steps", "tokens"} (train/score.py) for one run's stage."""
     out_dir = Path(run) / "train" / lang / stage
     rows: dict[int, dict] = {}
     only = out_dir / "eval_only.json"
@@ -35,13 +35,13 @@ def eval_rows(run: str | Path, lang: str, stage: str = "finetune") -> dict[int, 
 
 def table(runs: dict[str, dict[int, dict]]) -> str:
     steps = sorted({s for rows in runs.values() for s in rows})
-    head = ["run", *[f"step {s}" for s in steps], "α_1..α_k at the last step", "starts"]
+    head = ["run", *[f"step {s}" for s in steps], "α_1..α_γ at the last step", "held-out answer tokens"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, rows in runs.items():
         last = rows[max(rows)]
-        cells = [f"{rows[s]['accept_len']:.3f}" if s in rows else "—" for s in steps]
+        cells = [f"{rows[s].get('tau', rows[s]['accept_len']):.3f}" if s in rows else "—" for s in steps]
         alpha = " ".join(f"{a:.3f}" for a in last["alpha"]) or "—"
-        lines.append("| " + " | ".join([name, *cells, alpha, str(last["starts"])]) + " |")
+        lines.append("| " + " | ".join([name, *cells, alpha, str(last.get("tokens", last.get("starts")))]) + " |")
     return "\n".join(lines)
 
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not name or not path:
             raise PolyspecError(f"{item!r}: expected NAME=RUN_DIR")
         runs[name] = eval_rows(path, args.lang, args.stage)
-    print(f"held-out simulated acceptance, {args.lang}/{args.stage} (mean accepted drafts per step)")
+    print(f"held-out score, {args.lang}/{args.stage}: τ of the decoder's greedy chain (answer tokens per target forward)")
     print(table(runs))
     return 0
 

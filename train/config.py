@@ -57,7 +57,9 @@ class OptimConfig(StrictModel):
 
 
 class StageConfig(StrictModel):
-    steps: int = Field(200, ge=1)
+    steps: int = Field(200, ge=1, description="optimizer steps (when epochs is None)")
+    epochs: float | None = Field(None, gt=0, description="passes over the stage's training examples: sets the steps "
+                                 "(ceil(epochs · examples / global batch)); None: steps")
     lr: float | None = Field(None, gt=0, description="None: optim.lr")
 
 
@@ -73,7 +75,9 @@ class TrainConfig(StrictModel):
     stage: Literal["pretrain", "finetune", "both"] = "both"
     init_from: str | None = Field(None, description="finetune: weights to start from (default: this run's pretrain final)")
     seed: int = 0
-    features: Literal["online", "offline"] = Field("online", description="target hidden states computed in the step, or precomputed once")
+    features: Literal["online", "offline", "captured"] = Field(
+        "online", description="online: the target runs in every step; offline: its last layer precomputed once; "
+        "captured: read from the shards `synth distill capture_features=true` kept while generating (no target pass)")
     mixed_precision: Literal["no", "bf16", "fp16", "auto"] = Field("auto", description="auto: bf16 on CUDA, no on CPU")
     data: DataConfig = DataConfig()
     eagle: EagleConfig = EagleConfig()
@@ -84,7 +88,8 @@ class TrainConfig(StrictModel):
     checkpoint_every: int = Field(50, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(50, ge=1)
-    eval_depth: int = Field(5, ge=1, description="k: simulated acceptance over positions 1..k")
+    eval_depth: int = Field(4, ge=1, description="γ of the score: the decoder's greedy chain procedure with γ drafts "
+                            "per step on held-out prompts (tau = answer tokens / target forwards)")
     log_every: int = Field(10, ge=1)
     eval_only: bool = Field(False, description="evaluate the stage's starting weights (random init unless init_from) and stop")
     report_to: Literal["wandb", "tensorboard", "none"] = Field("wandb", description="wandb runs offline by default")

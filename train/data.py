@@ -12,10 +12,12 @@ from __future__ import annotations
 import glob
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from polyspec.errors import PolyspecError
+from polyspec.features import FeatureReader
 from polyspec.io import read_jsonl
 from polyspec.prompts import render
 
@@ -24,6 +26,7 @@ from polyspec.prompts import render
 class Example:
     input_ids: list[int]
     loss_mask: list[int]  # 1 where the token is a training target
+    feat: tuple[str, str] | None = None  # captured features: (shard path, record id) (polyspec/features.py)
 
 
 @dataclass
@@ -44,13 +47,13 @@ def expand_paths(patterns: list[str], run: str, lang: str) -> list[str]:
     return paths
 
 
-def read_records(paths: list[str]) -> tuple[list[dict], int]:
+def read_records(paths: list[str], with_source: bool = False) -> tuple[list[dict], int]:
     records, skipped = [], 0
     for path in paths:
         lines = read_jsonl(path)  # torn or malformed lines are skipped and counted
         for rec in lines:
             if isinstance(rec.get("text"), str) or _turns(rec):
-                records.append(rec)
+                records.append({**rec, "_file": path} if with_source else rec)
             else:
                 skipped += 1
         skipped += lines.skipped
@@ -94,12 +97,17 @@ def encode_record(rec: dict, target, max_length: int, response_only: bool) -> Ex
     return Example(ids, mask) if sum(mask) > 0 else None
 
 
-def build_dataset(patterns: list[str], target, run: str, lang: str, max_length: int, response_only: bool) -> Dataset:
+def build_dataset(patterns: list[str], target, run: str, lang: str, max_length: int, response_only: bool,
+                  captured: bool = False) -> Dataset:
+    """``captured``: examples are the distilled records' own token ids (exactly what the target generated and
+    whose hidden states were kept); records without captured features are skipped and counted."""
     paths = expand_paths(patterns, run, lang)
-    records, skipped = read_records(paths)
+    records, skipped = read_records(paths, with_source=captured)
+    reader = FeatureReader(target.spec.name, target.tokenizer_sha256) if captured else None
     examples = []
     for rec in records:
-        ex = encode_record(rec, target, max_length, response_only)
+        ex = captured_example(rec, reader, max_length, response_only) if captured else \
+            encode_record(rec, target, max_length, response_only)
         if ex is None:
             skipped += 1
         else:
@@ -107,6 +115,24 @@ def build_dataset(patterns: list[str], target, run: str, lang: str, max_length: 
     if not examples:
         raise PolyspecError(f"no usable training example in {', '.join(paths)} ({skipped} lines skipped)")
     return Dataset(examples, skipped, paths)
+
+
+def all_captured(patterns: list[str], run: str, lang: str) -> bool:
+    """Every record of these files names captured features (a held-out set may be plain records)."""
+    records, _ = read_records(expand_paths(patterns, run, lang))
+    return bool(records) and all(isinstance(r.get("features_file"), str) for r in records)
+
+
+def captured_example(rec: dict, reader: FeatureReader, max_length: int, response_only: bool) -> Example | None:
+    if not isinstance(rec.get("features_file"), str) or not isinstance(rec.get("id"), str):
+        return None
+    path = str(Path(rec["_file"]).parent / rec["features_file"])
+    if not Path(path).resolve().is_relative_to(Path(rec["_file"]).parent.resolve()):
+        raise PolyspecError(f"{rec['_file']}: features_file {rec['features_file']!r} leaves its folder")
+    ids, start = reader.ids(path, rec["id"])
+    mask = [0] * start + [1] * (len(ids) - start) if response_only else [0] + [1] * (len(ids) - 1)
+    ids, mask = ids[:max_length], mask[:max_length]
+    return Example(ids, mask, (path, rec["id"])) if sum(mask) > 1 else None
 
 
 def split(ds: Dataset, eval_fraction: float, seed: int) -> tuple[list[Example], list[Example]]:

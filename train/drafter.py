@@ -37,11 +37,12 @@ import torch
 
 from polyspec.config import load_config
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.features import FeatureReader
 from polyspec.io import atomic_write_json, sha256_file
 from polyspec.languages import get_language
 from polyspec.targets import greedy_generate, load_target
 from train.config import TrainConfig
-from train.data import build_dataset, collate, epoch_order, expand_paths, split
+from train.data import all_captured, build_dataset, collate, epoch_order, expand_paths, split
 from train.models import (
     Eagle3Drafter,
     EagleDrafter,
@@ -50,14 +51,8 @@ from train.models import (
     load_drafter,
     save_drafter,
 )
-from train.objectives import (
-    acceptance_from_hits,
-    eagle_hits,
-    eagle_loss,
-    small_lm_hits,
-    small_lm_loss,
-    target_features,
-)
+from train.objectives import eagle_loss, small_lm_loss, target_features
+from train.score import eagle_chain, small_lm_chain, summarize
 
 CHECKPOINT_LAYOUT = 2  # 2: accelerate's save_state + trainer_state.json (1: hand-written model/optimizer/RNG files)
 
@@ -97,18 +92,20 @@ class DrafterRecipe:
         self.softcap = getattr(self.target.model.config, "final_logit_softcapping", None)
         # 3. data: pretrain = general text, every token; finetune = synth data, response tokens only
         patterns = cfg.data.pretrain if self.stage == "pretrain" else cfg.data.finetune
+        captured = cfg.features == "captured"
         ds = build_dataset(patterns, self.target, cfg.run, cfg.lang, cfg.data.max_length,
-                           response_only=self.stage == "finetune")
-        if self.stage == "finetune" and cfg.data.eval_file:  # an independent test set
+                           response_only=self.stage == "finetune", captured=captured)
+        if self.stage == "finetune" and cfg.data.eval_file:  # an independent test set (held-out prompts)
             self.train_set = ds.examples
-            held = build_dataset(cfg.data.eval_file, self.target, cfg.run, cfg.lang, cfg.data.max_length, True).examples
+            held = build_dataset(cfg.data.eval_file, self.target, cfg.run, cfg.lang, 4 * cfg.data.max_length, True,
+                                 captured=captured and all_captured(cfg.data.eval_file, cfg.run, cfg.lang)).examples
         else:
             self.train_set, held = split(ds, cfg.data.eval_fraction, cfg.seed)
         self.data_files, self.skipped = ds.files, ds.skipped
+        self.reader = FeatureReader(self.target.spec.name, self.target.tokenizer_sha256) if captured else None
         # 4. the language's reduced vocabulary (top-s ranked ids) and the head rows it keeps
         self.ids_s, self.vocab_meta = self._reduced_vocab()
         self.head_w = self.target.model.get_output_embeddings().weight[self.ids_s].detach()
-        self.eval_seqs = self._eval_sequences(held[: cfg.data.eval_max_examples])
         self.features = None
         if cfg.features == "offline" and cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3":
             raise PolyspecError("features: offline stores the last layer only; EAGLE-3 drafters train with features: online")
@@ -123,8 +120,9 @@ class DrafterRecipe:
             self.acc.wait_for_everyone()
         # 5. drafter, optimizer, cosine schedule with warmup (seed 004 Appendix F)
         self.model = self._build_drafter()
+        self.eval_seqs = self._eval_sequences(held[: cfg.data.eval_max_examples])  # EAGLE-3: its aux layers
         whole.close()
-        steps = self.stage_cfg.steps
+        steps = self.steps = self._steps()
         lr = self.stage_cfg.lr or cfg.optim.lr
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
@@ -173,6 +171,13 @@ class DrafterRecipe:
             unset_hf_deepspeed_config()
             stack.callback(plugin.set_deepspeed_weakref)
         return stack
+
+    def _steps(self) -> int:
+        """``epochs`` (when set) decides the optimizer steps: passes over the training examples."""
+        sc, o = self.stage_cfg, self.cfg.optim
+        if sc.epochs is None:
+            return sc.steps
+        return max(1, math.ceil(sc.epochs * len(self.train_set) / (o.batch_size * o.grad_accum * self.acc.num_processes)))
 
     @property
     def stage_cfg(self):
@@ -223,24 +228,38 @@ class DrafterRecipe:
         return model.to(self.acc.device).train()
 
     @torch.no_grad()
-    def _eval_sequences(self, held) -> list[tuple[torch.Tensor, int]]:
-        """Held-out prompts + the target's own greedy answers, cached on disk: with greedy sequences
-        the simulated acceptance equals what greedy speculative decoding would accept."""
+    def _eval_sequences(self, held) -> list[dict]:
+        """Held-out prompts + the target's own greedy answers ending where the decoder ends (EOS, stop strings,
+        max tokens). Captured held-out records (``synth distill --prompts heldout capture_features=true``) bring
+        their ids and features; otherwise the answers are generated here once and cached on disk."""
+        if held and all(ex.feat for ex in held):
+            out = []
+            for ex in held:
+                path, rid = ex.feat
+                seq = torch.tensor([ex.input_ids], device=self.acc.device)
+                d = {"seq": seq, "start": ex.loss_mask.index(1), "f": self.reader.get(path, rid, "f")[None].float()}
+                if self.aux_layers:
+                    d["aux"] = self.reader.get(path, rid, "aux")[None].float()
+                out.append(d)
+            return out
         cache = self.out / "eval_sequences.json"
-        key = hashlib.sha256(json.dumps([ex.input_ids for ex in held]).encode()).hexdigest()[:16]
+        key = hashlib.sha256(json.dumps(["stop-v2", [ex.input_ids for ex in held]]).encode()).hexdigest()[:16]
         cached = json.loads(cache.read_text()) if cache.is_file() else {}
         if isinstance(cached, dict) and cached.get("key") == key:  # made from these held-out examples
             data = cached["sequences"]
         else:
             data = []
+            stop = self.target.spec.prompt_format.stop
             for ex in held:  # finetune: the prompt is the instruction; pretrain: the first half of the text
                 start = ex.loss_mask.index(1) if self.stage == "finetune" else max(1, len(ex.input_ids) // 2)
                 prompt = ex.input_ids[:start]
-                new = greedy_generate(self.target, prompt, max(8, min(64, self.cfg.data.max_length - start)))
+                new = greedy_generate(self.target, prompt, max(8, min(96, self.cfg.data.max_length - start)))
+                if self.stage == "finetune":
+                    new = _cut_at_stop(self.target.tokenizer, new, stop)
                 data.append({"ids": prompt + new, "start": start})
             if self.acc.is_main_process:
                 atomic_write_json(cache, {"key": key, "sequences": data})
-        return [(torch.tensor([d["ids"]], device=self.acc.device), d["start"]) for d in data]
+        return [{"seq": torch.tensor([d["ids"]], device=self.acc.device), "start": d["start"]} for d in data]
 
     def _init_trackers(self) -> None:
         run_name = f"{self.cfg.lang}-{self.stage}"
@@ -275,7 +294,11 @@ class DrafterRecipe:
         if self.cfg.drafter_type == "small-lm":
             return small_lm_loss(self.model, batch)
         aux = None
-        if self.features is not None:  # offline: precomputed once, read back
+        if self.reader is not None:  # captured while the target generated: no target pass at all
+            idx, T = batch["index"].tolist(), batch["input_ids"].shape[1]
+            f = self._captured(idx, T, "f")
+            aux = self._captured(idx, T, "aux") if self.aux_layers else None
+        elif self.features is not None:  # offline: precomputed once, read back
             f = self.features.get(batch["index"].tolist(), batch["input_ids"].shape[1], self.acc.device)
         elif self.aux_layers:  # EAGLE-3: three target layers as input, the last one for the targets
             f, aux = target_features(self.target.model, batch["input_ids"], batch["attention_mask"], self.aux_layers)
@@ -283,8 +306,17 @@ class DrafterRecipe:
             f = target_features(self.target.model, batch["input_ids"], batch["attention_mask"])
         return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, aux=aux)
 
+    def _captured(self, indices: list[int], T: int, name: str, examples=None) -> torch.Tensor:
+        """[B, T, ·] float32 features of examples (right-padded with zeros), from the captured shards."""
+        rows = []
+        for i in indices:
+            path, rid = (examples or self.train_set)[i].feat
+            x = self.reader.get(path, rid, name)[:T].float()
+            rows.append(torch.nn.functional.pad(x, (0, 0, 0, T - x.shape[0])))
+        return torch.stack(rows).to(self.acc.device)
+
     def train(self) -> dict:
-        cfg, steps = self.cfg, self.stage_cfg.steps
+        cfg, steps = self.cfg, self.steps
         self._log_line({"event": "start", "stage": self.stage, "step": self.step, "train_examples": len(self.train_set),
                         "skipped_lines": self.skipped, "init_from": self.init_from})
         from tqdm.auto import tqdm
@@ -316,41 +348,41 @@ class DrafterRecipe:
             if self.step % cfg.eval_every == 0 or self.step == steps:
                 ev = self.evaluate()
                 self._log_line({"step": self.step, "eval": ev})
-                self.acc.log({f"{self.stage}/accept_len": ev["accept_len"]}, step=self.step)
-                if ev["accept_len"] > self.best:
-                    self.best = ev["accept_len"]
+                self.acc.log({f"{self.stage}/tau": ev["tau"], f"{self.stage}/accept_len": ev["accept_len"]}, step=self.step)
+                if ev["tau"] > self.best:
+                    self.best = ev["tau"]
                     self._save_weights(self.out / "best", {"eval": ev, "step": self.step})
             if self.step % cfg.checkpoint_every == 0 or self.step == steps:
                 self.save_checkpoint()  # the last one too: a rerun of a finished stage trains nothing
         bar.close()
         final_eval = self.evaluate()
         self._save_weights(self.out / "final", {"eval": final_eval, "step": self.step})
-        return {"stage": self.stage, "steps": self.step, "final_loss": last_loss, "eval": final_eval, "best_accept_len": self.best}
+        tok_s = round(tokens / max(time.time() - t0, 1e-9), 1)
+        self._log_line({"event": "end", "stage": self.stage, "train_tokens_per_s": tok_s, "seconds": round(time.time() - t0, 1)})
+        return {"stage": self.stage, "steps": self.step, "final_loss": last_loss, "eval": final_eval, "best_tau": self.best,
+                "train_tokens_per_s": tok_s}
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out simulated acceptance over draft positions 1..k (greedy target sequences)."""
+        """The decoder's greedy chain procedure (γ = eval_depth) replayed on the held-out answers (train/score.py):
+        τ = answer tokens per target forward, accepted drafts per step, α_1..α_γ."""
         model = self.acc.unwrap_model(self.model)
         model.eval()
-        all_hits, all_valid = [], []
-        k = self.cfg.eval_depth
-        for seq, start in self.eval_seqs:
+        k, per_seq = self.cfg.eval_depth, []
+        for d in self.eval_seqs:
+            seq, start = d["seq"], d["start"]
             if self.cfg.drafter_type == "eagle":
-                f, aux = target_features(self.target.model, seq, torch.ones_like(seq), self.aux_layers), None
-                if self.aux_layers:
-                    f, aux = f
-                hits = eagle_hits(model, self.embed, self.head_w, self.ids_s, seq, f, k, self.softcap, aux=aux)
+                f, aux = d.get("f"), d.get("aux")
+                if f is None:
+                    got = target_features(self.target.model, seq, torch.ones_like(seq), self.aux_layers)
+                    f, aux = got if self.aux_layers else (got, None)
+                acc = eagle_chain(model, self.embed, self.head_w, self.ids_s, seq, start, f.float().to(seq.device), k,
+                                  self.softcap, aux=None if aux is None else aux.float().to(seq.device))
             else:
-                hits = small_lm_hits(model, self.ids_s if len(self.ids_s) < self.target.vocab_size else None, seq, k)
-            T = seq.shape[1]
-            valid = torch.zeros(T, dtype=torch.bool)
-            valid[max(0, start - 1) : max(0, T - 2)] = True  # x_{t+1} is an answer token, x_{t+2} exists
-            all_hits.append(hits)
-            all_valid.append(valid)
+                acc = small_lm_chain(model, self.ids_s if len(self.ids_s) < self.target.vocab_size else None, seq, start, k)
+            per_seq.append((seq.shape[1] - start, acc))
         model.train()
-        if not all_hits:
-            return {"accept_len": 0.0, "alpha": [], "starts": 0}
-        return acceptance_from_hits(torch.cat(all_hits), torch.cat(all_valid))
+        return summarize(per_seq, k)
 
     # ------------------------------------------------------------------------------- checkpoints
     def _meta(self) -> dict:
@@ -420,6 +452,14 @@ class DrafterRecipe:
 
     def cleanup(self) -> None:
         self.acc.end_training()
+
+
+def _cut_at_stop(tok, new: list[int], stop: list[str]) -> list[int]:
+    """The greedy answer up to the token that completes a stop string (where the decoder stops)."""
+    for k in range(1, len(new) + 1):
+        if any(st in tok.decode(new[:k], skip_special_tokens=True) for st in stop):
+            return new[:k]
+    return new
 
 
 def _fingerprint(paths: list[str]) -> list:

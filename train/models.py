@@ -26,6 +26,7 @@ from torch import nn
 
 from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_directory, atomic_write_json
+from polyspec.targets import eagle3_layers
 
 DRAFTER_FORMAT = 1
 
@@ -141,9 +142,7 @@ class Eagle3Drafter(nn.Module):
 
         t = _text_config(target.model.config)
         n = t.num_hidden_layers
-        aux = aux_layers or [min(2, n), max(1, n // 2), max(1, n - 3)]  # vLLM's default for EAGLE-3
-        if len(set(aux)) < 3 and n >= 2:  # shallow targets (n ≤ 6, tests): three distinct ids, as speculators needs
-            aux = [n - 3, n - 2, n - 1] if n >= 3 else [0, 1, 2]
+        aux = aux_layers or eagle3_layers(n)  # vLLM's default for EAGLE-3
         cfg = LlamaConfig(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=1,
                           num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
                           head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,

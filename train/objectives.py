@@ -1,4 +1,4 @@
-"""Losses and the simulated-acceptance metric of the drafters.
+"""Losses of the drafters (their held-out score is train/score.py).
 
 Shapes: B batch, T tokens, H hidden, s reduced vocabulary. ``f`` are the target's last hidden states
 (post final norm: what its LM head reads); ``f[:, t]`` predicts token ``x[:, t+1]``.
@@ -56,7 +56,7 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
     ids, mask = batch["input_ids"], batch["loss_mask"]
     T = ids.shape[1]
     with torch.no_grad():
-        emb = embed(ids)
+        emb = embed(ids).float()  # a bf16 target's embedding feeds the fp32 drafter (autocast on CUDA)
     g = (aux if aux is not None else f)[:, :-1]
     if cfg.feature_noise > 0:
         noise = torch.rand(g.shape, generator=generator, device="cpu").to(g.device, g.dtype)
@@ -96,66 +96,3 @@ def small_lm_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
     loss = (ce * m).sum() / m.sum().clamp_min(1.0)
     acc = ((logits.argmax(-1) == tgt).float() * m).sum() / m.sum().clamp_min(1.0)
     return loss, {"ce": float(loss.detach()), "top1": float(acc)}
-
-
-# ------------------------------------------------------------------------------ simulated acceptance
-
-
-def acceptance_from_hits(hits: torch.Tensor, valid: torch.Tensor) -> dict:
-    """hits [N, k] bool (draft i equals the target's top-1), valid [N] start positions → metrics.
-
-    Accepted length at a start = number of leading hits; α_i = share of starts accepting ≥ i tokens.
-    """
-    hits = hits[valid]
-    if hits.numel() == 0:
-        return {"accept_len": 0.0, "alpha": [], "starts": 0}
-    lead = hits.int().cumprod(dim=1)
-    return {"accept_len": float(lead.sum(1).float().mean()), "alpha": [round(float(a), 4) for a in lead.float().mean(0)],
-            "starts": int(hits.shape[0])}
-
-
-@torch.no_grad()
-def eagle_hits(drafter, embed, head_w, ids_s: torch.Tensor, seq: torch.Tensor, f: torch.Tensor, k: int,
-               softcap: float | None = None, aux: torch.Tensor | None = None) -> torch.Tensor:
-    """Greedy sequence seq [1, T] (the target's own greedy output) and its features f [1, T, H] →
-    hits [T, k]: at start t, the drafter unrolled on its own predictions proposes d_1..d_k for x_{t+2..};
-    hit i when d_i equals the target's greedy token there (= seq, since seq is greedy).
-
-    Unrolled for all starts at once (step i feeds every position the drafter's step-(i-1) feature), the
-    same approximation as the training-time test.
-    """
-    T = seq.shape[1]
-    hits = torch.zeros((T, k), dtype=torch.bool)
-    emb = embed(seq)
-    g = (aux if aux is not None else f)[:, :-1]
-    tokens = seq
-    for i in range(k):
-        L = T - 1 - i
-        if L < 1:
-            break
-        pos = torch.arange(1 + i, T, device=seq.device).unsqueeze(0)
-        pred, _ = drafter(emb[:, 1 + i :] if i == 0 else embed(tokens), g[:, :L], position_ids=pos)
-        d = ids_s[draft_logits(drafter, pred[0], head_w, softcap).argmax(-1)]  # draft token for x_{t+2+i}
-        ok = d[: L - 1] == seq[0, 2 + i :]
-        hits[: L - 1, i] = ok.cpu()
-        tokens = d[: L - 1].unsqueeze(0)  # the drafter's own tokens feed the next step
-        g = pred[:, : L - 1]
-    return hits
-
-
-@torch.no_grad()
-def small_lm_hits(model, ids_s: torch.Tensor | None, seq: torch.Tensor, k: int) -> torch.Tensor:
-    """For a greedy target sequence, own predictions equal teacher forcing while they match: one forward."""
-    logits = model(input_ids=seq).logits[0, :-1]
-    if ids_s is not None:
-        pred = ids_s[logits[:, ids_s].argmax(-1)]
-    else:
-        pred = logits.argmax(-1)
-    match = pred == seq[0, 1:]  # match[j]: prediction for x_{j+1} from the prefix x_{<=j}
-    T = seq.shape[1]
-    hits = torch.zeros((T, k), dtype=torch.bool)
-    for i in range(k):  # start t: x_{t+1} is the target's token, draft i is for x_{t+2+i} (as eagle_hits)
-        n = T - 2 - i
-        if n > 0:
-            hits[:n, i] = match[1 + i :].cpu()
-    return hits

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from polyspec.errors import PolyspecError
-from polyspec.io import atomic_write_json
+from polyspec.io import atomic_write_json, read_jsonl
 from polyspec.languages import Language, get_language
 from polyspec.targets import load_target
 from vocab.analysis import coverage_curve, k_for_coverage, overlap_matrix, write_coverage, write_overlap
@@ -26,11 +26,21 @@ from vocab.sources import documents, wordfreq_items
 TEXT_SOURCES = {"fineweb2", "wikipedia", "files", "synth"}
 
 
+def heldout_answers_path(run: str | Path, code: str) -> Path:
+    return Path(run) / "synth" / f"{code}-heldout" / "data.jsonl"
+
+
 def heldout_kind(cfg: VocabConfig, lang: Language) -> str:
     names = {s.name for s in cfg.sources}
     kind = cfg.heldout
+    answers = heldout_answers_path(cfg.run, lang.code)
+    if kind == "answers" and not answers.is_file():
+        raise PolyspecError(f"heldout=answers: {answers} is missing (python -m synth distill --prompts heldout "
+                            f"--out-name heldout --temperatures 0 --lang {lang.code})")
     if kind == "auto":
-        if names & TEXT_SOURCES:
+        if answers.is_file():
+            kind = "answers"
+        elif names & TEXT_SOURCES:
             kind = "split"
         elif glob.glob(str(Path(cfg.run) / "synth" / f"{lang.code}*" / "data.jsonl")):
             kind = "synth"
@@ -45,7 +55,10 @@ def heldout_kind(cfg: VocabConfig, lang: Language) -> str:
 
 def heldout_counts(kind: str, cfg: VocabConfig, lang: Language, tokenizer, vocab_size: int) -> tuple[np.ndarray, dict]:
     """Held-out token counts for the kinds that are not a split of the counted text."""
-    if kind == "synth":
+    if kind == "answers":  # what the decoder will have to draft: the target's own greedy text
+        texts = [t["value"] for rec in read_jsonl(heldout_answers_path(cfg.run, lang.code))
+                 for t in rec.get("conversations", [])[-1:] if isinstance(t.get("value"), str)]
+    elif kind == "synth":
         from vocab.config import SourceConfig
 
         texts = list(documents(SourceConfig(name="synth"), lang, cfg.run))

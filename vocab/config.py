@@ -49,10 +49,11 @@ class VocabConfig(StrictModel):
     target: str = "gemma3-270m"
     run: str = Field("runs/default", description="output goes to <run>/vocab/")
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig(name="wordfreq")])
-    heldout: Literal["auto", "split", "synth", "seeds"] = Field(
+    heldout: Literal["auto", "answers", "split", "synth", "seeds"] = Field(
         "auto",
-        description="held-out running text for coverage: a split of the text sources, the run's synth output, "
-        "or the language seeds; auto = split when a text source is used, else synth, else seeds",
+        description="held-out running text for coverage: the target's greedy answers to the held-out prompts "
+        "(<run>/synth/<lang>-heldout, never counted), a split of the text sources, the run's synth output, or the "
+        "language seeds; auto = answers when they exist, else split when a text source is used, else synth, else seeds",
     )
     heldout_every: int = Field(10, ge=2, description="split: every k-th document is held out (not counted)")
     batch_size: int = Field(1000, ge=1, description="documents per tokenizer batch")

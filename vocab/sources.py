@@ -7,7 +7,8 @@
   Nothing is downloaded unless the hub is reachable; ``max_tokens`` stops the stream (vocab.count).
 - ``files``: local txt / parquet (a file, glob or folder) read through ``datasets``; jsonl through
   :func:`polyspec.io.read_jsonl` (a torn or malformed line is skipped and counted, not fatal).
-- ``synth``: the text of the run's synth output (``<run>/synth/<lang>*/data.jsonl``), read the same way.
+- ``synth``: the text of the run's synth output (``<run>/synth/<lang>*/data.jsonl``: Alg. 1 pairs and the
+  distilled answers), read the same way; the held-out answers (``<lang>-heldout``) are never counted.
 - ``wordfreq``: not running text. :func:`wordfreq_items` gives (text, weight) pairs — each word with and
   without a leading space, weighted by the word's frequency — an *approximation* of running-text counts
   (no context effects, no punctuation, numbers or markup).
@@ -43,7 +44,7 @@ def documents(src: SourceConfig, lang: Language, run: str | Path) -> Iterator[st
         yield from _dataset_texts(_load_local(src.path.format(lang=lang.code)), src.text_field or "text", src.path)
     elif src.name == "synth":
         paths = sorted(glob.glob(str(Path(run) / "synth" / f"{lang.code}*" / "data.jsonl")))
-        for path in paths:
+        for path in [p for p in paths if not Path(p).parent.name.endswith("-heldout")]:  # never counted
             for rec in read_jsonl(path):
                 yield "\n".join(t["value"] for t in rec.get("conversations", []) if isinstance(t.get("value"), str))
     else:
