@@ -147,30 +147,34 @@ eval: $(STAMP)
 		$(if $(MAX_NEW_TOKENS),--max-new-tokens $(MAX_NEW_TOKENS)) $(if $(PER_CELL),--per-cell $(PER_CELL)) \
 		$(if $(REPEATS),--repeats $(REPEATS)) $(if $(DTYPE),--dtype $(DTYPE))
 
-# make pf-study LANG=vi [RECIPE=eagle-cpu] [RUN=…] [PRETRAIN_LANGS=vi,de,ja,zh,fr,es,en] [PRETRAIN_STEPS=300]
+# make pf-study LANG=vi [RECIPE=eagle-cpu] [RUN=…] [PRETRAIN_LANGS=vi,de,ja,zh,fr,es,en] [PRETRAIN_EPOCHS=2]
 #                [TEST_DATA=file.jsonl [TEST_MAX=64]] [DISTILL_ARGS='k=v …'] [STUDY_ARGS='k=v …']
-# Seed 004's claim for one language: pretrain → finetune vs finetune only vs untrained, same finetune steps,
-# one table (python -m train.compare). Needs $(RUN)/synth/$(LANG) and $(RUN)/vocab (make synth, make vocab);
-# distils the pretraining text itself (continuations of every language's seeds at T = 0.3, 0.7, 1.0).
-# TEST_DATA: score every arm on these records' instructions (e.g. another synth run of the language) instead
-# of the default 10 % split of the finetune data; DISTILL_ARGS / STUDY_ARGS: extra overrides for distill /
-# the three training runs. About an hour on a 2-core CPU with the default target.
+# Seed 004's claim for one language: pretrain → finetune vs finetune only vs untrained, same finetune epochs,
+# one table (python -m train.compare). Needs $(RUN)/vocab (make vocab); distils on-policy data itself: every
+# PRETRAIN_LANGS language answers its prompt pool at T = 0 and 0.7 with the target's features captured (the
+# multilingual pretrain), LANG's own answers are the finetune data, and its greedy answers to the held-out prompts
+# score every arm (TEST_DATA: these records' instructions instead). DISTILL_ARGS / STUDY_ARGS: extra overrides
+# for distill (e.g. limit=60) / the three training runs. About an hour on a 2-core CPU with the default target.
 PRETRAIN_LANGS ?= vi,de,ja,zh,fr,es,en
-PRETRAIN_STEPS ?= 300
+PRETRAIN_EPOCHS ?= 2
 TEST_MAX ?= 64
 STUDY = $(RUN)/pf-study/$(RECIPE)
 comma := ,
 empty :=
 space := $(empty) $(empty)
-STUDY_DATA = $(subst $(space),$(comma),$(foreach l,$(subst $(comma), ,$(PRETRAIN_LANGS)),$(RUN)/synth/$(l)-pretrain-mix/data.jsonl))
+STUDY_DATA = $(subst $(space),$(comma),$(foreach l,$(subst $(comma), ,$(PRETRAIN_LANGS)),$(RUN)/synth/$(l)-distill/data.jsonl))
 STUDY_TRAIN = $(VENV)/bin/accelerate launch $(ACCELERATE_ARGS) train/drafter.py --config configs/train/$(RECIPE).yaml \
-	lang=$(LANG_CODE) target=$(TARGET) data.pretrain=[$(STUDY_DATA)] data.finetune=[$(RUN)/synth/$(LANG_CODE)/data.jsonl] \
-	pretrain.steps=$(PRETRAIN_STEPS) $(if $(filter eagle%,$(RECIPE)),eagle.vocab_file=$(RUN)/vocab/$(LANG_CODE).safetensors) \
-	$(if $(TEST_DATA),data.eval_file=[$(TEST_DATA)] data.eval_max_examples=$(TEST_MAX)) $(STUDY_ARGS)
+	lang=$(LANG_CODE) target=$(TARGET) features=captured data.pretrain=[$(STUDY_DATA)] \
+	data.finetune=[$(RUN)/synth/$(LANG_CODE)-distill/data.jsonl] pretrain.epochs=$(PRETRAIN_EPOCHS) \
+	$(if $(filter eagle%,$(RECIPE)),eagle.vocab_file=$(RUN)/vocab/$(LANG_CODE).safetensors) \
+	data.eval_file=[$(or $(TEST_DATA),$(RUN)/synth/$(LANG_CODE)-heldout/data.jsonl)] \
+	$(if $(TEST_DATA),data.eval_max_examples=$(TEST_MAX)) $(STUDY_ARGS)
 pf-study: check-lang
 	for l in $(subst $(comma), ,$(PRETRAIN_LANGS)); do \
-		$(PY) -m synth distill --lang $$l --target $(TARGET) --run $(RUN) --continuation --out-name pretrain-mix \
-			--temperatures 0.3,0.7,1.0 --batch-size 32 $(DISTILL_ARGS) || exit $$?; done
+		$(PY) -m synth distill --lang $$l --target $(TARGET) --run $(RUN) --prompts pool --out-name distill \
+			--temperatures 0,0.7 --batch-size 32 capture_features=true $(DISTILL_ARGS) || exit $$?; done
+	$(PY) -m synth distill --lang $(LANG_CODE) --target $(TARGET) --run $(RUN) --prompts heldout --out-name heldout \
+		--temperatures 0 --batch-size 8 capture_features=true $(DISTILL_ARGS)
 	$(STUDY_TRAIN) run=$(STUDY)/pretrain-finetune stage=both
 	$(STUDY_TRAIN) run=$(STUDY)/finetune-only stage=finetune
 	$(STUDY_TRAIN) run=$(STUDY)/untrained stage=finetune eval_only=true

@@ -3,6 +3,8 @@ config files plus dotted overrides, and how long each stage is expected to take 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from polyspec.config import StrictModel
@@ -15,10 +17,15 @@ class SynthStage(StrictModel):
 
 
 class DistillStage(StrictModel):
-    """General (pretraining) text: free-text continuations of the language seeds (seed 004)."""
+    """Self-distillation (seed 004). ``on-policy``: the target answers the language's prompt pool (synth/pool.py)
+    at T = 0 and sampled temperatures, its hidden states captured in the same pass, plus its greedy answers to
+    the held-out prompts (the training score, vocabulary coverage); drafters then train on the captured
+    features (``features=captured``). ``continuation``: free-text continuations of the seeds (the older path)."""
 
     config: str = "configs/synth/distill.yaml"
-    temperatures: list[float] = Field(default_factory=lambda: [0.7, 1.0])
+    mode: Literal["on-policy", "continuation"] = "on-policy"
+    temperatures: list[float] = Field(default_factory=lambda: [0.0, 0.7])
+    limit: int | None = Field(None, ge=1, description="on-policy: pool prompts per language (None: all)")
     overrides: list[str] = Field(default_factory=list)
 
 

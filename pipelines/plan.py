@@ -1,10 +1,13 @@
 """The plan: a profile + languages + target + run directory → ordered stages, each an exact command with
 the configuration it depends on, the stages it reads from, and where its ``DONE`` record goes.
 
-    synth:<l> ─┐            distill:<l> ─┐
-               ├─ vocab ─┬──────────────┴─ train:pretrain (first language, every language's text)
-               │         └─ train:<l> (finetune from the pretrain weights, on synth:<l>) ─┐
-               └────────────────────────────────────────────── export ─ calibrate ─ eval ─ report
+    synth:<l> ─ distill:<l> (the pool, features captured) ─┐
+                heldout:<l> (held-out prompts, greedy) ────┼─ vocab ─┬─ train:pretrain (first language, every
+                                                           │         │  language's distilled data)
+                                                           │         └─ train:<l> (finetune from the pretrain
+                                                           │            weights on distill:<l>, scored on heldout:<l>)
+                                                           └──────────── export ─ calibrate ─ eval ─ report
+    (distill.mode=continuation: distill:<l> = seed continuations for the pretrain; finetune on synth:<l>)
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
     r = str(run)
     p = profile
     first = langs[0]
+    on_policy = p.distill.mode == "on-policy"
     stages: list[Stage] = []
     for lang in langs:
         ov = [f"seed={p.seed}", *p.synth.overrides]
@@ -65,6 +69,18 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                             check=(SynthConfig, p.synth.config, [f"lang={lang}", f"n={p.synth.n}", f"target={target}", *ov])))
         dov = [f"seed={p.seed}", *p.distill.overrides]
         temps = ",".join(str(t) for t in p.distill.temperatures)
+        if on_policy:  # the pool at T = 0 and sampled T, features captured; the held-out prompts greedy
+            lim = [f"limit={p.distill.limit}"] if p.distill.limit else []
+            for name, prompts, t, extra, deps in (("distill", "pool", temps, lim, [f"synth:{lang}"]),
+                                                  ("heldout", "heldout", "0", [], [])):
+                ov = ["capture_features=true", *extra, *dov]
+                stages.append(Stage(f"{name}:{lang}", "distill",
+                                    [py, "-m", "synth", "distill", "--config", p.distill.config, "--lang", lang,
+                                     "--prompts", prompts, "--out-name", name, "--temperatures", t, "--target", target,
+                                     "--run", r, *ov],
+                                    run / "synth" / f"{lang}-{name}" / "DONE.json", deps=deps,
+                                    check=(DistillConfig, p.distill.config, [f"lang={lang}", f"target={target}", *ov])))
+            continue
         stages.append(Stage(f"distill:{lang}", "distill",
                             [py, "-m", "synth", "distill", "--config", p.distill.config, "--lang", lang, "--continuation",
                              "--out-name", "pretrain", "--temperatures", temps, "--target", target, "--run", r, *dov],
@@ -74,22 +90,29 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                         [py, "-m", "vocab", "--config", p.vocab.config, "--langs", ",".join(langs), "--sources",
                          p.vocab.sources, "--target", target, "--run", r,
                          f"mask_sizes=[{','.join(map(str, p.export.sizes))}]", *p.vocab.overrides],
-                        run / "vocab" / "DONE.json", deps=[f"synth:{lang}" for lang in langs],
+                        run / "vocab" / "DONE.json",  # on-policy: the distilled answers are counted, the held-out
+                        deps=[f"{k}:{lang}" for lang in langs  # ones measure coverage
+                              for k in (("synth", "distill", "heldout") if on_policy else ("synth",))],
                         check=(VocabConfig, p.vocab.config, [f"mask_sizes={p.export.sizes}", f"sources={_sources(p.vocab.sources)}",
                                                               *p.vocab.overrides])))
     launch = [py, "-m", "accelerate.commands.launch", *p.train.accelerate_args, repo_path("train/drafter.py"), "--config",
               p.train.recipe]
-    pre_data = "[" + ",".join(f"{r}/synth/{lang}-pretrain/data.jsonl" for lang in langs) + "]"
+    pre_name = "distill" if on_policy else "pretrain"
+    pre_data = "[" + ",".join(f"{r}/synth/{lang}-{pre_name}/data.jsonl" for lang in langs) + "]"
+    captured = ["features=captured"] if on_policy else []
     pre_ov = [f"lang={first}", f"target={target}", f"run={r}", "stage=pretrain", f"seed={p.seed}",
-              f"data.pretrain={pre_data}", *p.train.pretrain_overrides]
+              f"data.pretrain={pre_data}", *captured, *p.train.pretrain_overrides]
     stages.append(Stage("train:pretrain", "pretrain", [*launch, *pre_ov], run / "train" / first / "pretrain" / "DONE.json",
                         deps=["vocab", *(f"distill:{lang}" for lang in langs)],
                         check=(TrainConfig, p.train.recipe, pre_ov)))
     for lang in langs:
+        data = [f"data.finetune=[{r}/synth/{lang}-distill/data.jsonl]",  # the held-out answers score it
+                f"data.eval_file=[{r}/synth/{lang}-heldout/data.jsonl]"] if on_policy else []
         ov = [f"lang={lang}", f"target={target}", f"run={r}", "stage=finetune", f"seed={p.seed}",
-              f"init_from={r}/train/{first}/pretrain/final", *p.train.finetune_overrides]
+              f"init_from={r}/train/{first}/pretrain/final", *captured, *data, *p.train.finetune_overrides]
+        deps = [f"distill:{lang}", f"heldout:{lang}"] if on_policy else [f"synth:{lang}"]
         stages.append(Stage(f"train:{lang}", "finetune", [*launch, *ov], run / "train" / lang / "DONE.json",
-                            deps=["train:pretrain", f"synth:{lang}", "vocab"], check=(TrainConfig, p.train.recipe, ov)))
+                            deps=["train:pretrain", *deps, "vocab"], check=(TrainConfig, p.train.recipe, ov)))
     bundle = run / "export" / "bundle"
     e = p.export
     stages.append(Stage("export", "export",

@@ -19,7 +19,8 @@ def tiny_profile(path, target_dir) -> str:
                                         "filters.keep_unfinished_instructions=true", "filters.min_response_chars=1",
                                         "filters.min_instruction_chars=1", "filters.require_language=false",
                                         "engine.batch_size=8"]},
-        "distill": {"temperatures": [0.7, 1.0], "overrides": ["sampling.max_new_tokens=24", "engine.batch_size=8"]},
+        "distill": {"temperatures": [0.0, 1.0], "limit": 10,
+                    "overrides": ["sampling.max_new_tokens=24", "engine.batch_size=8"]},
         "vocab": {"sources": "synth", "overrides": ["heldout=seeds"]},
         "train": {"pretrain_overrides": ["pretrain.steps=4", "checkpoint_every=2", "eval_every=2", "log_every=1",
                                          "eagle.vocab_size=64", "data.max_length=48", "optim.batch_size=2",
@@ -51,23 +52,23 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
                  "adaspec"):
         assert part in report, part
     assert (run / "report" / "training.png").is_file() and (run / "report" / "speedup.png").is_file()
-    assert " · languages vi · " in report and "| vi-pretrain | " in report  # languages, not synth folders
+    assert " · languages vi · " in report and "| vi-distill | " in report  # languages, not synth folders
     assert list((run / "report" / "wandb").glob("offline-run-*"))  # the same metrics in an offline wandb run
-    for stage in ("synth/vi", "synth/vi-pretrain", "vocab", "train/vi/pretrain", "train/vi", "export", "calibrate", "eval",
-                  "report"):
+    for stage in ("synth/vi", "synth/vi-distill", "synth/vi-heldout", "vocab", "train/vi/pretrain", "train/vi", "export",
+                  "calibrate", "eval", "report"):
         assert (run / stage / "DONE.json").is_file(), stage
     assert (run / "logs" / "train-pretrain.log").is_file()
     files = json.loads((run / "export" / "bundle" / "manifest.json").read_text())["files"]
 
     again = pipeline(profile, run)  # nothing changed: every stage is skipped
-    assert again.returncode == 0 and again.stdout.count("skipped") == 9, again.stdout
+    assert again.returncode == 0 and again.stdout.count("skipped") == 10, again.stdout
 
     # a changed eval setting redoes eval (and report) only
     changed = yaml.safe_load(open(profile))
     changed["eval"]["max_new_tokens"] = 6
     (tmp_path / "tiny2.yaml").write_text(yaml.safe_dump(changed))
     third = pipeline(str(tmp_path / "tiny2.yaml"), run)
-    assert third.returncode == 0 and third.stdout.count("skipped") == 7, third.stdout
+    assert third.returncode == 0 and third.stdout.count("skipped") == 8, third.stdout
 
     # same run directory from scratch, killed (kill -9) inside the pretrain stage, then the same command
     shutil.rmtree(run)
@@ -76,7 +77,7 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
     assert not (run / "train" / "vi" / "pretrain" / "DONE.json").exists()
     resumed = pipeline(profile, run)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    for stage in ("synth:vi", "distill:vi", "vocab"):
+    for stage in ("synth:vi", "distill:vi", "heldout:vi", "vocab"):
         assert f"{stage}: done before" in resumed.stdout  # no finished work is redone
     assert "train:pretrain: running" in resumed.stdout
     assert json.loads((run / "export" / "bundle" / "manifest.json").read_text())["files"] == files
@@ -86,7 +87,7 @@ def test_gpu_profile_dry_run_prints_and_validates_the_plan():
     r = run_cli("make", "all", "PROFILE=gpu-paper", "DRY_RUN=1", "LANGS=vi", cwd=REPO)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "target llama-3.1-8b-instruct" in out and "dry run: 9 stages validated" in out
+    assert "target llama-3.1-8b-instruct" in out and "dry run: 10 stages validated" in out
     for piece in ("engine.name=vllm", "fineweb2", "configs/deepspeed/zero2.yaml", "decoder.bench", "ok: accelerate config"):
         assert piece in out, piece
 
