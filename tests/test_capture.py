@@ -304,3 +304,25 @@ def test_captured_training_epochs_and_records_without_features(captured_run, tin
                        "eval_every=100", "checkpoint_every=100"))
     assert results[0]["steps"] == math.ceil(0.5 * len(r.train_set) / 2)
     assert math.isfinite(results[0]["final_loss"]) and results[0]["eval"]
+
+
+def test_eagle3_training_refuses_shards_without_its_layers(tmp_path, tiny_llama_dir, llama):
+    """Shards captured with the last layer only (or other layers) cannot train an EAGLE-3 drafter: one-line error."""
+    from polyspec.errors import PolyspecError
+
+    run_dir = tmp_path / "run"
+    prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:4])
+    run_distill(dcfg(run_dir, tiny_llama_dir, prompts, "lid_filter=false", "sampling.max_new_tokens=8"), target=llama)
+    from collections import Counter
+
+    from vocab.files import RankedVocab, save_ranked
+
+    counts = Counter(i for p in PROMPTS for i in llama.tokenizer(p)["input_ids"])
+    order = sorted(range(llama.vocab_size), key=lambda i: (-counts.get(i, 0), i))
+    save_ranked(run_dir / "vocab", RankedVocab("vi", np.array(order), np.array([counts.get(i, 0) for i in order]),
+                                               {"tokenizer_sha256": llama.tokenizer_sha256}))
+    r = DrafterRecipe(tcfg(run_dir, tiny_llama_dir, "eagle.arch=eagle3"), "finetune")
+    r.out = tmp_path / "out"
+    with pytest.raises(PolyspecError, match=r"holds target layers None, the EAGLE-3 drafter reads \[") as e:
+        r.setup(target=llama)
+    assert "\n" not in str(e.value)

@@ -120,6 +120,12 @@ class DrafterRecipe:
             self.acc.wait_for_everyone()
         # 5. drafter, optimizer, cosine schedule with warmup (seed 004 Appendix F)
         self.model = self._build_drafter()
+        if self.reader is not None and self.aux_layers:  # the shards must hold this drafter's layers
+            for path in sorted({ex.feat[0] for ex in self.train_set + held if ex.feat}):
+                got = self.reader.aux_layers(path)
+                if got != list(self.aux_layers):
+                    raise PolyspecError(f"{path} holds target layers {got}, the EAGLE-3 drafter reads {self.aux_layers}: "
+                                        "distill with feature_layers=eagle3 (or train with features=online)")
         self.eval_seqs = self._eval_sequences(held[: cfg.data.eval_max_examples])  # EAGLE-3: its aux layers
         whole.close()
         steps = self.steps = self._steps()
