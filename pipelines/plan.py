@@ -12,6 +12,7 @@ the configuration it depends on, the stages it reads from, and where its ``DONE`
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +96,11 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                               for k in (("synth", "distill", "heldout") if on_policy else ("synth",))],
                         check=(VocabConfig, p.vocab.config, [f"mask_sizes={p.export.sizes}", f"sources={_sources(p.vocab.sources)}",
                                                               *p.vocab.overrides])))
-    launch = [py, "-m", "accelerate.commands.launch", *p.train.accelerate_args, repo_path("train/drafter.py"), "--config",
+    if "--config_file" not in args and "--num_cpu_threads_per_process" not in args:  # accelerate launch would
+        # otherwise set OMP_NUM_THREADS=1 for a CPU process: half the training speed on 2 cores (measured)
+        procs = int(args[args.index("--num_processes") + 1]) if "--num_processes" in args else 1
+        args = [*args, "--num_cpu_threads_per_process", str(max(1, (os.cpu_count() or 1) // procs))]
+    launch = [py, "-m", "accelerate.commands.launch", *args, repo_path("train/drafter.py"), "--config",
               p.train.recipe]
     pre_name = "distill" if on_policy else "pretrain"
     pre_data = "[" + ",".join(f"{r}/synth/{lang}-{pre_name}/data.jsonl" for lang in langs) + "]"

@@ -1,0 +1,110 @@
+"""Does the training score predict the decoder? One run, the same held-out prompts, both measured.
+
+    python -m pipelines.score_check --run runs/demo [--langs vi,de,ja] [--gamma 4]
+
+For each language: the score that picked ``best/`` (train/score.py: the decoder's greedy chain replayed on the
+target's captured held-out answers) recomputed for the bundle's drafter, and the
+decoder's own τ (decoder/core.py, method ``chain``, γ, greedy, the bundle's language and largest vocabulary,
+default dtype) on the same held-out prompts with the same token budget and stop strings. Prints both and their
+ratio; the ratio must stay within 10 % (issue 14).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from polyspec.errors import PolyspecError, cli_entry
+
+
+def decoder_tau(target, bundle, lang: str, records: list[dict], reader, gamma: int, size: int) -> dict:
+    from decoder.core import Decoder
+
+    dec = Decoder(target, bundle, method="chain", gamma=gamma, size=size, lang=lang)
+    tokens = forwards = same = 0
+    for rec in records:
+        ids, start = reader.ids(rec["_path"], rec["id"])
+        answer = ids[start:]
+        out = dec.generate(ids[:start], max_new_tokens=max(1, len(answer)), stop=list(target.spec.prompt_format.stop))
+        tokens, forwards = tokens + len(out.tokens), forwards + out.target_forwards
+        same += out.tokens[: len(answer)] == answer
+    return {"tau": round(tokens / max(1, forwards), 4), "tokens": tokens, "forwards": forwards,
+            "answers_identical_to_captured": f"{same}/{len(records)}"}
+
+
+def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int) -> dict:
+    import torch
+
+    from train.models import load_drafter
+    from train.score import eagle_chain, summarize
+    from vocab.files import load_ranked
+
+    model, meta = load_drafter(drafter_dir)
+    model.eval()
+    if meta.get("drafter_type") != "eagle":
+        raise PolyspecError(f"{drafter_dir}: score_check compares EAGLE drafters")
+    ids_s = torch.as_tensor(load_ranked(meta["vocab"]["file"]).top(meta["vocab"]["size"]).astype("int64"))
+    head_w = target.model.get_output_embeddings().weight[ids_s].detach().float()
+    embed = target.model.get_input_embeddings()
+    softcap = getattr(target.model.config, "final_logit_softcapping", None)
+    aux_layers = getattr(model, "aux_layers", None)
+    per_seq = []
+    for rec in records:
+        ids, start = reader.ids(rec["_path"], rec["id"])
+        seq = torch.tensor([ids])
+        f = reader.get(rec["_path"], rec["id"], "f")[None].float()
+        aux = reader.get(rec["_path"], rec["id"], "aux")[None].float() if aux_layers else None
+        per_seq.append((len(ids) - start, eagle_chain(model, embed, head_w, ids_s, seq, start, f, gamma, softcap, aux=aux)))
+    return summarize(per_seq, gamma)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from export.bundle import load_bundle
+    from polyspec.features import FeatureReader
+    from polyspec.io import read_jsonl
+    from polyspec.targets import load_target
+
+    ap = argparse.ArgumentParser(prog="python -m pipelines.score_check", description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--bundle", help="default: <run>/export/bundle")
+    ap.add_argument("--langs", help="default: the bundle's languages")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args(argv)
+    run = Path(args.run)
+    bundle = load_bundle(args.bundle or run / "export" / "bundle")
+    target = load_target(bundle.manifest["target"]["name"], dtype=args.dtype)
+    reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
+    langs = args.langs.split(",") if args.langs else bundle.languages
+    rows = []
+    for lang in langs:
+        path = run / "synth" / f"{lang}-heldout" / "data.jsonl"
+        if not path.is_file():
+            raise PolyspecError(f"{path}: no captured held-out answers (python -m synth distill --prompts heldout …)")
+        records = [{**r, "_path": str(path.parent / r["features_file"])} for r in read_jsonl(path) if r.get("features_file")]
+        size = json.loads((bundle.drafter_dir(lang) / "config.json").read_text())["vocab"]["size"]  # as trained
+        if size not in bundle.vocab_sizes:
+            raise PolyspecError(f"the bundle has vocabulary sizes {bundle.vocab_sizes}, the {lang} drafter was scored with {size}")
+        with torch.inference_mode():
+            dec = decoder_tau(target, bundle, lang, records, reader, args.gamma, size)
+        with torch.no_grad():
+            sc = score_tau(target, bundle.drafter_dir(lang), records, reader, args.gamma)
+        rows.append({"lang": lang, "score_tau": sc["tau"], "decoder_tau": dec["tau"],
+                     "ratio": round(sc["tau"] / dec["tau"], 4) if dec["tau"] else None, "alpha": sc["alpha"],
+                     **{k: v for k, v in dec.items() if k != "tau"}})
+    print(f"training score vs decoder, chain γ={args.gamma}, greedy, dtype {target.dtype}, {len(langs)} languages")
+    print("| lang | score τ | decoder τ | score/decoder | α₁..α_γ (score) | decoder answers = captured |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['lang']} | {r['score_tau']:.3f} | {r['decoder_tau']:.3f} | {r['ratio']} | "
+              f"{' '.join(f'{a:.2f}' for a in r['alpha'])} | {r['answers_identical_to_captured']} |")
+    (run / "score_check.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
