@@ -481,10 +481,6 @@ def _generate_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def _contiguous_input(module, args):
     return (args[0].contiguous(), *args[1:])
 
@@ -497,3 +493,7 @@ def eagle3_layers(num_layers: int) -> list[int]:
     if len(set(aux)) < 3 and n >= 2:
         aux = [n - 3, n - 2, n - 1] if n >= 3 else [0, 1, 2]
     return aux
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
