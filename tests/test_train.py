@@ -16,6 +16,7 @@ from polyspec.targets import load_target
 from train.config import TrainConfig
 from train.drafter import DrafterRecipe, run
 from train.models import EagleDrafter, eagle_layer_config, load_drafter, project_embedding
+from train.objectives import target_features
 from train.score import summarize, walk
 
 
@@ -110,6 +111,51 @@ def test_online_and_offline_features_give_the_same_loss(gemma_run, tiny_gemma_di
         losses.append(r.loss(batch)[0].item())
         r.cleanup()
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+def test_padded_batches_and_bf16_autocast_keep_the_loss(gemma_run, tiny_gemma_dir, monkeypatch):
+    """Batches rounded up to pad_to_multiple give the unpadded loss (the head reads loss rows only, so padding
+    rows cannot count); the loss equals the full-head reference (every row through the head, then masked); bf16
+    autocast (what mixed_precision auto picks on a bf16-native CPU) stays within 2 % of fp32."""
+    from accelerate.state import AcceleratorState
+
+    from train.drafter import resolve_mixed_precision
+    from train.objectives import reduced_logits
+
+    losses = {}
+    for name, ov in (("fp32", ["data.pad_to_multiple=1"]), ("padded", ["data.pad_to_multiple=64"]),
+                     ("bf16", ["data.pad_to_multiple=64", "mixed_precision=bf16"])):
+        AcceleratorState._reset_state(reset_partial_state=True)  # a process-wide singleton: one precision each
+        r = DrafterRecipe(tcfg(gemma_run, tiny_gemma_dir, "eagle.feature_noise=0", *ov), "finetune")
+        r.out = gemma_run / f"train-pad-{name}"
+        r.setup()
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in r.model.parameters():
+                p.copy_(torch.randn_like(p) * 0.02)
+        batch = next(r.batches())
+        assert batch["input_ids"].shape[1] % (64 if name != "fp32" else 1) == 0
+        loss, metrics = r.loss(batch)
+        losses[name] = loss.item()
+        if name == "fp32":  # the CE term the old way: all B x T rows through the head, masked afterwards
+            f = target_features(r.target.model, batch["input_ids"], batch["attention_mask"])
+            emb = r.embed(batch["input_ids"]).float()
+            T = batch["input_ids"].shape[1]
+            pred, _ = r.model(emb[:, 1:], f[:, : T - 1], position_ids=torch.arange(1, T).unsqueeze(0))
+            m = torch.zeros_like(batch["loss_mask"][:, : T - 1])
+            m[:, : T - 2] = batch["loss_mask"][:, 2:]
+            p_ = torch.softmax(reduced_logits(f[:, 1:], r.head_w, r.softcap).float(), -1)
+            logq = torch.log_softmax(reduced_logits(pred, r.head_w, r.softcap).float(), -1)
+            assert metrics["ce_0"] == pytest.approx(((-(p_ * logq).sum(-1) * m).sum() / m.sum()).item(), rel=1e-4)
+        r.cleanup()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert losses["padded"] == pytest.approx(losses["fp32"], rel=1e-4)
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2) and losses["bf16"] != losses["fp32"]
+    monkeypatch.delenv("POLYSPEC_DTYPE", raising=False)
+    monkeypatch.setattr("train.drafter.resolve_dtype", lambda d, dev: torch.bfloat16)  # a bf16-native device
+    assert resolve_mixed_precision("auto") == "bf16" and resolve_mixed_precision("no") == "no"
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert resolve_mixed_precision("auto") == ("bf16" if torch.cuda.is_available() else "no")
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "small-lm"])

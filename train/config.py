@@ -19,6 +19,8 @@ class DataConfig(StrictModel):
         default_factory=lambda: ["{run}/synth/{lang}/data.jsonl"], description="the language's synth data (jsonl)"
     )
     max_length: int = Field(256, ge=8, description="tokens per training sequence")
+    pad_to_multiple: int = Field(32, ge=1, description="batch length rounded up to a multiple of this: few distinct "
+                                 "shapes, so CPU (oneDNN) and CUDA kernels are built once and reused (1: no rounding)")
     eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="held-out share of the finetune data")
     eval_max_examples: int = Field(16, ge=1)
     eval_file: list[str] | None = Field(
@@ -78,7 +80,7 @@ class TrainConfig(StrictModel):
     features: Literal["online", "offline", "captured"] = Field(
         "online", description="online: the target runs in every step; offline: its last layer precomputed once; "
         "captured: read from the shards `synth distill capture_features=true` kept while generating (no target pass)")
-    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = Field("auto", description="auto: bf16 on CUDA, no on CPU")
+    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = Field("auto", description="auto: bf16 where bf16 is native (CUDA, AVX512-BF16 / AMX CPUs; not DeepSpeed on CPU), else no")
     data: DataConfig = DataConfig()
     eagle: EagleConfig = EagleConfig()
     small_lm: SmallLMConfig = SmallLMConfig()

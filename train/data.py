@@ -144,9 +144,10 @@ def split(ds: Dataset, eval_fraction: float, seed: int) -> tuple[list[Example], 
     return [e for i, e in enumerate(ds.examples) if i not in held], [ds.examples[i] for i in sorted(held)]
 
 
-def collate(batch: list[Example], pad_id: int, indices: list[int] | None = None) -> dict[str, torch.Tensor]:
-    """Right-padded ids, attention mask, loss mask (and the examples' indices, for offline features)."""
-    T = max(len(e.input_ids) for e in batch)
+def collate(batch: list[Example], pad_id: int, indices: list[int] | None = None, multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Right-padded ids, attention mask, loss mask (and the examples' indices, for offline features); the length
+    rounded up to ``multiple``."""
+    T = -(-max(len(e.input_ids) for e in batch) // multiple) * multiple
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
     attn = torch.zeros((len(batch), T), dtype=torch.long)
     mask = torch.zeros((len(batch), T), dtype=torch.float32)

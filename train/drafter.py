@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from polyspec.config import load_config
+from polyspec.device import resolve_dtype
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.features import FeatureReader
 from polyspec.io import atomic_write_json, sha256_file
@@ -74,9 +75,7 @@ class DrafterRecipe:
         #    without CUDA names the process-group backend: left unset, DeepSpeed's CPU accelerator starts the group
         #    itself and accelerate counts one process while DeepSpeed sees all of them (train_batch_size mismatch);
         #    a plain process must not name one (accelerate would take it for a distributed run)
-        mp = cfg.mixed_precision
-        if mp == "auto":
-            mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+        mp = resolve_mixed_precision(cfg.mixed_precision)
         log_with = None if cfg.report_to == "none" else cfg.report_to
         launched = int(os.environ.get("LOCAL_RANK", -1)) != -1  # by torchrun (accelerate launch, several processes)
         handlers = [InitProcessGroupKwargs(backend="gloo")] if launched and not torch.cuda.is_available() else []
@@ -293,7 +292,8 @@ class DrafterRecipe:
             mine = idx[self.acc.process_index * micro * self.cfg.optim.grad_accum :][: micro * self.cfg.optim.grad_accum]
             for a in range(self.cfg.optim.grad_accum):
                 part = mine[a * micro : (a + 1) * micro]
-                yield collate([self.train_set[i] for i in part], self.target.tokenizer.pad_token_id, part)
+                yield collate([self.train_set[i] for i in part], self.target.tokenizer.pad_token_id, part,
+                              self.cfg.data.pad_to_multiple)
 
     def loss(self, batch) -> tuple[torch.Tensor, dict]:
         batch = {k: v.to(self.acc.device) for k, v in batch.items()}
@@ -310,7 +310,8 @@ class DrafterRecipe:
             f, aux = target_features(self.target.model, batch["input_ids"], batch["attention_mask"], self.aux_layers)
         else:  # online: the frozen target inside the step
             f = target_features(self.target.model, batch["input_ids"], batch["attention_mask"])
-        return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, aux=aux)
+        with self.acc.autocast():  # the head GEMMs too, not only the drafter's forward that prepare() wraps
+            return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, aux=aux)
 
     def _captured(self, indices: list[int], T: int, name: str, examples=None) -> torch.Tensor:
         """[B, T, ·] float32 features of examples (right-padded with zeros), from the captured shards."""
@@ -458,6 +459,16 @@ class DrafterRecipe:
 
     def cleanup(self) -> None:
         self.acc.end_training()
+
+
+def resolve_mixed_precision(mp: str) -> str:
+    """``auto`` → bf16 autocast where bf16 is native (CUDA; AVX512-BF16 / AMX CPUs, where the step is ~2x the fp32
+    one), as ``dtype: auto`` decides for the target (``POLYSPEC_DTYPE`` included); DeepSpeed on CPU keeps fp32."""
+    if mp != "auto":
+        return mp
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    cpu_ds = dev.type == "cpu" and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    return "bf16" if resolve_dtype("auto", dev) == torch.bfloat16 and not cpu_ds else "no"
 
 
 def _cut_at_stop(tok, new: list[int], stop: list[str]) -> list[int]:
