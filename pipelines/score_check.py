@@ -1,6 +1,6 @@
 """Does the training score predict the decoder? One run, the same held-out prompts, both measured.
 
-    python -m pipelines.score_check --run runs/demo [--langs vi,de,ja] [--gamma 4]
+    python -m pipelines.score_check --run runs/demo [--langs vi,de,ja] [--gamma 4] [--target gemma3-270m]
 
 For each language: the score that picked ``best/`` (train/score.py: the decoder's greedy chain replayed on the
 target's captured held-out answers) recomputed for the bundle's drafter, and the
@@ -37,7 +37,7 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     import torch
 
     from train.models import load_drafter
-    from train.score import eagle_chain, summarize
+    from train.score import score_eagle
     from vocab.files import load_ranked
 
     model, meta = load_drafter(drafter_dir)
@@ -49,14 +49,12 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     embed = target.model.get_input_embeddings()
     softcap = getattr(target.model.config, "final_logit_softcapping", None)
     aux_layers = getattr(model, "aux_layers", None)
-    per_seq = []
-    for rec in records:
+    seqs = []
+    for rec in records:  # the same captured held-out answers the training score reads
         ids, start = reader.ids(rec["_path"], rec["id"])
-        seq = torch.tensor([ids])
-        f = reader.get(rec["_path"], rec["id"], "f")[None].float()
-        aux = reader.get(rec["_path"], rec["id"], "aux")[None].float() if aux_layers else None
-        per_seq.append((len(ids) - start, eagle_chain(model, embed, head_w, ids_s, seq, start, f, gamma, softcap, aux=aux)))
-    return summarize(per_seq, gamma)
+        seqs.append({"seq": torch.tensor([ids]), "start": start, "f": reader.get(rec["_path"], rec["id"], "f")[None],
+                     "aux": reader.get(rec["_path"], rec["id"], "aux")[None] if aux_layers else None})
+    return score_eagle(model, embed, head_w, ids_s, seqs, gamma, softcap)
 
 
 @cli_entry
@@ -71,13 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.score_check", description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True)
     ap.add_argument("--bundle", help="default: <run>/export/bundle")
+    ap.add_argument("--target", help="the bundle's target (a name, or the local model directory the run used); "
+                    "default: the name the bundle records")
     ap.add_argument("--langs", help="default: the bundle's languages")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args(argv)
     run = Path(args.run)
     bundle = load_bundle(args.bundle or run / "export" / "bundle")
-    target = load_target(bundle.manifest["target"]["name"], dtype=args.dtype)
+    target = load_target(args.target or bundle.manifest["target"]["name"], dtype=args.dtype)
     reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
     langs = args.langs.split(",") if args.langs else bundle.languages
     rows = []

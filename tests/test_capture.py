@@ -226,21 +226,26 @@ def test_multi_turn_prompt_is_answered_turn_by_turn(tmp_path, tiny_llama_dir, ll
 # --------------------------------------------------------------------------------- 4. training on shards
 
 
-@pytest.fixture(scope="module")
-def captured_run(tmp_path_factory, tiny_llama_dir, llama):
-    """Distilled finetune data with EAGLE-3 features (f and aux) and a ranked vocabulary, for train/."""
+def save_prompt_vocab(run_dir: Path, target) -> None:
+    """A ranked vi vocabulary: the target's ids by their counts in PROMPTS (what train/ needs besides data)."""
     from collections import Counter
 
     from vocab.files import RankedVocab, save_ranked
 
+    counts = Counter(i for p in PROMPTS for i in target.tokenizer(p)["input_ids"])
+    order = sorted(range(target.vocab_size), key=lambda i: (-counts.get(i, 0), i))
+    save_ranked(run_dir / "vocab", RankedVocab("vi", np.array(order), np.array([counts.get(i, 0) for i in order]),
+                                               {"tokenizer_sha256": target.tokenizer_sha256}))
+
+
+@pytest.fixture(scope="module")
+def captured_run(tmp_path_factory, tiny_llama_dir, llama):
+    """Distilled finetune data with EAGLE-3 features (f and aux) and a ranked vocabulary, for train/."""
     run_dir = tmp_path_factory.mktemp("captured-run")
     prompts = write_prompts(run_dir / "prompts.jsonl", PROMPTS)
     run_distill(dcfg(run_dir, tiny_llama_dir, prompts, "feature_layers=eagle3", "lid_filter=false", "engine.batch_size=8",
                      "sampling.max_new_tokens=16"), target=llama)
-    counts = Counter(i for p in PROMPTS for i in llama.tokenizer(p)["input_ids"])
-    order = sorted(range(llama.vocab_size), key=lambda i: (-counts.get(i, 0), i))
-    save_ranked(run_dir / "vocab", RankedVocab("vi", np.array(order), np.array([counts.get(i, 0) for i in order]),
-                                               {"tokenizer_sha256": llama.tokenizer_sha256}))
+    save_prompt_vocab(run_dir, llama)
     return run_dir
 
 
@@ -313,14 +318,7 @@ def test_eagle3_training_refuses_shards_without_its_layers(tmp_path, tiny_llama_
     run_dir = tmp_path / "run"
     prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:4])
     run_distill(dcfg(run_dir, tiny_llama_dir, prompts, "lid_filter=false", "sampling.max_new_tokens=8"), target=llama)
-    from collections import Counter
-
-    from vocab.files import RankedVocab, save_ranked
-
-    counts = Counter(i for p in PROMPTS for i in llama.tokenizer(p)["input_ids"])
-    order = sorted(range(llama.vocab_size), key=lambda i: (-counts.get(i, 0), i))
-    save_ranked(run_dir / "vocab", RankedVocab("vi", np.array(order), np.array([counts.get(i, 0) for i in order]),
-                                               {"tokenizer_sha256": llama.tokenizer_sha256}))
+    save_prompt_vocab(run_dir, llama)
     r = DrafterRecipe(tcfg(run_dir, tiny_llama_dir, "eagle.arch=eagle3"), "finetune")
     r.out = tmp_path / "out"
     with pytest.raises(PolyspecError, match=r"holds target layers None, the EAGLE-3 drafter reads \[") as e:

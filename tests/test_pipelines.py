@@ -59,6 +59,12 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
         assert (run / stage / "DONE.json").is_file(), stage
     assert (run / "logs" / "train-pretrain.log").is_file()
     files = json.loads((run / "export" / "bundle" / "manifest.json").read_text())["files"]
+    # the training score recomputed for the bundle's drafter beside the decoder's τ on the same held-out prompts
+    check = run_cli("-m", "pipelines.score_check", "--run", str(run), "--gamma", "2", "--target", str(tiny_llama_dir))
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    [row] = json.loads((run / "score_check.json").read_text())
+    assert row["lang"] == "vi" and "| vi | " in check.stdout and row["decoder_tau"] >= 1.0
+    assert row["score_tau"] == pytest.approx(row["decoder_tau"], rel=0.1), row
 
     again = pipeline(profile, run)  # nothing changed: every stage is skipped
     assert again.returncode == 0 and again.stdout.count("skipped") == 10, again.stdout

@@ -175,6 +175,8 @@ def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tin
         assert len(list((base / stage).glob("checkpoint-*"))) <= 2
     model, meta = load_drafter(base / "final")
     assert meta["drafter_type"] == kind and meta["stage"] == "finetune"
+    shipped = (base / "final" / "model.safetensors").read_bytes()  # export ships the finetune's best/ by held-out τ
+    assert shipped == (base / "finetune" / "best" / "model.safetensors").read_bytes()
     if arch:  # EAGLE-3: own head over the language's top-128 ids, three target layers fused
         assert model.arch_name == "eagle3" and model.lm_head.weight.shape[0] == 128
         assert model.fc.in_features == 3 * load_target(str(tiny_llama_dir)).hidden_size

@@ -9,8 +9,9 @@ Stages (seed 004's pretrain-and-finetune): ``pretrain`` on general text (loss on
 ``finetune`` on the language's synth data (loss on response tokens), starting from the pretrain
 weights. Outputs under ``<run>/train/<lang>/``: ``<stage>/checkpoint-<step>/`` (``accelerator.save_state``:
 model, optimizer — sharded under DeepSpeed ZeRO —, every process's RNG; plus ``trainer_state.json``: data
-position, scheduler, config hash — exact resume), ``<stage>/final/``, ``<stage>/best/`` (by held-out
-simulated acceptance), ``<stage>/metrics.jsonl``, and ``final/`` (the last stage's weights for export).
+position, scheduler, config hash — exact resume), ``<stage>/final/``, ``<stage>/best/`` (by the held-out score:
+the decoder's chain τ, train/score.py), ``<stage>/metrics.jsonl``, and ``final/`` (the last stage's best/ — its
+final/ when no evaluation ran —: what export ships).
 
 The loop reads top to bottom: lr → forward/backward in the accumulation context → clip → step → log →
 evaluate/save.
@@ -53,7 +54,7 @@ from train.models import (
     save_drafter,
 )
 from train.objectives import eagle_loss, small_lm_loss, target_features
-from train.score import eagle_chain, small_lm_chain, summarize
+from train.score import score_eagle, small_lm_chain, summarize
 
 CHECKPOINT_LAYOUT = 2  # 2: accelerate's save_state + trainer_state.json (1: hand-written model/optimizer/RNG files)
 
@@ -375,21 +376,21 @@ class DrafterRecipe:
         τ = answer tokens per target forward, accepted drafts per step, α_1..α_γ."""
         model = self.acc.unwrap_model(self.model)
         model.eval()
-        k, per_seq = self.cfg.eval_depth, []
-        for d in self.eval_seqs:
-            seq, start = d["seq"], d["start"]
-            if self.cfg.drafter_type == "eagle":
-                f, aux = d.get("f"), d.get("aux")
-                if f is None:
-                    got = target_features(self.target.model, seq, torch.ones_like(seq), self.aux_layers)
-                    f, aux = got if self.aux_layers else (got, None)
-                acc = eagle_chain(model, self.embed, self.head_w, self.ids_s, seq, start, f.float().to(seq.device), k,
-                                  self.softcap, aux=None if aux is None else aux.float().to(seq.device))
-            else:
-                acc = small_lm_chain(model, self.ids_s if len(self.ids_s) < self.target.vocab_size else None, seq, start, k)
-            per_seq.append((seq.shape[1] - start, acc))
+        k = self.cfg.eval_depth
+        if self.cfg.drafter_type == "eagle":
+            seqs = []
+            for d in self.eval_seqs:
+                if d.get("f") is None:  # not captured: the target's features of the held-out answer
+                    got = target_features(self.target.model, d["seq"], torch.ones_like(d["seq"]), self.aux_layers)
+                    d = {**d, "f": got[0], "aux": got[1]} if self.aux_layers else {**d, "f": got}
+                seqs.append(d)
+            result = score_eagle(model, self.embed, self.head_w, self.ids_s, seqs, k, self.softcap)
+        else:
+            ids_s = self.ids_s if len(self.ids_s) < self.target.vocab_size else None
+            result = summarize([(d["seq"].shape[1] - d["start"], small_lm_chain(model, ids_s, d["seq"], d["start"], k))
+                                for d in self.eval_seqs], k)
         model.train()
-        return summarize(per_seq, k)
+        return result
 
     # ------------------------------------------------------------------------------- checkpoints
     def _meta(self) -> dict:
@@ -503,9 +504,10 @@ def run(cfg: TrainConfig, target=None) -> list[dict]:
             continue
         results.append(recipe.train())
         if recipe.acc.is_main_process:
-            final = Path(cfg.run) / "train" / cfg.lang / "final"
+            # what export ships: the stage's best/ by the held-out score (the decoder's chain τ), else its final/
+            final, best = Path(cfg.run) / "train" / cfg.lang / "final", recipe.out / "best"
             shutil.rmtree(final, ignore_errors=True)
-            shutil.copytree(recipe.out / "final", final)
+            shutil.copytree(best if (best / "model.safetensors").is_file() else recipe.out / "final", final)
         recipe.acc.wait_for_everyone()
         recipe.cleanup()
     return results

@@ -63,6 +63,19 @@ def eagle_chain(drafter, embed, head_w, ids_s, seq: torch.Tensor, start: int, f:
 
 
 @torch.no_grad()
+def score_eagle(drafter, embed, head_w, ids_s, seqs: list[dict], gamma: int, softcap: float | None = None) -> dict:
+    """:func:`summarize` of :func:`eagle_chain` over held-out sequences ``{"seq": [1, n], "start", "f": [1, n, H],
+    "aux": [1, n, 3H] or None}`` (the training score, and ``pipelines.score_check``'s)."""
+    per_seq = []
+    for d in seqs:
+        seq, aux = d["seq"], d.get("aux")
+        acc = eagle_chain(drafter, embed, head_w, ids_s, seq, d["start"], d["f"].float().to(seq.device), gamma, softcap,
+                          aux=None if aux is None else aux.float().to(seq.device))
+        per_seq.append((seq.shape[1] - d["start"], acc))
+    return summarize(per_seq, gamma)
+
+
+@torch.no_grad()
 def small_lm_chain(model, ids_s: torch.Tensor | None, seq: torch.Tensor, start: int, gamma: int) -> list[int]:
     """A small LM drafting greedily from the verified prefix equals teacher forcing while its drafts match:
     one forward gives every step's hits."""
