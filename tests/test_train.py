@@ -97,17 +97,22 @@ def test_the_score_walks_the_decoders_chain_steps():
 # ---------------------------------------------------------------------------------------- training
 
 
+def seeded_recipe(run_dir, target_dir, out: str, *overrides) -> tuple[DrafterRecipe, dict]:
+    """A finetune recipe (no feature noise) whose drafter weights are drawn from seed 0, and its first batch."""
+    r = DrafterRecipe(tcfg(run_dir, target_dir, "eagle.feature_noise=0", *overrides), "finetune")
+    r.out = run_dir / out
+    r.setup()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in r.model.parameters():
+            p.copy_(torch.randn_like(p) * 0.02)
+    return r, next(r.batches())
+
+
 def test_online_and_offline_features_give_the_same_loss(gemma_run, tiny_gemma_dir):
     losses = []
     for mode in ("online", "offline"):
-        r = DrafterRecipe(tcfg(gemma_run, tiny_gemma_dir, f"features={mode}", "eagle.feature_noise=0"), "finetune")
-        r.out = gemma_run / f"train-{mode}"
-        r.setup()
-        torch.manual_seed(0)
-        with torch.no_grad():
-            for p in r.model.parameters():
-                p.copy_(torch.randn_like(p) * 0.02)
-        batch = next(r.batches())
+        r, batch = seeded_recipe(gemma_run, tiny_gemma_dir, f"train-{mode}", f"features={mode}")
         losses.append(r.loss(batch)[0].item())
         r.cleanup()
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
@@ -126,14 +131,7 @@ def test_padded_batches_and_bf16_autocast_keep_the_loss(gemma_run, tiny_gemma_di
     for name, ov in (("fp32", ["data.pad_to_multiple=1"]), ("padded", ["data.pad_to_multiple=64"]),
                      ("bf16", ["data.pad_to_multiple=64", "mixed_precision=bf16"])):
         AcceleratorState._reset_state(reset_partial_state=True)  # a process-wide singleton: one precision each
-        r = DrafterRecipe(tcfg(gemma_run, tiny_gemma_dir, "eagle.feature_noise=0", *ov), "finetune")
-        r.out = gemma_run / f"train-pad-{name}"
-        r.setup()
-        torch.manual_seed(0)
-        with torch.no_grad():
-            for p in r.model.parameters():
-                p.copy_(torch.randn_like(p) * 0.02)
-        batch = next(r.batches())
+        r, batch = seeded_recipe(gemma_run, tiny_gemma_dir, f"train-pad-{name}", *ov)
         assert batch["input_ids"].shape[1] % (64 if name != "fp32" else 1) == 0
         loss, metrics = r.loss(batch)
         losses[name] = loss.item()
