@@ -40,11 +40,12 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     from train.score import score_eagle
     from vocab.files import load_ranked
 
-    model, meta = load_drafter(drafter_dir)
+    dev = target.device  # everything beside the target (on CUDA too)
+    model, meta = load_drafter(drafter_dir, device=dev)
     model.eval()
     if meta.get("drafter_type") != "eagle":
         raise PolyspecError(f"{drafter_dir}: score_check compares EAGLE drafters")
-    ids_s = torch.as_tensor(load_ranked(meta["vocab"]["file"]).top(meta["vocab"]["size"]).astype("int64"))
+    ids_s = torch.as_tensor(load_ranked(meta["vocab"]["file"]).top(meta["vocab"]["size"]).astype("int64"), device=dev)
     head_w = target.model.get_output_embeddings().weight[ids_s].detach().float()
     embed = target.model.get_input_embeddings()
     softcap = getattr(target.model.config, "final_logit_softcapping", None)
@@ -52,7 +53,7 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     seqs = []
     for rec in records:  # the same captured held-out answers the training score reads
         ids, start = reader.ids(rec["_path"], rec["id"])
-        seqs.append({"seq": torch.tensor([ids]), "start": start, "f": reader.get(rec["_path"], rec["id"], "f")[None],
+        seqs.append({"seq": torch.tensor([ids], device=dev), "start": start, "f": reader.get(rec["_path"], rec["id"], "f")[None],
                      "aux": reader.get(rec["_path"], rec["id"], "aux")[None] if aux_layers else None})
     return score_eagle(model, embed, head_w, ids_s, seqs, gamma, softcap)
 
@@ -76,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args(argv)
     run = Path(args.run)
-    bundle = load_bundle(args.bundle or run / "export" / "bundle")
+    bundle = load_bundle(args.bundle or run / "export" / "bundle", verify=False)  # the name of its target
     target = load_target(args.target or bundle.manifest["target"]["name"], dtype=args.dtype)
+    bundle = load_bundle(bundle.root, target_pin=target.pin())  # --target must be the bundle's (tokenizer, shapes)
     reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
     langs = args.langs.split(",") if args.langs else bundle.languages
     rows = []

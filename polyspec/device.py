@@ -65,7 +65,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype in (None, "auto") and os.environ.get("POLYSPEC_DTYPE", "auto") != "auto":
         dtype = os.environ["POLYSPEC_DTYPE"]
     if dtype in (None, "auto"):
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):  # T4/V100 only emulate it
             return torch.bfloat16
         if device.type == "cpu" and cpu_native_bf16():
             return torch.bfloat16

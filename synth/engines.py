@@ -205,8 +205,10 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.G
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
     # inverse CDF with one uniform draw: torch.multinomial over a 262K vocabulary cost 5.5 ms a call on this CPU,
     # more than the batched forward it follows (half the distillation's wall time at T > 0)
-    cdf = probs.cumsum(-1)
-    u = (1.0 - torch.rand((1,), generator=gen)) * cdf[-1]  # in (0, total]: a zero-probability id is never hit
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # fp64: fp32 rounding near 1.0 would shift mass between tail ids
+    if not (torch.isfinite(cdf[-1]) and cdf[-1] > 0):
+        raise PolyspecError("sampling: the logits hold NaN/inf or no probability mass")
+    u = (1.0 - torch.rand((1,), generator=gen, dtype=torch.float64)) * cdf[-1]  # in (0, total]: a zero-probability id is never hit
     return int(torch.searchsorted(cdf, u).clamp_(max=cdf.numel() - 1))
 
 

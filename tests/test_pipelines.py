@@ -41,7 +41,7 @@ def pipeline(profile, run, *extra, env=None):
     return run_cli("-m", "pipelines", "run", "--profile", profile, "--langs", "vi", "--run", str(run), *extra, env=env)
 
 
-def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, tiny_llama_dir):
+def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, tiny_llama_dir, tiny_gemma_dir):
     profile = tiny_profile(tmp_path / "tiny.yaml", tiny_llama_dir)
     run = tmp_path / "run"
     first = pipeline(profile, run)
@@ -65,6 +65,8 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
     [row] = json.loads((run / "score_check.json").read_text())
     assert row["lang"] == "vi" and "| vi | " in check.stdout and row["decoder_tau"] >= 1.0
     assert row["score_tau"] == pytest.approx(row["decoder_tau"], rel=0.1), row
+    wrong = run_cli("-m", "pipelines.score_check", "--run", str(run), "--target", str(tiny_gemma_dir))
+    assert wrong.returncode != 0 and "bundle" in wrong.stderr and "Traceback" not in wrong.stderr, wrong.stderr[-2000:]
 
     again = pipeline(profile, run)  # nothing changed: every stage is skipped
     assert again.returncode == 0 and again.stdout.count("skipped") == 10, again.stdout

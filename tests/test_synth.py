@@ -92,6 +92,8 @@ def test_sampler_draws_the_tempered_top_p_distribution():
     hot = [_sample(logits, 0.5, 0.6, gen) for _ in range(200)]  # T = 0.5: p(998) = 0.867 > top_p alone
     assert set(hot) == {998}
     assert _sample(logits, 0.0, 1.0, gen) == 998
+    with pytest.raises(PolyspecError, match="NaN"):  # torch.multinomial refused these too
+        _sample(torch.full((1000,), float("nan")), 0.7, 1.0, gen)
 
 
 def test_stop_strings_end_generation_and_are_cut(tiny_llama_dir):

@@ -154,6 +154,20 @@ def test_padded_batches_and_bf16_autocast_keep_the_loss(gemma_run, tiny_gemma_di
     assert resolve_mixed_precision("auto") == "bf16" and resolve_mixed_precision("no") == "no"
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     assert resolve_mixed_precision("auto") == ("bf16" if torch.cuda.is_available() else "no")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # `accelerate launch --cpu` on a CUDA machine:
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # the step runs on the CPU, DeepSpeed there stays fp32
+    assert resolve_mixed_precision("auto") == "no"
+
+
+def test_without_a_scored_held_out_sequence_export_ships_final(tmp_path, llama_run, tiny_llama_dir, monkeypatch):
+    """An evaluation that scored nothing (τ 0 on no sequence) must not freeze best/ at the first eval."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    monkeypatch.setattr(DrafterRecipe, "evaluate", lambda self: summarize([], self.cfg.eval_depth))
+    run(tcfg(run_dir, tiny_llama_dir, "stage=finetune"))
+    base = run_dir / "train" / "vi"
+    assert not (base / "finetune" / "best").exists()
+    assert (base / "final" / "model.safetensors").read_bytes() == (base / "finetune" / "final" / "model.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "small-lm"])
@@ -175,6 +189,7 @@ def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tin
     assert meta["drafter_type"] == kind and meta["stage"] == "finetune"
     shipped = (base / "final" / "model.safetensors").read_bytes()  # export ships the finetune's best/ by held-out τ
     assert shipped == (base / "finetune" / "best" / "model.safetensors").read_bytes()
+    assert not list(base.glob(".final.*"))  # copied through a temporary folder, renamed into place
     if arch:  # EAGLE-3: own head over the language's top-128 ids, three target layers fused
         assert model.arch_name == "eagle3" and model.lm_head.weight.shape[0] == 128
         assert model.fc.in_features == 3 * load_target(str(tiny_llama_dir)).hidden_size

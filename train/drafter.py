@@ -40,7 +40,7 @@ from polyspec.config import load_config
 from polyspec.device import resolve_dtype
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.features import FeatureReader
-from polyspec.io import atomic_write_json, sha256_file
+from polyspec.io import atomic_directory, atomic_write_json, sha256_file
 from polyspec.languages import get_language
 from polyspec.targets import greedy_generate, load_target
 from train.config import TrainConfig
@@ -357,7 +357,7 @@ class DrafterRecipe:
                 ev = self.evaluate()
                 self._log_line({"step": self.step, "eval": ev})
                 self.acc.log({f"{self.stage}/tau": ev["tau"], f"{self.stage}/accept_len": ev["accept_len"]}, step=self.step)
-                if ev["tau"] > self.best:
+                if ev["tau"] > self.best and ev.get("sequences", 0) > 0:  # no held-out sequence scored: no best/
                     self.best = ev["tau"]
                     self._save_weights(self.out / "best", {"eval": ev, "step": self.step})
             if self.step % cfg.checkpoint_every == 0 or self.step == steps:
@@ -467,7 +467,8 @@ def resolve_mixed_precision(mp: str) -> str:
     one), as ``dtype: auto`` decides for the target (``POLYSPEC_DTYPE`` included); DeepSpeed on CPU keeps fp32."""
     if mp != "auto":
         return mp
-    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes")  # accelerate launch --cpu
+    dev = torch.device("cuda") if torch.cuda.is_available() and not use_cpu else torch.device("cpu")
     cpu_ds = dev.type == "cpu" and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     return "bf16" if resolve_dtype("auto", dev) == torch.bfloat16 and not cpu_ds else "no"
 
@@ -506,8 +507,9 @@ def run(cfg: TrainConfig, target=None) -> list[dict]:
         if recipe.acc.is_main_process:
             # what export ships: the stage's best/ by the held-out score (the decoder's chain τ), else its final/
             final, best = Path(cfg.run) / "train" / cfg.lang / "final", recipe.out / "best"
-            shutil.rmtree(final, ignore_errors=True)
-            shutil.copytree(best if (best / "model.safetensors").is_file() else recipe.out / "final", final)
+            with atomic_directory(final, overwrite=True) as tmp:
+                shutil.copytree(best if (best / "model.safetensors").is_file() else recipe.out / "final", tmp,
+                                dirs_exist_ok=True)
         recipe.acc.wait_for_everyone()
         recipe.cleanup()
     return results
