@@ -39,6 +39,9 @@ class EagleConfig(StrictModel):
     feature_noise: float = Field(0.1, ge=0.0, description="uniform noise U(-a, a) on input features (EAGLE)")
     ttt_steps: int = Field(1, ge=1, description="EAGLE-3 training-time test: unrolled steps (1 = off)")
     ttt_decay: float = Field(0.8, gt=0.0, le=1.0, description="weight of unrolled step i is decay**i")
+    init_layer: Literal["random", "target"] = Field(
+        "random", description="EAGLE-1 trained from scratch: its decoder layer and final norm start as a random "
+        "init or as a copy of the target's last full-attention layer and final norm (a pretrained start)")
 
 
 class SmallLMConfig(StrictModel):

@@ -49,6 +49,7 @@ from train.models import (
     Eagle3Drafter,
     EagleDrafter,
     build_small_lm,
+    copy_target_layer,
     eagle_layer_config,
     load_drafter,
     save_drafter,
@@ -221,6 +222,10 @@ class DrafterRecipe:
                 model = Eagle3Drafter.for_target(self.target, self.ids_s.cpu())
             elif cfg.drafter_type == "eagle":
                 model = EagleDrafter(eagle_layer_config(self.target.model.config))
+                if cfg.eagle.init_layer == "target":
+                    idx = copy_target_layer(model, self.target.model)
+                    if self.acc.is_main_process:
+                        print(f"[train] eagle: decoder layer and final norm start as the target's layer {idx}", flush=True)
             else:
                 sl = cfg.small_lm
                 model = build_small_lm(self.target, sl.hidden_size, sl.num_layers, sl.num_heads, sl.intermediate_size)

@@ -89,6 +89,19 @@ class EagleDrafter(nn.Module):
         return cls(AutoConfig.for_model(d.pop("model_type"), **d))
 
 
+def copy_target_layer(drafter: EagleDrafter, target_model) -> int:
+    """Start an EAGLE-1 drafter's decoder layer and final norm as the target's last full-attention layer and
+    its final norm (same family, same shapes: ``eagle_layer_config``). → the index of the layer copied."""
+    base = target_model.get_decoder()
+    types = getattr(_text_config(target_model.config), "layer_types", None) or []
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    idx = full[-1] if full else len(base.layers) - 1
+    with torch.no_grad():
+        for dst, src in ((drafter.layer.layers[0], base.layers[idx]), (drafter.layer.norm, base.norm)):
+            dst.load_state_dict({k: v.detach().float().cpu() for k, v in src.state_dict().items()}, strict=True)
+    return idx
+
+
 class Eagle3Drafter(nn.Module):
     """EAGLE-3 form, as speculators' ``Eagle3DraftModel`` and vLLM's eagle3 compute it (``norm_before_residual``
     false; ``export.interop.write_speculators``): g = fc([h_low ‖ h_mid ‖ h_high]) fuses three distinct target
