@@ -66,22 +66,31 @@ def test_eagle_layer_is_one_layer_of_the_target_family(family, tiny_gemma_dir, t
 def test_eagle_layer_copied_from_the_target_computes_its_layer(family, tiny_gemma_dir, tiny_llama_dir):
     """eagle.init_layer=target: the drafter's layer + norm are the target's last full-attention layer + final
     norm, so on that layer's input they give exactly the target's own output there."""
+    import copy
+
     from train.models import copy_target_layer
 
     t = load_target(str(tiny_gemma_dir if family == "gemma3" else tiny_llama_dir))
-    d = EagleDrafter(eagle_layer_config(t.model.config)).eval()
-    base = t.model.get_decoder()
+    model = t.model
+    if family == "gemma3":  # the tiny Gemma's layers are all sliding: the fallback is its last layer
+        assert set(model.config.layer_types) == {"sliding_attention"}
+        assert copy_target_layer(EagleDrafter(eagle_layer_config(model.config)), model) == len(model.config.layer_types) - 1
+        cfg = copy.deepcopy(model.config)  # Gemma-3-270m's pattern: sliding layers, then a full-attention one
+        cfg.layer_types = ["sliding_attention"] * (len(cfg.layer_types) - 1) + ["full_attention"]
+        torch.manual_seed(0)
+        model = type(model)(cfg).eval()
+    d = EagleDrafter(eagle_layer_config(model.config)).eval()
+    base = model.get_decoder()
     ids = torch.randint(0, t.vocab_size, (2, 7))
     with torch.no_grad():
         o = base(input_ids=ids, output_hidden_states=True)
         hs = o.hidden_states  # hs[i]: the input of layer i
         before = d.layer(inputs_embeds=hs[0]).last_hidden_state
-        idx = copy_target_layer(d, t.model)
+        idx = copy_target_layer(d, model)
         out = d.layer(inputs_embeds=hs[idx]).last_hidden_state
         want = o.last_hidden_state if idx + 1 == len(base.layers) else base.norm(hs[idx + 1])
         after = d.layer(inputs_embeds=hs[0]).last_hidden_state
-    types = getattr(t.model.config, "layer_types", None)
-    assert idx == (max(i for i, x in enumerate(types) if x == "full_attention") if types else len(base.layers) - 1)
+    assert idx == len(base.layers) - 1
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(after, before)  # the weights did change
 
