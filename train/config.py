@@ -41,7 +41,8 @@ class EagleConfig(StrictModel):
     ttt_decay: float = Field(0.8, gt=0.0, le=1.0, description="weight of unrolled step i is decay**i")
     init_layer: Literal["random", "target"] = Field(
         "random", description="EAGLE-1 trained from scratch: its decoder layer and final norm start as a random "
-        "init or as a copy of the target's last full-attention layer and final norm (a pretrained start)")
+        "init or as a copy of the target's last full-attention layer and final norm (measured on vi demo data, 8 epochs from "
+        "scratch: held-out τ 1.45 with the copy vs 1.57 random, so random stays the default)")
 
 
 class SmallLMConfig(StrictModel):
