@@ -362,7 +362,7 @@ class DrafterRecipe:
                 ev = self.evaluate()
                 self._log_line({"step": self.step, "eval": ev})
                 self.acc.log({f"{self.stage}/tau": ev["tau"], f"{self.stage}/accept_len": ev["accept_len"]}, step=self.step)
-                if ev["tau"] > self.best and ev.get("sequences", 0) > 0:  # no held-out sequence scored: no best/
+                if ev["tau"] > self.best and ev["sequences"] > 0:  # no held-out sequence scored: no best/
                     self.best = ev["tau"]
                     self._save_weights(self.out / "best", {"eval": ev, "step": self.step})
             if self.step % cfg.checkpoint_every == 0 or self.step == steps:
@@ -472,9 +472,11 @@ def resolve_mixed_precision(mp: str) -> str:
     one), as ``dtype: auto`` decides for the target (``POLYSPEC_DTYPE`` included); DeepSpeed on CPU keeps fp32."""
     if mp != "auto":
         return mp
-    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes")  # accelerate launch --cpu
+    from accelerate.utils import parse_flag_from_env
+
+    use_cpu = parse_flag_from_env("ACCELERATE_USE_CPU")  # accelerate launch --cpu (flags read as accelerate reads them)
     dev = torch.device("cuda") if torch.cuda.is_available() and not use_cpu else torch.device("cpu")
-    cpu_ds = dev.type == "cpu" and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    cpu_ds = dev.type == "cpu" and parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
     return "bf16" if resolve_dtype("auto", dev) == torch.bfloat16 and not cpu_ds else "no"
 
 

@@ -96,9 +96,8 @@ def copy_target_layer(drafter: EagleDrafter, target_model) -> int:
     types = getattr(_text_config(target_model.config), "layer_types", None) or []
     full = [i for i, t in enumerate(types) if t == "full_attention"]
     idx = full[-1] if full else len(base.layers) - 1
-    with torch.no_grad():
-        for dst, src in ((drafter.layer.layers[0], base.layers[idx]), (drafter.layer.norm, base.norm)):
-            dst.load_state_dict({k: v.detach().float().cpu() for k, v in src.state_dict().items()}, strict=True)
+    for dst, src in ((drafter.layer.layers[0], base.layers[idx]), (drafter.layer.norm, base.norm)):
+        dst.load_state_dict({k: v.float().cpu() for k, v in src.state_dict().items()}, strict=True)
     return idx
 
 
