@@ -132,7 +132,8 @@ class Decoder:
         drafter = getattr(self.source, "drafter", None) or self.source
         self.runner.aux_layers = getattr(drafter, "aux_layers", None)
         self.needs_feats = bool(self.source is not None and self.source.needs_feats)
-        self.tree_span = self.nodes + (10 if method in ("hybrid", "spectra") else 0)  # + a prompt-lookup-deep chain
+        # the most tokens one verification may carry: a source's own bound, else the budget (+ a PLD-deep chain)
+        self.tree_span = getattr(self.source, "max_nodes", None) or self.nodes + (10 if method == "spectra" else 0)
         self.max_draft = max(self.tree_span, self.gamma, gamma_max, 16) + 2
         self._step_s = 0.0  # running mean of a verification forward, shared with cost-aware sources
 
