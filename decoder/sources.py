@@ -15,8 +15,9 @@ Implementations (``build_source`` is the factory; method names as in ``decoder.c
 - ``SpectraSource`` (``spectra``): SPECTRA CORE + RETRIEVAL (seed 002, ``decoder.spectra``);
 - ``DrafterSource`` (``chain``, ``tree``, ``adaspec``, ``spide``): the bundle's trained drafters, EAGLE-2
   dynamic tree or chain, ADASPEC Alg. 2 language/vocabulary switching, SPIDE dynamic length;
-- ``HybridSource`` (``hybrid``): one tree merging the drafter's chain with the n-gram sources' guesses inside
-  the device's flat-verify budget; the drafter runs only while it pays for itself (measured online).
+- ``HybridSource`` (``hybrid``): one tree merging a loop-aware prompt lookup chain, SPECTRA's guesses within the
+  device's flat-verify budget and, on steps where prompt lookup found no match, the drafter's chain; the drafter
+  runs only while it pays for itself (measured online).
 """
 
 from __future__ import annotations
@@ -440,6 +441,8 @@ class HybridSource(DraftSource):
 
     def __init__(self, drafter: DrafterSource | None, ngram: list[DraftSource], nodes: int = 12,
                  gamma_max: int = 6, probe_every: int = 8):
+        if not ngram or not isinstance(ngram[0], PromptLookup):
+            raise PolyspecError("hybrid: the first n-gram source must be prompt lookup (its match decides the drafter)")
         self.drafter, self.ngram, self.nodes = drafter, ngram, nodes
         self.gamma_max, self.probe_every = gamma_max, probe_every
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
@@ -454,10 +457,11 @@ class HybridSource(DraftSource):
 
     @property
     def max_nodes(self) -> int:
-        """The most nodes one step can propose (prompt lookup's grown chain may exceed the budget)."""
-        return max([self.nodes] + [getattr(s, "grow_to", None) or 0 for s in self.ngram])
+        """The most nodes one step can propose (prompt lookup's chain goes in whole, past the budget)."""
+        return max([self.nodes] + [max(s.gamma, s.grow_to or 0) for s in self.ngram if isinstance(s, PromptLookup)])
 
     def begin(self, ctx: DecodeState) -> None:
+        self.used_drafter = self.no_match = False
         for s in self.sources:
             s.begin(ctx)
 
@@ -482,12 +486,13 @@ class HybridSource(DraftSource):
         return False
 
     def propose(self, ctx: DecodeState) -> Proposal:
+        self.used_drafter = self.no_match = False  # set below for the greedy tree only: update() measures those
         if ctx.temperature > 0 or not ctx.tree_ok:
             best = max(self.sources, key=lambda s: self.acc_rate[s.name])
             p = best.propose(ctx) if best is not self.drafter else self._drafter_chain(ctx)
             return p if p.is_chain else p.first_chain()  # sampling: core gives n-gram drafts point-mass q
         cands = [s.propose(ctx) for s in self.ngram]
-        self.no_match = not cands[0].tokens
+        self.no_match = ctx.max_depth >= 1 and not cands[0].tokens  # cands[0]: prompt lookup (the factory's order)
         self.used_drafter = self.no_match and self._drafter_pays(ctx)
         if self.used_drafter:
             t0 = time.perf_counter()
@@ -607,6 +612,6 @@ def build_source(method: str, target, bundle=None, *, gamma: int | None = None, 
         # on the 2-core CPU: a 5-node flat budget cut the base model's long, looping guesses; spectra at 10
         # nodes ran 3.8× AR, hybrid at 5 branch nodes 3.2×)
         nodes = max(tree_nodes, 10)
-        pld = PromptLookup(10, grow_to=2 * max(nodes, 10))
+        pld = PromptLookup(10, grow_to=20)
         return HybridSource(d, [pld, SpectraSource(new_spectra(), nodes)], nodes=nodes, gamma_max=gamma_max)
     raise PolyspecError(f"unknown method {method!r}")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from decoder.ngram import prompt_lookup
-from decoder.sources import DecodeState, DraftSource, HybridSource, PromptLookup, Verified
+from decoder.sources import DecodeState, DraftSource, HybridSource, PromptLookup, SpectraSource, Verified
+from decoder.spectra import Spectra
 
 
 def state(tokens: list[int], max_depth: int = 32) -> DecodeState:
@@ -17,7 +18,8 @@ def state(tokens: list[int], max_depth: int = 32) -> DecodeState:
 def verified(prop, kept: int) -> Verified:
     """The target kept the first ``kept`` nodes of a chain proposal."""
     n = len(prop.tokens)
-    return Verified([0, *prop.tokens], list(range(-1, n)), torch.empty(0), list(range(kept + 1)), prop.origin)
+    logits = torch.zeros(n + 1, 64)  # what SPECTRA's update reads (a flat distribution)
+    return Verified([0, *prop.tokens], list(range(-1, n)), logits, list(range(kept + 1)), prop.origin)
 
 
 class FakeDrafter(DraftSource):
@@ -41,6 +43,7 @@ def test_prompt_lookup_extends_a_loop_past_the_context():
     assert prompt_lookup(loop, 8, extend=True) == [3, 1, 2, 3, 1, 2, 3, 1]
     assert prompt_lookup([5, 9, 9], 4, extend=True) == [9, 9, 9, 9]
     assert prompt_lookup([1, 2, 3, 4], 5, extend=True) == []  # no match: nothing to extend
+    assert prompt_lookup(loop, 2, extend=True) == prompt_lookup(loop, 2) == [3, 1]  # γ ≤ period: plain PLD
 
 
 def test_lookup_depth_doubles_after_a_whole_chain_and_resets_on_a_rejection():
@@ -54,6 +57,9 @@ def test_lookup_depth_doubles_after_a_whole_chain_and_resets_on_a_rejection():
     pld.update(ctx, verified(pld.propose(ctx), kept=8))
     assert len(pld.propose(ctx).tokens) == 10  # capped at grow_to
     pld.update(ctx, verified(pld.propose(ctx), kept=3))  # a rejection → back to γ
+    assert len(pld.propose(ctx).tokens) == 4
+    pld.update(ctx, verified(pld.propose(ctx), kept=4))
+    pld.begin(ctx)  # a new request starts at γ again
     assert len(pld.propose(ctx).tokens) == 4
     plain = PromptLookup(4)  # the baseline `pld` never grows and never runs past the context
     plain.update(ctx, verified(plain.propose(ctx), kept=4))
@@ -103,3 +109,24 @@ def test_hybrid_learns_the_drafters_gain_from_what_the_target_kept():
     assert not hyb.used_drafter and p.tokens == []
     hyb.update(ctx, verified(p, kept=0))
     assert hyb.alone < alone  # one token in that step
+
+
+def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_measures_alone():
+    drafter = FakeDrafter([40, 41, 42])
+    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10)
+    ctx = state([7] + [1, 2, 3] * 12)  # a loop: prompt lookup's chain grows to 20
+    hyb.begin(ctx)
+    for _ in range(4):
+        p = hyb.propose(ctx)
+        assert len(p.tokens) <= hyb.max_nodes == 20
+        hyb.update(ctx, verified(p.first_chain(), kept=len(p.first_chain().tokens)))
+    assert len(hyb.propose(ctx).tokens) == 20
+    fresh = state([10, 11, 12, 13])
+    hyb.begin(fresh)
+    hyb.propose(fresh)
+    assert hyb.no_match
+    measures = (hyb.gain, hyb.alone)
+    fresh.tree_ok = False  # past the sliding window (or sampling): one source's chain, not the measured tree
+    p = hyb.propose(fresh)
+    hyb.update(fresh, verified(p, kept=len(p.tokens)))
+    assert not hyb.no_match and not hyb.used_drafter and (hyb.gain, hyb.alone) == measures
