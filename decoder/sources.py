@@ -108,6 +108,14 @@ class Verified:
     def accepted(self) -> int:
         return len(self.path) - 1
 
+    def proposed_by(self, name: str) -> int:
+        """Nodes of this step that source ``name`` proposed (merged nodes name every proposer: "a+b")."""
+        return sum(1 for o in self.origin if name in o.split("+"))
+
+    def kept_from(self, name: str) -> int:
+        """Nodes on the kept branch that source ``name`` proposed."""
+        return sum(1 for i in self.path[1:] if name in self.origin[i - 1].split("+"))
+
     def top(self, k: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(rows, ids [r, k], confidences [r, k]) of the target's top-k next tokens after the inputs of the kept
         branch (``rows`` = ``path``: off-branch rows follow rejected tokens, and ranking them all would cost
@@ -150,7 +158,7 @@ class PromptLookup(DraftSource):
 
     def __init__(self, gamma: int = 10, max_ngram: int = 3, grow_to: int | None = None):
         self.gamma, self.max_ngram, self.grow_to = gamma, max_ngram, grow_to
-        self.depth, self.proposed = gamma, 0
+        self.depth = gamma
 
     def begin(self, ctx: DecodeState) -> None:
         self.depth = self.gamma
@@ -158,14 +166,13 @@ class PromptLookup(DraftSource):
     def propose(self, ctx: DecodeState) -> Proposal:
         g = min(self.depth, ctx.max_depth)
         tokens = prompt_lookup(ctx.tokens[: ctx.pend + 1], g, self.max_ngram, extend=self.grow_to is not None) if g > 0 else []
-        self.proposed = len(tokens)
         return Proposal.chain(tokens, self.name)
 
     def update(self, ctx: DecodeState, v: Verified) -> None:
         if self.grow_to is None:
             return
-        kept = sum(1 for i in v.path[1:] if self.name in v.origin[i - 1].split("+"))
-        whole = self.proposed > 0 and kept >= self.proposed
+        proposed = v.proposed_by(self.name)
+        whole = proposed > 0 and v.kept_from(self.name) >= proposed
         self.depth = min(2 * self.depth, self.grow_to) if whole else self.gamma
 
 
@@ -461,7 +468,6 @@ class HybridSource(DraftSource):
         return max([self.nodes] + [max(s.gamma, s.grow_to or 0) for s in self.ngram if isinstance(s, PromptLookup)])
 
     def begin(self, ctx: DecodeState) -> None:
-        self.used_drafter = self.no_match = False
         for s in self.sources:
             s.begin(ctx)
 
@@ -518,12 +524,9 @@ class HybridSource(DraftSource):
 
     def update(self, ctx: DecodeState, v: Verified) -> None:
         origins = [set(o.split("+")) for o in v.origin]
-        names = [s.name for s in self.sources]
-        for name in names:  # acceptance per source: did the kept path run through its nodes?
-            proposed = any(name in o for o in origins)
-            if proposed:
-                got = sum(1 for i in v.path[1:] if name in origins[i - 1])
-                self.acc_rate[name] = 0.9 * self.acc_rate[name] + 0.1 * min(got, 4) / 4
+        for name in [s.name for s in self.sources]:  # acceptance per source: did the kept path run through its nodes?
+            if v.proposed_by(name):
+                self.acc_rate[name] = 0.9 * self.acc_rate[name] + 0.1 * min(v.kept_from(name), 4) / 4
         if self.used_drafter and self.drafter is not None:
             ngram_only = 0
             for i in v.path[1:]:
