@@ -163,6 +163,7 @@ class SmallLMRuntime:
 
 def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
     """Load every drafter of a bundle (safetensors, via ``train.models.load_drafter``) and its head bank."""
+    from polyspec.packed import pack_linears
     from train.models import load_drafter
     from vocab.files import load_ranked
 
@@ -175,7 +176,8 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
     shared_bank, archs = None, set()
     for lang in bundle.languages:
         model, _ = load_drafter(bundle.drafter_dir(lang), device=device)
-        model.to(dtype)
+        model.to(dtype).requires_grad_(False)
+        pack_linears(model)  # CPU bf16: oneDNN-prepacked weights, as the target's (polyspec.packed)
         archs.add(getattr(model, "arch_name", "small-lm"))
         if getattr(model, "arch_name", None) == "eagle3":  # own head over its draft vocabulary
             rt = EagleRuntime(model, target.model.get_input_embeddings(), model.lm_head.weight)

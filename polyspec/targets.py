@@ -43,6 +43,7 @@ from polyspec.config import StrictModel, read_yaml, validate
 from polyspec.device import resolve_device, resolve_dtype
 from polyspec.errors import PolyspecError, cli_entry, first_line
 from polyspec.io import atomic_directory, atomic_write_json
+from polyspec.packed import pack_linears
 from polyspec.paths import cache_dir, configs_dir
 
 DEFAULT_TARGET = "gemma3-270m"
@@ -97,6 +98,7 @@ class Target:
     tokenizer_sha256: str
     path: Path | None  # local directory the weights were read from (None for a hub id not yet cached)
     config: Any  # model config, also present when the weights were not loaded (with_model=False)
+    packed_linears: int = 0  # linears running oneDNN-prepacked weights (CPU bf16: ``polyspec.packed``)
 
     @property
     def vocab_size(self) -> int:
@@ -131,6 +133,7 @@ class Target:
             "device": str(self.device),
             "prompt_format": self.spec.prompt_format.kind,
             "cache_path": str(self.path) if self.path else None,
+            "packed_linears": self.packed_linears,
         }
 
 
@@ -185,12 +188,14 @@ def load_target(
     dtype: str | torch.dtype | None = None,
     rebuild: bool = False,
     with_model: bool = True,
+    pack: bool = True,
 ) -> Target:
     """Load a target's model (eval mode, no grad) and tokenizer on ``device``.
 
     ``dtype=None`` takes the spec's dtype. ``rebuild=True`` re-creates a gguf-package cache.
     ``with_model=False`` loads the tokenizer only (``model`` is None), for engines such as vLLM that
-    load the weights themselves.
+    load the weights themselves. ``pack=True``: on CPU in bf16 the frozen model's linears multiply oneDNN-prepacked
+    weights (``polyspec.packed``: flat, faster verification; same logits).
     """
     spec = name_or_spec if isinstance(name_or_spec, TargetSpec) else resolve_target(name_or_spec)
     dev = resolve_device(device)
@@ -221,12 +226,13 @@ def load_target(
     model.to(dev)
     model.eval()
     model.requires_grad_(False)
+    packed = pack_linears(model) if pack and dev.type == "cpu" and dt == torch.bfloat16 else 0
     head = model.get_output_embeddings()
     if head is not None:  # a batched prefill with logits_to_keep hands the head a strided [B, 1, H] view, on which
         # the CPU bf16 GEMM takes a slow path (20 s instead of 30 ms for B = 16, H = 640, |V| = 262K, measured)
         head.register_forward_pre_hook(_contiguous_input)
     return Target(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dt, tokenizer_sha256=sha, path=path,
-                  config=model.config)
+                  config=model.config, packed_linears=packed)
 
 
 def model_path(spec: TargetSpec) -> str:
