@@ -65,6 +65,6 @@ def pack_linears(model: nn.Module) -> int:
         return 0
     if not ok:
         return 0
-    for parent, name, child in found:
-        setattr(parent, name, PackedLinear(child))
+    for i, (parent, name, child) in enumerate(found):
+        setattr(parent, name, probe if i == 0 else PackedLinear(child))  # the probe is the first layer's, packed once
     return len(found)

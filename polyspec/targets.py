@@ -226,7 +226,7 @@ def load_target(
     model.to(dev)
     model.eval()
     model.requires_grad_(False)
-    packed = pack_linears(model) if pack and dev.type == "cpu" and dt == torch.bfloat16 else 0
+    packed = pack_linears(model) if pack else 0  # only CPU bf16 weights are packed (``packing_available``)
     head = model.get_output_embeddings()
     if head is not None:  # a batched prefill with logits_to_keep hands the head a strided [B, 1, H] view, on which
         # the CPU bf16 GEMM takes a slow path (20 s instead of 30 ms for B = 16, H = 640, |V| = 262K, measured)
