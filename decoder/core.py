@@ -147,18 +147,20 @@ class Decoder:
 
     def _spectra(self, corpus):
         """SPECTRA's tables; RETRIEVAL indexes ``corpus`` (a synth JSONL or text file) refined by the target's
-        perplexity. Default corpus: the self-distilled text of the bundle's run, when it is on disk."""
-        from decoder.spectra import Spectra, corpus_from_file, refine_by_perplexity, target_nll
+        perplexity. Default corpus: the self-distilled text of the bundle's run, when it is on disk. Refining
+        is cached on disk (``decoder.spectra.refined_corpus``) and in this process."""
+        from decoder.spectra import Spectra, refined_corpus
 
         sp = Spectra(self.vocab_size)
         files = [Path(corpus)] if corpus else []
         if not files and self.bundle is not None:
             run = self.bundle.root.resolve().parent.parent
             files = sorted(run.glob("synth/*-distill/data.jsonl"))
+        if corpus and not files[0].is_file():
+            raise PolyspecError(f"spectra corpus not found: {files[0]}")
         key = (id(self.target), tuple((str(f), f.stat().st_mtime_ns) for f in files if f.is_file()))
-        if key not in _REFINED:  # scoring the corpus costs target forwards: once per process and corpus
-            seqs = [s for f in files for s in corpus_from_file(f, self.target.tokenizer, max_sequences=400)]
-            _REFINED[key] = (refine_by_perplexity(seqs, target_nll(self.target, seqs), keep=0.5) if seqs else [], len(seqs))
+        if key not in _REFINED:
+            _REFINED[key] = refined_corpus(self.target, files, keep=0.5, max_sequences=400, log=self.log)
         kept, total = _REFINED[key]
         if kept:
             sp.add_corpus(kept)

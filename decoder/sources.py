@@ -427,6 +427,26 @@ class SpideSource(DrafterSource):
 
 
 # ---------------------------------------------------------------------------------------------- hybrid
+@dataclass
+class _Arm:
+    """Running means of the tokens and the seconds of one kind of hybrid step (with or without the drafter)."""
+
+    n: int = 0
+    tokens: float = 0.0
+    secs: float = 0.0
+
+    def add(self, tokens: float, secs: float, memory: float = 0.1) -> None:
+        self.n += 1
+        a = max(memory, 1.0 / self.n)  # the plain mean until 1/n < memory, then an exponential one
+        self.tokens += a * (tokens - self.tokens)
+        self.secs += a * (secs - self.secs)
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second."""
+        return self.tokens / self.secs if self.secs > 0 else 0.0
+
+
 class HybridSource(DraftSource):
     """The drafter and the n-gram sources in one verification forward (greedy: one merged tree).
 
@@ -435,11 +455,13 @@ class HybridSource(DraftSource):
     ``tree_budget``); the candidates are merged into one trie (shared prefixes share nodes) and whichever branch
     the target follows wins the step. The trained drafter runs only where prompt lookup found no match — measured
     on the cpu-full bundle (en, 568 steps), the drafter added 0.06 tokens per step beside a prompt-lookup match
-    and 0.8 where there was none — and there only while it pays: it drafts a chain token by token while the
-    estimated probability that the next draft survives (SPIDE table of its confidences) times the time an
-    accepted token saves exceeds its measured cost per drafted token, and it is skipped outright while its
-    measured gain per step (tokens kept beyond what the n-gram branches alone gave) is worth less than its
-    measured time (``_drafter_pays``), retried every ``probe_every`` skipped steps to keep the estimate current.
+    and 0.8 where there was none — and there only while it pays. Whether it pays is measured, not modelled: on
+    no-match steps the hybrid keeps two running means per drafter language, tokens per second of the steps that
+    ran the drafter and of those that did not (each from the start of ``propose`` to the end of ``update``:
+    drafting, the larger verification, every table update); the first ``warmup`` steps of each kind alternate,
+    then the faster kind runs and the other is re-measured every ``probe_every`` no-match steps. Inside a step
+    the drafter drafts a chain token by token while the estimated probability that the next draft survives
+    (SPIDE table of its confidences) times the time an accepted token saves exceeds its measured cost per token.
     Sampling: a chain from the source with the best recent acceptance (Leviathan rejection sampling stays exact).
     """
 
@@ -447,18 +469,17 @@ class HybridSource(DraftSource):
     needs_feats = True
 
     def __init__(self, drafter: DrafterSource | None, ngram: list[DraftSource], nodes: int = 12,
-                 gamma_max: int = 6, probe_every: int = 8):
+                 gamma_max: int = 6, probe_every: int = 8, warmup: int = 3):
         if not ngram or not isinstance(ngram[0], PromptLookup):
             raise PolyspecError("hybrid: the first n-gram source must be prompt lookup (its match decides the drafter)")
         self.drafter, self.ngram, self.nodes = drafter, ngram, nodes
-        self.gamma_max, self.probe_every = gamma_max, probe_every
+        self.gamma_max, self.probe_every, self.warmup = gamma_max, probe_every, warmup
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
-        self.gain = 0.5  # running mean of tokens kept thanks to the drafter, per step it ran
-        self.alone = 1.5  # running mean of tokens per step on no-match steps without the drafter
-        self.cost = 0.0  # running mean of the drafter's time per step it ran (s)
+        self.arms: dict[str | None, dict[bool, _Arm]] = {}  # drafter language → {ran the drafter: its steps}
         self.acc_rate = {s.name: 0.5 for s in ngram} | ({drafter.name: 0.5} if drafter else {})
         self.skipped = 0
         self.used_drafter = self.no_match = False
+        self._t0, self._measured = 0.0, None  # the step being timed, and the arm it counts for
         if drafter is not None:
             drafter.spide = drafter.spide or SpideTable()
 
@@ -479,19 +500,28 @@ class HybridSource(DraftSource):
         """Rough tokens per step from the sources' recent acceptance."""
         return 1.0 + sum(self.acc_rate.values()) / max(len(self.acc_rate), 1)
 
+    def arm(self, ran_drafter: bool) -> _Arm:
+        """The measured no-match steps of the current drafter language that ran (or skipped) the drafter."""
+        lang = getattr(self.drafter, "lang", None)
+        return self.arms.setdefault(lang, {True: _Arm(), False: _Arm()})[ran_drafter]
+
     def _drafter_pays(self, ctx: DecodeState) -> bool:
-        """Throughput with the drafter, (alone + gain) / (T + cost), against alone / T without it."""
+        """Whether this no-match step runs the drafter: alternate until both kinds are measured, then the one
+        with more tokens per second, the other one every ``probe_every``-th step (its estimate stays current)."""
         if self.drafter is None or ctx.max_depth < 1:
             return False
-        if self.gain * (ctx.step_s or 0.03) > self.alone * self.cost:
-            return True
+        on, off = self.arm(True), self.arm(False)
+        if min(on.n, off.n) < self.warmup:
+            return on.n <= off.n
+        better = on.rate > off.rate
         self.skipped += 1
-        if self.skipped >= self.probe_every:  # re-measure now and then
+        if self.skipped >= self.probe_every:
             self.skipped = 0
-            return True
-        return False
+            return not better
+        return better
 
     def propose(self, ctx: DecodeState) -> Proposal:
+        self._t0 = time.perf_counter()
         self.used_drafter = self.no_match = False  # set below for the greedy tree only: update() measures those
         if ctx.temperature > 0 or not ctx.tree_ok:
             best = max(self.sources, key=lambda s: self.acc_rate[s.name])
@@ -500,11 +530,10 @@ class HybridSource(DraftSource):
         cands = [s.propose(ctx) for s in self.ngram]
         self.no_match = ctx.max_depth >= 1 and not cands[0].tokens  # cands[0]: prompt lookup (the factory's order)
         self.used_drafter = self.no_match and self._drafter_pays(ctx)
+        if self.no_match:
+            self._measured = self.arm(self.used_drafter)
         if self.used_drafter:
-            t0 = time.perf_counter()
-            d = self._drafter_chain(ctx)
-            self.cost = 0.8 * self.cost + 0.2 * (time.perf_counter() - t0)
-            cands.insert(1, d)
+            cands.insert(1, self._drafter_chain(ctx))
         # prompt lookup's chain (first) goes in whole, as deep as it matched; the others fill the device's flat
         # budget only (past it every extra node costs verification time: on the 2-core CPU in bf16 verify(k)
         # rises from ~1.1 forwards at 6 tokens to ~2 at 15), so they pay where PLD has little or nothing
@@ -523,23 +552,15 @@ class HybridSource(DraftSource):
         return Proposal.chain(tokens, d.name, qs if ctx.temperature > 0 else None, d.lang, d.size)
 
     def update(self, ctx: DecodeState, v: Verified) -> None:
-        origins = [set(o.split("+")) for o in v.origin]
         for name in [s.name for s in self.sources]:  # acceptance per source: did the kept path run through its nodes?
             if v.proposed_by(name):
                 self.acc_rate[name] = 0.9 * self.acc_rate[name] + 0.1 * min(v.kept_from(name), 4) / 4
         if self.used_drafter and self.drafter is not None:
-            ngram_only = 0
-            for i in v.path[1:]:
-                if origins[i - 1] - {self.drafter.name}:
-                    ngram_only += 1
-                else:
-                    break
-            self.gain = 0.8 * self.gain + 0.2 * (v.accepted - ngram_only)
             self.drafter.learn_lengths(v)
-        elif self.no_match:
-            self.alone = 0.8 * self.alone + 0.2 * (1 + v.accepted)
         for s in self.sources:
             s.update(ctx, v)
+        if self.no_match:  # the whole step: drafting, verification, the updates above
+            self._measured.add(1 + v.accepted, time.perf_counter() - self._t0)
 
 
 def merge(cands: list[Proposal], budget: int, max_depth: int) -> Proposal:

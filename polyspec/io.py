@@ -38,7 +38,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: str | Path, obj: Any, indent: int = 2) -> Path:
+def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False) + "\n")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from decoder.ngram import prompt_lookup
-from decoder.sources import DecodeState, DraftSource, HybridSource, PromptLookup, SpectraSource, Verified
+from decoder.sources import DecodeState, DraftSource, HybridSource, PromptLookup, SpectraSource, Verified, _Arm
 from decoder.spectra import Spectra
 
 
@@ -80,35 +80,44 @@ def test_hybrid_runs_the_drafter_only_where_prompt_lookup_has_no_match():
 
 def test_hybrid_skips_a_drafter_that_does_not_pay_and_probes_it_again():
     drafter = FakeDrafter([40, 41])
-    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, probe_every=4)
+    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, probe_every=4, warmup=3)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
-    hyb.gain, hyb.alone, hyb.cost = 0.05, 1.5, 0.02  # 0.05 tokens for 20 ms on a 50 ms step: a loss
+    hyb.arms["en"] = {True: _Arm(5, 1.6, 0.070), False: _Arm(5, 1.5, 0.050)}  # 23 tok/s with it, 30 without
     calls = []
     for _ in range(8):
         hyb.propose(ctx)
         calls.append(drafter.calls)
     assert calls == [0, 0, 0, 1, 1, 1, 1, 2]  # skipped, except every probe_every-th no-match step
-    hyb.gain = 1.0  # a token per step for 20 ms: pays
+    hyb.arms["en"][True] = _Arm(5, 3.0, 0.070)  # 43 tok/s with it: pays
     hyb.propose(ctx)
     assert drafter.calls == 3
+    drafter.lang = "de"  # another language (ADASPEC switched the drafter): measured on its own, from scratch
+    assert hyb.arm(True).n == 0
 
 
-def test_hybrid_learns_the_drafters_gain_from_what_the_target_kept():
+def test_hybrid_measures_steps_with_and_without_the_drafter():
     drafter = FakeDrafter([40, 41, 42])
-    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10)
+    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, warmup=2)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
-    gain = hyb.gain
-    p = hyb.propose(ctx)
-    hyb.update(ctx, verified(p, kept=3))  # the drafter's three tokens were kept, no n-gram branch had them
-    assert hyb.gain > gain
-    alone = hyb.alone
-    hyb.gain, hyb.cost = 0.0, 1.0  # now it never pays: the next no-match step runs without it
+    ran = []
+    for kept in (3, 0, 2, 0):  # warm-up: the two kinds of no-match step alternate
+        p = hyb.propose(ctx)
+        ran.append(hyb.used_drafter)
+        hyb.update(ctx, verified(p, kept=kept if hyb.used_drafter else 0))
+    assert ran == [True, False, True, False] and drafter.calls == 2
+    on, off = hyb.arm(True), hyb.arm(False)
+    assert (on.n, off.n) == (2, 2) and on.tokens == 3.5 and off.tokens == 1.0  # (1+3, 1+2) and (1, 1) tokens
+    assert on.secs > 0 and off.secs > 0
+    on.secs = off.secs  # the drafter's steps as fast, with 3.5× the tokens: it runs from now on
+    hyb.propose(ctx)
+    assert hyb.used_drafter
+    on.secs = 10 * off.secs  # now 0.35× the throughput: the next no-match step runs without it
     p = hyb.propose(ctx)
     assert not hyb.used_drafter and p.tokens == []
     hyb.update(ctx, verified(p, kept=0))
-    assert hyb.alone < alone  # one token in that step
+    assert off.n == 3
 
 
 def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_measures_alone():
@@ -125,8 +134,8 @@ def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_meas
     hyb.begin(fresh)
     hyb.propose(fresh)
     assert hyb.no_match
-    measures = (hyb.gain, hyb.alone)
+    measures = (hyb.arm(True).n, hyb.arm(False).n)
     fresh.tree_ok = False  # past the sliding window (or sampling): one source's chain, not the measured tree
     p = hyb.propose(fresh)
     hyb.update(fresh, verified(p, kept=len(p.tokens)))
-    assert not hyb.no_match and not hyb.used_drafter and (hyb.gain, hyb.alone) == measures
+    assert not hyb.no_match and not hyb.used_drafter and (hyb.arm(True).n, hyb.arm(False).n) == measures

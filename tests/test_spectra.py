@@ -208,3 +208,36 @@ def test_target_nll_matches_unbatched(tiny_llama_dir):
     kept = refine_by_perplexity(seqs, batched, 0.5)
     assert len(kept) == 2 and [] not in kept
     sp.add_corpus(kept)
+
+
+def test_refined_corpus_is_scored_once_and_cached_on_disk(tiny_llama_dir, isolated_cache, monkeypatch, tmp_path):
+    import decoder.spectra as spectra
+    from polyspec.targets import load_target
+
+    target = load_target(str(tiny_llama_dir))
+    corpus = tmp_path / "data.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": t}) for t in
+                                ["xin chào thế giới", "hello there", "guten Morgen, wie geht es dir?", "bonjour"]) + "\n")
+    kept, scored = spectra.refined_corpus(target, [corpus], keep=0.5)
+    assert scored == 4 and len(kept) == 2
+    assert len(list((isolated_cache / "spectra").glob("*.json"))) == 1
+
+    def no_scoring(*a, **k):
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(spectra, "target_nll", no_scoring)
+    assert spectra.refined_corpus(target, [corpus], keep=0.5) == (kept, 4)  # from the disk cache
+    with pytest.raises(AssertionError, match="scored again"):  # other settings or another corpus: scored afresh
+        spectra.refined_corpus(target, [corpus], keep=0.75)
+    original = corpus.read_text()
+    corpus.write_text(json.dumps({"text": "một văn bản khác"}) + "\n")
+    with pytest.raises(AssertionError, match="scored again"):
+        spectra.refined_corpus(target, [corpus], keep=0.5)
+    corpus.write_text(original)
+    next((isolated_cache / "spectra").glob("*.json")).write_text("{torn")  # broken: ignored, scored afresh
+    monkeypatch.setattr(spectra, "target_nll", lambda t, seqs: [float(len(s)) for s in seqs])
+    kept2, _ = spectra.refined_corpus(target, [corpus], keep=0.5)
+    shortest = sorted(map(len, spectra.corpus_from_file(corpus, target.tokenizer, 400)))[:2]
+    assert sorted(map(len, kept2)) == shortest  # the lowest "perplexity" (here: length) kept
+    assert spectra.refined_corpus(target, [corpus], keep=0.5) == (kept2, 4)  # rewritten
+    assert spectra.refined_corpus(target, [tmp_path / "missing.jsonl"]) == ([], 0)
