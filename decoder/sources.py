@@ -477,9 +477,10 @@ class HybridSource(DraftSource):
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
         self.arms: dict[str | None, dict[bool, _Arm]] = {}  # drafter language → {ran the drafter: its steps}
         self.acc_rate = {s.name: 0.5 for s in ngram} | ({drafter.name: 0.5} if drafter else {})
-        self.skipped = 0
+        self.since_probe = 0  # no-match decisions since the other kind was last re-measured
         self.used_drafter = self.no_match = False
         self._t0, self._measured = 0.0, None  # the step being timed, and the arm it counts for
+        self._warm_lang = None  # the drafter language whose cache is warm (its first step catches up a whole prompt)
         if drafter is not None:
             drafter.spide = drafter.spide or SpideTable()
 
@@ -489,6 +490,7 @@ class HybridSource(DraftSource):
         return max([self.nodes] + [max(s.gamma, s.grow_to or 0) for s in self.ngram if isinstance(s, PromptLookup)])
 
     def begin(self, ctx: DecodeState) -> None:
+        self._warm_lang = None
         for s in self.sources:
             s.begin(ctx)
 
@@ -514,9 +516,9 @@ class HybridSource(DraftSource):
         if min(on.n, off.n) < self.warmup:
             return on.n <= off.n
         better = on.rate > off.rate
-        self.skipped += 1
-        if self.skipped >= self.probe_every:
-            self.skipped = 0
+        self.since_probe += 1
+        if self.since_probe >= self.probe_every:
+            self.since_probe = 0
             return not better
         return better
 
@@ -530,9 +532,10 @@ class HybridSource(DraftSource):
         cands = [s.propose(ctx) for s in self.ngram]
         self.no_match = ctx.max_depth >= 1 and not cands[0].tokens  # cands[0]: prompt lookup (the factory's order)
         self.used_drafter = self.no_match and self._drafter_pays(ctx)
-        if self.no_match:
-            self._measured = self.arm(self.used_drafter)
+        self._measured = self.arm(self.used_drafter) if self.no_match else None
         if self.used_drafter:
+            if self.drafter.lang != self._warm_lang:  # its first step of a request or language syncs a whole
+                self._measured, self._warm_lang = None, self.drafter.lang  # prompt: a one-off, not its step cost
             cands.insert(1, self._drafter_chain(ctx))
         # prompt lookup's chain (first) goes in whole, as deep as it matched; the others fill the device's flat
         # budget only (past it every extra node costs verification time: on the 2-core CPU in bf16 verify(k)
@@ -559,8 +562,10 @@ class HybridSource(DraftSource):
             self.drafter.learn_lengths(v)
         for s in self.sources:
             s.update(ctx, v)
-        if self.no_match:  # the whole step: drafting, verification, the updates above
-            self._measured.add(1 + v.accepted, time.perf_counter() - self._t0)
+        if self._measured is not None:  # the whole step: drafting, verification, the updates above
+            if ctx.feats.is_cuda:
+                torch.cuda.synchronize(ctx.feats.device)
+            self._measured.add(v.kept or 1 + v.accepted, time.perf_counter() - self._t0)
 
 
 def merge(cands: list[Proposal], budget: int, max_depth: int) -> Proposal:

@@ -399,8 +399,10 @@ def refined_corpus(target: Any, files: list[Path], keep: float = 0.5, max_sequen
         return [], 0
     import hashlib
 
-    ident = {"v": 1, "target": target.pin(), "dtype": str(target.dtype), "keep": keep, "max_sequences": max_sequences,
-             "files": [sha256_file(f) for f in files]}
+    spec = target.spec
+    ident = {"v": 1, "target": target.pin(), "model": [spec.model_id, spec.revision, str(target.path)],
+             "dtype": str(target.dtype), "keep": keep, "max_sequences": max_sequences,
+             "files": [[sha256_file(f), f.suffix] for f in files]}  # the suffix decides how a file is read
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
     path = cache_dir() / "spectra" / f"{key}.json"
     cached = read_json_or_none(path) if path.is_file() else None

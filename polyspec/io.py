@@ -46,7 +46,7 @@ def read_json_or_none(path: str | Path) -> Any:
     """A JSON file's content, or None when it is missing or unreadable (optional records: reports, cards)."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: JSONDecodeError and UnicodeDecodeError
         return None
 
 

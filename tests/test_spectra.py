@@ -239,5 +239,16 @@ def test_refined_corpus_is_scored_once_and_cached_on_disk(tiny_llama_dir, isolat
     kept2, _ = spectra.refined_corpus(target, [corpus], keep=0.5)
     shortest = sorted(map(len, spectra.corpus_from_file(corpus, target.tokenizer, 400)))[:2]
     assert sorted(map(len, kept2)) == shortest  # the lowest "perplexity" (here: length) kept
-    assert spectra.refined_corpus(target, [corpus], keep=0.5) == (kept2, 4)  # rewritten
+    monkeypatch.setattr(spectra, "target_nll", no_scoring)
+    assert spectra.refined_corpus(target, [corpus], keep=0.5) == (kept2, 4)  # rewritten, read back
     assert spectra.refined_corpus(target, [tmp_path / "missing.jsonl"]) == ([], 0)
+
+
+def test_a_missing_explicit_spectra_corpus_is_a_clear_error(tiny_llama_dir, tmp_path):
+    from decoder.core import Decoder
+    from polyspec.errors import PolyspecError
+    from polyspec.targets import load_target
+
+    target = load_target(str(tiny_llama_dir))
+    with pytest.raises(PolyspecError, match="spectra corpus not found"):
+        Decoder(target, method="spectra", spectra_corpus=tmp_path / "missing.jsonl")
