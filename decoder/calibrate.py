@@ -3,7 +3,7 @@
     python -m decoder.calibrate --bundle runs/default/export/bundle [--sizes 1,2,3,4,6,8] [--prompts 3]
 
 On a few calibration prompts it measures the verification cost curve s(k) for k = 1…16 tokens (one target
-forward of k tokens after a prompt; ``decoder.costs``), and for every draft size g the acceptance τ(g) (tokens
+forward of k tokens at a 200-token context, medians of 12, the smaller of two passes; ``decoder.costs``), and for every draft size g the acceptance τ(g) (tokens
 per target forward of chain decoding with γ = g), the drafter's time per draft token and the end-to-end
 throughput. It fits τ(g) = (1 − α^{g+1}) / (1 − α) (α by bounded scalar minimisation) and picks
 g* = argmax τ(g) / (s(g+1) + d·g) over the integer sizes 1..max(sizes), s from the measured curve (not a
@@ -87,13 +87,16 @@ def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], 
 
 
 def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 3,
-            log=print, max_k: int = 16, flat: float = 0.15) -> dict:
+            log=print, max_k: int = 16, flat: float = 0.15, context: int = 200, curve_reps: int = 12) -> dict:
     """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), acceptance τ, draft time and throughput
-    per draft size on this device; the flat-verify tree budget from the curve (``decoder.costs``)."""
+    per draft size on this device; the flat-verify tree budget from the curve. The curve is measured as
+    ``python -m decoder.costs`` measures it — at ``context`` tokens, medians of ``curve_reps``, two passes with
+    the smaller median kept (``decoder.costs.stable_curve``) — so that one noisy row cannot set the budget."""
     from decoder.core import Decoder
-    from decoder.costs import tree_budget, verify_curve
+    from decoder.costs import calibration_context, stable_curve, tree_budget
 
-    curve = verify_curve(target, prompts[0], list(range(1, max(max_k, max(sizes) + 1) + 1)), reps=max(3, reps * 2))
+    curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, max(sizes) + 1) + 1)),
+                         reps=curve_reps)
     verify_s = {g: curve["verify_s"][g + 1] for g in sizes}  # g drafts + the pending token
     tau, draft_tok, tok_s = {}, {}, {}
     for g in sizes:
@@ -116,7 +119,7 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     return {"sizes": sizes, "verify_s": verify_s, "tau": tau, "tok_s": tok_s,
             "verify_s_all": {k - 1: s for k, s in curve["verify_s"].items() if k > 1},  # g drafts → s(g+1)
             "draft_s_per_token": statistics.mean(draft_tok.values()), "cost_curve": curve["ratio"],
-            "forward1_s": curve["forward1_s"], "tree_budget": budget}
+            "forward1_s": curve["forward1_s"], "curve_context": curve["context"], "tree_budget": budget}
 
 
 def save(bundle_root: Path, key: str, result: dict) -> Path:

@@ -152,6 +152,16 @@ def test_calibration_follows_a_flat_then_rising_cost_curve():
     assert tree_budget(ratio, 0.15) == 8 and tree_budget(ratio, 0.6) == 9
 
 
+def test_the_cost_curve_keeps_each_ks_smallest_median_over_passes(monkeypatch):
+    import decoder.costs as costs
+
+    passes = iter([{1: 0.040, 2: 0.053, 4: 0.041}, {1: 0.041, 2: 0.040, 4: 0.060}])  # one noisy row in each pass
+    monkeypatch.setattr(costs, "verify_curve", lambda target, ctx, ks, reps: {"verify_s": next(passes)})
+    c = costs.stable_curve(None, [0] * 200, [1, 2, 4], reps=12, passes=2)
+    assert c["verify_s"] == {1: 0.040, 2: 0.040, 4: 0.041} and c["context"] == 200 and c["passes"] == 2
+    assert costs.tree_budget(c["ratio"], 0.15) == 4  # either pass alone: 1 (1.32 at k = 2) or 2 (1.46 at k = 4)
+
+
 def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small_lm_bundle):
     import shutil
 
@@ -165,7 +175,7 @@ def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small
     prompts = [llama.tokenizer("Xin chào các bạn")["input_ids"], llama.tokenizer("Guten Morgen")["input_ids"]]
     m = measure(llama, bundle, prompts, [1, 2, 3], max_new_tokens=12, reps=1, log=lambda *_: None, max_k=6)
     assert set(m["verify_s"]) == {1, 2, 3} and set(m["cost_curve"]) == set(range(1, 7))
-    assert m["cost_curve"][1] == 1.0 and 1 <= m["tree_budget"] <= 6
+    assert m["cost_curve"][1] == 1.0 and 1 <= m["tree_budget"] <= 6 and m["curve_context"] == 200
     pick = choose([1, 2, 3], m["verify_s"], m["tau"], m["draft_s_per_token"], m["tok_s"])
     assert pick["g_star"] in (1, 2, 3)  # never 4, the decoder's default without a calibration
     key = device_key(llama.device, llama.dtype)
