@@ -86,17 +86,17 @@ def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], 
             "predicted_tok_s": {g: predicted(g) for g in grid}}
 
 
-def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 3,
-            log=print, max_k: int = 16, flat: float = 0.15, context: int = 200, curve_reps: int = 12) -> dict:
+def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 12,
+            log=print, max_k: int = 16, flat: float = 0.15, context: int = 200) -> dict:
     """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), acceptance τ, draft time and throughput
     per draft size on this device; the flat-verify tree budget from the curve. The curve is measured as
-    ``python -m decoder.costs`` measures it — at ``context`` tokens, medians of ``curve_reps``, two passes with
+    ``python -m decoder.costs`` measures it — at ``context`` tokens, medians of ``reps``, two passes with
     the smaller median kept (``decoder.costs.stable_curve``) — so that one noisy row cannot set the budget."""
     from decoder.core import Decoder
     from decoder.costs import calibration_context, stable_curve, tree_budget
 
     curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, max(sizes) + 1) + 1)),
-                         reps=curve_reps)
+                         reps=reps)
     verify_s = {g: curve["verify_s"][g + 1] for g in sizes}  # g drafts + the pending token
     tau, draft_tok, tok_s = {}, {}, {}
     for g in sizes:

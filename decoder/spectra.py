@@ -387,18 +387,18 @@ def refined_corpus(target: Any, files: list[Path], keep: float = 0.5, max_sequen
     """RETRIEVAL's default corpus, refined: the sequences of ``files`` (``max_sequences`` per file) whose
     perplexity under the target is in the lowest ``keep`` fraction → (kept sequences, sequences scored).
 
-    Scoring costs one target forward per few sequences (≈ 8 min for 400 × 3 files on a 2-core CPU), so the
+    Scoring costs one target forward per few sequences (514 s for 400 × 7 files on a 2-core CPU), so the
     result is cached on disk: ``<polyspec cache>/spectra/<key>.json``, the key a sha256 of the target's pin and
     dtype, the files' contents and the two settings — a changed corpus or target is scored afresh; the file is
     written atomically and a broken one is ignored."""
+    import hashlib
+
     from polyspec.io import atomic_write_json, read_json_or_none, sha256_file
     from polyspec.paths import cache_dir
 
     files = [Path(f) for f in files if Path(f).is_file()]
     if not files:
         return [], 0
-    import hashlib
-
     spec = target.spec
     ident = {"v": 1, "target": target.pin(), "model": [spec.model_id, spec.revision, str(target.path)],
              "dtype": str(target.dtype), "keep": keep, "max_sequences": max_sequences,

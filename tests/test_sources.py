@@ -6,7 +6,15 @@ from __future__ import annotations
 import torch
 
 from decoder.ngram import prompt_lookup
-from decoder.sources import DecodeState, DraftSource, HybridSource, PromptLookup, SpectraSource, Verified, _Arm
+from decoder.sources import (
+    DecodeState,
+    DraftSource,
+    HybridSource,
+    PromptLookup,
+    SpectraSource,
+    Verified,
+    _Arm,
+)
 from decoder.spectra import Spectra
 
 
