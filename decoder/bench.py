@@ -13,7 +13,9 @@ Protocol (issue #7): one warm-up question per method; generation ends at EOS, th
 strings or max_new_tokens, for every method alike; tokens are the answer's tokens; τ = tokens / target
 forwards (prefill included; counted by a forward hook for transformers' own loops); speedup = tokens/s
 over the faster of ``ar`` and ``hf-generate`` on the same questions; every greedy output is compared
-with ``ar``'s (``identical``); mean ± std over ``--repeats`` passes.
+with ``ar``'s (``identical``); mean ± std over ``--repeats`` passes. Methods are interleaved: each question
+is answered by every method (in alternating order) before the next, so a drift in the machine's speed
+falls on all methods alike.
 """
 
 from __future__ import annotations
@@ -227,27 +229,41 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
     if not any(m in runners for m in AR_METHODS):
         raise PolyspecError("the methods must include ar or hf-generate (speedups are relative to them)")
     order = [m for m in AR_METHODS if m in runners] + [m for m in runners if m not in AR_METHODS]
-    results: dict[str, list[list[list[Answer]]]] = {m: [] for m in order}  # method → repeat → question → turns
-    bar = tqdm(total=len(order) * repeats * len(questions), desc="eval", unit="q")
-    failed = {}
-    for m in order:
+    # method → repeat → question → turns
+    results: dict[str, list[list[list[Answer]]]] = {m: [[] for _ in range(repeats)] for m in order}
+    failed: dict[str, str] = {}
+
+    def answer(m: str, q: dict, n: int) -> list[Answer] | None:
+        """m's answers to q; None when m failed: it is left out from then on (only the sole AR baseline's
+        failure ends the run, since every speedup is relative to it)."""
         try:
-            answer_question(runners[m], target, questions[0], min(16, max_new_tokens))  # warm-up
-            for _ in range(repeats):
-                per_q = []
-                for q in questions:
-                    per_q.append(answer_question(runners[m], target, q, max_new_tokens))
-                    bar.set_postfix(method=m)
-                    bar.update()
-                results[m].append(per_q)
+            return answer_question(runners[m], target, q, n)
         except Exception as e:  # noqa: BLE001 - one broken peer must not cost the other methods' results
-            if m in AR_METHODS and len([x for x in AR_METHODS if x in runners]) == 1:
+            if m in AR_METHODS and len([x for x in AR_METHODS if x in results]) == 1:
                 raise
             from polyspec.errors import first_line
 
             failed[m] = f"{type(e).__name__}: {first_line(e)}"
             log(f"{m} failed and is left out of the report: {failed[m]}")
             results.pop(m)
+            return None
+
+    for m in order:  # one warm-up question per method
+        answer(m, questions[0], min(16, max_new_tokens))
+    # Interleaved: every question is answered by every method before the next question, in alternating order
+    # (AR first, then AR last), so a drift of the machine's speed over the run (thermal, other load) falls on
+    # every method alike instead of on whichever method's block it hits. Each method's own state (SPECTRA's
+    # tables, the hybrid's measured arms) still sees the questions in the same order as a run of it alone.
+    bar = tqdm(total=len(order) * repeats * len(questions), desc="eval", unit="q")
+    step = 0
+    for r in range(repeats):
+        for q in questions:
+            for m in [m for m in (order if step % 2 == 0 else order[::-1]) if m in results]:
+                if (a := answer(m, q, max_new_tokens)) is not None:
+                    results[m][r].append(a)
+                bar.set_postfix(method=m)
+                bar.update()
+            step += 1
     bar.close()
     report = summarize(results, questions, target, bundle, max_new_tokens, repeats)
     out.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,35 @@ def test_every_method_runs_in_one_harness_and_lossless_ones_are_identical(tmp_pa
     assert report["trace"]["steps"] and {"lang", "vocab_size"} <= set(report["trace"]["steps"][0])
 
 
+def test_methods_are_interleaved_per_question_and_a_failing_one_is_dropped(tmp_path, monkeypatch, llama,
+                                                                           small_lm_bundle):
+    import decoder.bench as bench
+
+    calls, real = [], bench.build_methods
+
+    def recording(names, *a, **kw):
+        def wrap(name, run):
+            def rec(ids, n):
+                calls.append((name, n))
+                if name == "pld" and sum(1 for c in calls if c == ("pld", 20)) == 2:
+                    raise RuntimeError("broken on its second question\nsecond line")
+                return run(ids, n)
+            return rec
+        return {m: wrap(m, r) for m, r in real(names, *a, **kw).items()}
+
+    monkeypatch.setattr(bench, "build_methods", recording)
+    qs = bench.load_questions(None, ["vi"], per_cell=3, categories=["qa"])
+    notes = []
+    report = bench.run_bench(llama, small_lm_bundle, qs, ["spectra", "ar", "pld"], 20, 1, tmp_path, log=notes.append)
+    assert calls[:3] == [("ar", 16), ("spectra", 16), ("pld", 16)]  # warm-ups, AR first
+    # each question answered by every live method before the next, AR first then last
+    assert [m for m, _ in calls[3:]] == ["ar", "spectra", "pld", "pld", "spectra", "ar", "ar", "spectra"]
+    assert report["failed"] == {"pld": "RuntimeError: broken on its second question"}
+    assert set(report["methods"]) == {"ar", "spectra"} and any("pld failed" in n for n in notes)
+    assert report["methods"]["spectra"]["overall"]["identical"]
+    assert report["methods"]["spectra"]["overall"]["questions"] == 3
+
+
 def test_cli_reads_any_spec_bench_file(tmp_path, tiny_llama_dir, small_lm_bundle):
     q = tmp_path / "question.jsonl"
     q.write_text("\n".join(json.dumps({"question_id": i, "category": "writing", "turns": [t]})
