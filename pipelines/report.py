@@ -52,6 +52,56 @@ def versions() -> dict:
             "polyspec_commit": commit or None, "machine": platform.machine(), "system": platform.system()}
 
 
+def results_table(run: Path, ev: dict) -> list[str]:
+    """The README's opening table for this run: per language the shipped drafter's decoder τ, its first-draft
+    acceptance α₁ (the held-out score that picked ``best/``), speedups over the fastest AR beside the
+    training-free methods (τ), hybrid ÷ pld and the answers identical to ``ar``. Methods the eval did not run
+    are left out; a language with no α₁ (mixed, or no best/ recorded) shows –."""
+    methods = [m for m in ("adaspec", "pld", "spectra", "hybrid") if m in ev["methods"]]
+    if not methods:
+        return []
+    by = {m: ev["methods"][m]["by_language"] for m in methods}
+    langs = sorted(next(iter(by.values())), key=lambda x: (x == "mixed", x))
+    agree = ev.get("agreement") or {}
+
+    def alpha1(lang: str) -> str:
+        meta = read_json_or_none(run / "train" / lang / "final" / "config.json") or {}
+        a = (meta.get("eval") or {}).get("alpha") or []
+        return f"{a[0]:.2f}" if a else "–"
+
+    def cell(m: str, x: dict) -> str:
+        return f"{x['speedup']:.2f}× ({x['tau']:.2f})"
+
+    def agreement(m: str, lang: str | None) -> str:
+        g = agree.get(m, {})
+        rows = list(g.values()) if lang is None else [g[lang]] if lang in g else []
+        return f"{sum(r['identical'] for r in rows)}/{sum(r['answers'] for r in rows)}" if rows else "–"
+
+    shown = [m for m in methods if m in agree]
+    head = ["language", *(["adaspec τ", "α₁"] if "adaspec" in by else []), *(f"{m} speedup (τ)" for m in methods)]
+    if {"pld", "hybrid"} <= set(methods):
+        head.append("hybrid ÷ pld")
+    head.append("identical to ar: " + " · ".join(shown))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for lang in [*langs, "all"]:
+        x = {m: by[m][lang] if lang != "all" else ev["methods"][m]["overall"] for m in methods}
+        row = [lang]
+        if "adaspec" in by:
+            row += [f"{x['adaspec']['tau']:.2f}", alpha1(lang) if lang not in ("mixed", "all") else "–"]
+        row += [cell(m, x[m]) for m in methods]
+        if {"pld", "hybrid"} <= set(methods):
+            row.append(f"{x['hybrid']['tok_s'] / max(x['pld']['tok_s'], 1e-9):.2f}")
+        row.append(" · ".join(agreement(m, None if lang == "all" else lang) for m in shown))
+        lines.append("| " + " | ".join(row) + " |")
+    ar = ev["ar_baselines"]
+    fastest = max(ar, key=lambda b: ev["methods"][b]["overall"]["tok_s"])
+    lines += ["", f"{ev['target']}, {ev['dtype']} on {ev['device']} ({ev['cpu']}, {ev['threads']} threads), "
+              f"{ev['questions']} questions, {ev['max_new_tokens']} new tokens, greedy. Speedup = tokens/s over the "
+              f"fastest AR (`{fastest}`, {ev['methods'][fastest]['overall']['tok_s']:.1f} tok/s); τ = tokens per "
+              "target forward; α₁ = first-draft acceptance of the shipped drafter on the held-out prompts."]
+    return lines
+
+
 def build_report(run: Path) -> tuple[Path, list[str]]:
     run = Path(run)
     out = run / "report"
@@ -92,7 +142,7 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     v = versions()
     lines = ["# polyspec run report", "", f"Run `{run}` · languages {', '.join(sorted(langs))} · " +
              ", ".join(f"{k} {val}" for k, val in v.items() if val), "", "## Summary", "",
-             *(f"- {s}" for s in summary), "", "## 1 synth (ADASPEC Alg. 1)", "",
+             *(f"- {s}" for s in summary), "", *(results_table(run, ev) if ev else []), "", "## 1 synth (ADASPEC Alg. 1)", "",
              "| synth set | kept/attempted | rejected by reason | LID labels of rejects | tokens/s |", "|---|---|---|---|---|",
              *synth_rows, "", "## 2 vocab", ""]
     if coverage:

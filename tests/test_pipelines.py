@@ -49,7 +49,7 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
     assert "report: " in first.stdout and (run / "report" / "report.md").is_file()
     report = (run / "report" / "report.md").read_text()
     for part in ("## 1 synth", "## 2 vocab", "## 3 training", "## 4 calibration", "## 5 evaluation", "## Provenance",
-                 "adaspec"):
+                 "adaspec", "| language | adaspec τ | α₁ | adaspec speedup (τ) | pld speedup (τ) |"):
         assert part in report, part
     assert (run / "report" / "training.png").is_file() and (run / "report" / "speedup.png").is_file()
     assert " · languages vi · " in report and "| vi-distill | " in report  # languages, not synth folders
@@ -108,6 +108,33 @@ def test_bad_profile_is_a_one_line_error(tmp_path, tiny_llama_dir):
     assert r.returncode != 0 and "optim.lr" in r.stderr and r.stderr.strip().count("\n") == 0
     missing = run_cli("-m", "pipelines", "run", "--profile", "nope", "--dry-run")
     assert missing.returncode != 0 and "cpu-demo" in missing.stderr
+
+
+def test_the_results_table_reads_the_eval_and_the_shipped_drafters_score(tmp_path):
+    from pipelines.report import results_table
+    from polyspec.io import atomic_write_json
+
+    def x(tok_s, tau):
+        return {"tok_s": tok_s, "tau": tau, "speedup": tok_s / 20.0}
+
+    ev = {"target": "t", "dtype": "bfloat16", "device": "cpu", "cpu": "x86_64", "threads": 2, "questions": 4,
+          "max_new_tokens": 96, "ar_baselines": ["ar", "hf-generate"],
+          "methods": {"ar": {"overall": x(20.0, 1.0), "by_language": {}},
+                      "hf-generate": {"overall": x(18.0, 1.0), "by_language": {}},
+                      "adaspec": {"overall": x(40.0, 2.2), "by_language": {"vi": x(44.0, 2.4), "mixed": x(30.0, 1.9)}},
+                      "pld": {"overall": x(60.0, 3.0), "by_language": {"vi": x(50.0, 3.1), "mixed": x(70.0, 2.9)}},
+                      "hybrid": {"overall": x(75.0, 4.0), "by_language": {"vi": x(65.0, 4.5), "mixed": x(77.0, 3.5)}}},
+          "agreement": {m: {"vi": {"answers": 3, "identical": i}, "mixed": {"answers": 1, "identical": 1}}
+                        for m, i in (("adaspec", 2), ("pld", 3), ("hybrid", 1))}}
+    atomic_write_json(tmp_path / "train" / "vi" / "final" / "config.json", {"eval": {"tau": 2.5, "alpha": [0.61, 0.4]}})
+    lines = results_table(tmp_path, ev)
+    assert lines[0] == ("| language | adaspec τ | α₁ | adaspec speedup (τ) | pld speedup (τ) | hybrid speedup (τ) | "
+                        "hybrid ÷ pld | identical to ar: adaspec · pld · hybrid |")
+    assert lines[2] == "| vi | 2.40 | 0.61 | 2.20× (2.40) | 2.50× (3.10) | 3.25× (4.50) | 1.30 | 2/3 · 3/3 · 1/3 |"
+    assert lines[3] == "| mixed | 1.90 | – | 1.50× (1.90) | 3.50× (2.90) | 3.85× (3.50) | 1.10 | 1/1 · 1/1 · 1/1 |"
+    assert lines[4] == "| all | 2.20 | – | 2.00× (2.20) | 3.00× (3.00) | 3.75× (4.00) | 1.25 | 3/4 · 4/4 · 2/4 |"
+    assert "fastest AR (`ar`, 20.0 tok/s)" in lines[-1] and "bfloat16" in lines[-1]
+    assert results_table(tmp_path, {**ev, "methods": {"ar": ev["methods"]["ar"]}}) == []
 
 
 @pytest.mark.parametrize("name", ["cpu-demo", "cpu-full", "gpu-paper"])
