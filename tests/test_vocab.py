@@ -316,3 +316,38 @@ def test_synth_source_skips_a_torn_line(tmp_path, capsys):
                                   encoding="utf-8")
     assert list(documents(SourceConfig(name="synth"), get_language("vi"), tmp_path)) == ["Xin chào\nChào bạn"]
     assert "skipped 1 torn or malformed line" in capsys.readouterr().err
+
+
+def test_coverage_on_eval_answers_counts_every_turn_and_leaves_mixed_out(tmp_path, tiny_gemma_dir, capsys):
+    import numpy as np
+
+    from vocab.coverage import main as coverage_main
+    from vocab.files import RankedVocab, save_ranked
+
+    target = load_target(str(tiny_gemma_dir))
+    tok = target.tokenizer
+    a, b = "xin chào bạn", "tạm biệt"
+    ids_a, ids_b = tok(a, add_special_tokens=False)["input_ids"], tok(b, add_special_tokens=False)["input_ids"]
+    first = list(dict.fromkeys(ids_a))  # ranked list: a's ids first, then the rest of the vocabulary
+    rest = [i for i in range(target.vocab_size) if i not in first]
+    ranked = np.asarray(first + rest, dtype=np.int32)
+    save_ranked(tmp_path / "vocab", RankedVocab("vi", ranked, np.zeros(len(ranked), dtype=np.int64),
+                                                 {"tokenizer_sha256": target.tokenizer_sha256}))
+    answers = tmp_path / "eval" / "answers" / "ar.jsonl"
+    answers.parent.mkdir(parents=True)
+    answers.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in [
+        {"language": "vi", "category": "qa", "turns": [a, b]},
+        {"language": "vi", "category": "mixed", "turns": [b * 5]},  # mixed: not one vocabulary's text
+        {"language": "de", "category": "qa", "turns": ["hallo"]}]) + "\n", encoding="utf-8")  # no de vocabulary
+    k = len(first)
+    assert coverage_main(["--run", str(tmp_path), "--target", str(tiny_gemma_dir), "--ks", f"{k},{target.vocab_size}"]) == 0
+    got = json.loads((tmp_path / "eval" / "coverage.json").read_text())["languages"]
+    assert set(got) == {"vi"} and got["vi"]["answers"] == 2 and got["vi"]["tokens"] == len(ids_a) + len(ids_b)
+    covered = sum(1 for i in ids_a + ids_b if i in first)
+    assert got["vi"]["coverage"][str(k)] == pytest.approx(covered / (len(ids_a) + len(ids_b)))
+    assert got["vi"]["coverage"][str(target.vocab_size)] == 1.0
+    assert f"vi: {len(ids_a) + len(ids_b)} tokens in 2 answers · top-{k}: " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        coverage_main(["--run", str(tmp_path), "--target", str(tiny_gemma_dir), "--answers", str(tmp_path / "no.jsonl")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "no.jsonl is missing" in err and err.count("\n") == 1
