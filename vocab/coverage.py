@@ -6,7 +6,8 @@ own greedy text on the benchmark's prompts (measuring on them trains nothing).
         [--ks 8192,16384,32768] [--target gemma3-270m] [--out runs/cpu-full/eval/coverage.json]
 
 The vocab stage's own ``coverage.json`` is measured on the held-out prompts' answers (``synth/<l>-heldout``),
-a few hundred tokens per language; an eval's ``ar`` answers are about ten times more. Mixed-language
+a few hundred tokens per language; an eval's ``ar`` answers are a second, independent sample (its size grows
+with the eval's questions per cell and new tokens). Mixed-language
 questions are left out (their language is not one vocabulary's). Prints one line per language and writes JSON
 {lang: {tokens, answers, coverage: {k: share}}}.
 """
