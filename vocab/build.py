@@ -18,7 +18,7 @@ from polyspec.languages import Language, get_language
 from polyspec.targets import load_target
 from vocab.analysis import coverage_curve, k_for_coverage, overlap_matrix, write_coverage, write_overlap
 from vocab.config import VocabConfig
-from vocab.count import count_documents, count_weighted, encode_batch, rank, structural_ids
+from vocab.count import count_documents, count_weighted, rank, structural_ids, token_counts
 from vocab.files import RankedVocab, save_ranked
 from vocab.masks import build_masks, save_masks
 from vocab.sources import documents, wordfreq_items
@@ -64,10 +64,7 @@ def heldout_counts(kind: str, cfg: VocabConfig, lang: Language, tokenizer, vocab
         texts = list(documents(SourceConfig(name="synth"), lang, cfg.run))
     else:  # seeds: the human-written system prompt and few-shot pairs of the registry entry
         texts = [lang.system_prompt] + [t for s in lang.seeds for t in (s.instruction, s.response)]
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for ids in encode_batch(tokenizer, texts):
-        if ids:
-            counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    counts = token_counts(tokenizer, texts, vocab_size)
     return counts, {"kind": kind, "documents": len(texts), "tokens": int(counts.sum())}
 
 

@@ -43,6 +43,15 @@ def encode_batch(tokenizer, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in enc(texts, add_special_tokens=False)]
 
 
+def token_counts(tokenizer, texts: list[str], vocab_size: int) -> np.ndarray:
+    """Token-id counts [|V|] of ``texts`` (no special tokens)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for ids in encode_batch(tokenizer, texts):
+        if ids:
+            counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
 def count_documents(
     texts: Iterable[str],
     tokenizer,

@@ -23,7 +23,7 @@ import numpy as np
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.io import atomic_write_json, read_jsonl
 from vocab.analysis import coverage_curve
-from vocab.count import encode_batch
+from vocab.count import token_counts
 from vocab.files import load_ranked
 
 
@@ -34,14 +34,7 @@ def answer_counts(answers: Path, tokenizer, vocab_size: int) -> dict[str, tuple[
         if rec.get("category") == "mixed" or not rec.get("language"):
             continue
         texts.setdefault(rec["language"], []).extend(t for t in rec.get("turns", []) if isinstance(t, str))
-    out = {}
-    for lang, tx in texts.items():
-        counts = np.zeros(vocab_size, dtype=np.int64)
-        for ids in encode_batch(tokenizer, tx):
-            if ids:
-                counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[:vocab_size]
-        out[lang] = (counts, len(tx))
-    return out
+    return {lang: (token_counts(tokenizer, tx, vocab_size), len(tx)) for lang, tx in texts.items()}
 
 
 def measure(run: Path, answers: Path, tokenizer, tokenizer_sha256: str, vocab_size: int, ks: list[int]) -> dict:
