@@ -177,7 +177,7 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
     for lang in bundle.languages:
         model, _ = load_drafter(bundle.drafter_dir(lang), device=device)
         model.to(dtype).requires_grad_(False)
-        pack_linears(model)  # CPU bf16: oneDNN-prepacked weights, as the target's (polyspec.packed)
+        pack_linears(model)  # CPU bf16/fp32: oneDNN-prepacked weights, as the target's (polyspec.packed)
         archs.add(getattr(model, "arch_name", "small-lm"))
         if getattr(model, "arch_name", None) == "eagle3":  # own head over its draft vocabulary
             rt = EagleRuntime(model, target.model.get_input_embeddings(), model.lm_head.weight)

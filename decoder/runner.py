@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from polyspec.packed import PackedLinear
+
 
 class TargetRunner:
     def __init__(self, target):
@@ -28,7 +30,10 @@ class TargetRunner:
         self.cache = None
         self.forwards = 0
         self.aux_layers: list[int] | None = None  # EAGLE-3 drafters read these layers instead of the last
-        self.pad_rows = 8 if self.head.weight.device.type == "cpu" and self.head.weight.dtype == torch.float32 else 0
+        # MKL's fp32 head GEMM (an unpacked ``nn.Linear``) is pathological at 2–3 rows on CPU: pad those to 8
+        packed = isinstance(self.head, PackedLinear)  # polyspec.packed: flat from 1 row, nothing to pad
+        cpu_fp32 = self.head.weight.device.type == "cpu" and self.head.weight.dtype == torch.float32
+        self.pad_rows = 8 if cpu_fp32 and not packed else 0
         self._mask, self._mask_dirty = None, None
 
     def reset(self) -> None:
@@ -45,8 +50,8 @@ class TargetRunner:
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Head logits [n, V] in the head's dtype (argmax reads them as they are; samplers and n-gram tables
-        convert the rows they read). The fp32 GEMM is pathological at 2–3 rows on CPU (FACTS.md: 97 ms at 2
-        rows vs 44 ms at 1 and 71 ms at 8), so on CPU small row counts are zero-padded to ``pad_rows``."""
+        convert the rows they read). An unpacked fp32 head GEMM is pathological at 2–3 rows on CPU (FACTS.md: 97 ms
+        at 2 rows vs 44 ms at 1 and 71 ms at 8), so there small row counts are zero-padded to ``pad_rows``."""
         n = h.shape[0]
         if self.pad_rows and 1 < n < self.pad_rows:
             h = torch.cat([h, h.new_zeros(self.pad_rows - n, h.shape[1])])

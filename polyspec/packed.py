@@ -1,14 +1,24 @@
-"""oneDNN-prepacked linear layers for frozen models on CPU in bf16 (the target, the decoder's drafters).
+"""oneDNN-prepacked linear layers for frozen models on CPU, bf16 and fp32 (the target, the decoder's drafters).
 
-``nn.Linear`` hands oneDNN a plain row-major weight and oneDNN reorders nothing ahead of time, so at the few rows a
-speculative step verifies, the bf16 GEMM is neither memory-bound nor flat. Measured on the 2-core avx512_bf16 host
-(FACTS.md), the default target's head [262144, 640]: 21 ms at 1 row, 32 ms at 10, 41 ms at 16 with ``nn.Linear``;
-14 ms flat up to 12 rows with the weight reordered once into oneDNN's blocked layout and multiplied by
-``torch.ops.mkldnn._linear_pointwise`` (the op torch.compile's CPU freezing pass emits for frozen linears). With
-every linear of the target packed, a target forward at context 200 went from 47.5 to 38 ms at 1 token and from
-61 to 44 ms at 10, logits bit-identical (``python -m decoder.costs`` prints the curve on any machine).
+``nn.Linear`` hands the BLAS a plain row-major weight and nothing is reordered ahead of time, so at the few rows a
+speculative step verifies the GEMM is neither memory-bound nor flat. The weight is reordered once into oneDNN's
+blocked layout and multiplied by ``torch.ops.mkldnn._linear_pointwise`` (the op torch.compile's CPU freezing pass
+emits for frozen linears). Measured, the default target's head [262144, 640] (``python -m decoder.costs`` prints the
+whole target's curve on any machine):
 
-    n = pack_linears(model)          # 0 when not CPU + bf16, or the ops are missing: nothing changes
+- bf16, 2-core avx512_bf16 host (FACTS.md): 21 ms at 1 row, 32 at 10, 41 at 16 with ``nn.Linear``; 14 ms flat up
+  to 12 rows packed. A target forward at context 200: 47.5 → 38 ms at 1 token, 61 → 44 ms at 10, logits
+  bit-identical.
+- fp32, 2-core AVX2 host without bf16 (AMD EPYC): 58 ms at 1 row, 126 at 2, 189 at 3, 136 at 8 with ``nn.Linear``
+  (MKL); packed with the reorder told to expect 8 rows, 32 ms at 1, 2 and 3 rows, 43 at 8, 50 at 12. Packed for
+  1 row instead, 31 / 53 / 58 / 69 ms: the batch-size hint matters, so fp32 reorders for ``FP32_ROWS_HINT``.
+
+fp32 packed at that hint is also *batch-invariant*: a row's output is bitwise the same whether the GEMM has 1 or
+16 rows (MKL's ``F.linear`` is not: its 1-row GEMV and k-row GEMM round differently). So in a k-token verification
+the packed linears compute what a 1-token forward computes. Small fp32 weights stay ``nn.Linear`` (``MIN_NUMEL``).
+
+    n = pack_linears(model)          # 0 on GPUs, on dtypes other than fp32/bf16, where the ops are missing or
+                                     # where this CPU cannot run them (bf16 packing needs AVX512BW-class CPUs)
 
 The packed copy costs the weights' size again in memory; ``.weight`` stays the module's parameter (tied
 embeddings, ``state_dict`` and everything that reads the weight see the original). With autograd on, the
@@ -17,54 +27,113 @@ module falls back to ``F.linear``: only inference runs the packed op.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+# The rows oneDNN's reorder is told to expect (its ``batch_size`` argument picks the blocked layout). bf16: 1, as
+# measured flat on the avx512_bf16 host. fp32: 8 — flat up to 12 rows and batch-invariant on the AVX2 host (see above).
+ROWS_HINT = {torch.bfloat16: 1, torch.float32: 8}
+# The smallest weight (elements) packed by default. oneDNN's fp32 call costs ~55 µs however small the GEMM, so on the AVX2
+# host a 256×640 fp32 weight (Gemma-3-270m's k/v projections) took 58 µs packed against 25 µs with MKL at 1 row (78 vs
+# 54 at 8), and a 64-wide test model decoded at 3.8 ms/token packed against 2.5 plain; from 1024×640 up packing
+# wins (58 vs 86 µs at 1 row, 148 vs 205 at 8). bf16 packs every linear, as measured on the avx512_bf16 host.
+MIN_NUMEL = {torch.bfloat16: 0, torch.float32: 1 << 19}
+# How close a packed probe must come to ``F.linear`` before anything is swapped: rounding of the dtype, no more.
+_PROBE_TOL = {torch.bfloat16: 2e-2, torch.float32: 1e-4}
+
 
 def packing_available(weight: torch.Tensor) -> bool:
-    """CPU, bf16, and this torch build has oneDNN's linear reorder and pointwise ops."""
+    """CPU, bf16 or fp32, this torch build has oneDNN's linear reorder and pointwise ops, and this CPU runs them for
+    the weight's dtype (oneDNN's bf16 path needs AVX512-BF16, AVX-NE-CONVERT or AVX512BW/VL/DQ: not on AVX2 CPUs)."""
+    return weight.device.type == "cpu" and weight.dtype in ROWS_HINT and _cpu_can_pack(weight.dtype)
+
+
+@functools.cache
+def _cpu_can_pack(dtype: torch.dtype) -> bool:
     ops = getattr(torch.ops, "mkldnn", None)
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return False
+    try:
+        ops._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), ROWS_HINT[dtype])
+    except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+        return False
+    return True
 
 
 class PackedLinear(nn.Module):
-    """``nn.Linear`` whose inference GEMM reads a oneDNN-reordered copy of the weight."""
+    """``nn.Linear`` whose inference GEMM reads a oneDNN-reordered copy of the weight.
+
+    The copy follows the weight: it is made again when the weight changes in place, is replaced (``.to``, ``.float``,
+    ``load_state_dict``) or is deep-copied (the copy is dropped and rebuilt on the next call; oneDNN's opaque tensor
+    cannot be copied). Off the CPU, or in a dtype that is not packed, the layer is a plain ``F.linear``."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+        self.packed, self._packed_for = None, None
+        self._repack_if_stale()
+
+    def _repack_if_stale(self) -> bool:
+        """Whether a current packed copy exists (made now if the weight changed since it was made)."""
+        w = self.weight
+        if not packing_available(w):
+            self.packed, self._packed_for = None, None
+            return False
+        try:
+            version = w._version
+        except RuntimeError:  # an inference-mode tensor keeps no version counter (and cannot be changed in place)
+            version = None
+        key = (w.data_ptr(), w.dtype, tuple(w.shape), version)
+        if key != self._packed_for:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT[w.dtype])
+            self._packed_for = key
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        if (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)) or not self._repack_if_stale():
             return F.linear(x, self.weight, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).contiguous(), self.packed, self.bias,
                                                "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
 
+    def __getstate__(self):  # deepcopy / pickle: oneDNN's opaque tensor has no storage to copy; rebuilt on use
+        return {**self.__dict__, "packed": None, "_packed_for": None}
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed=oneDNN"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"packed=oneDNN({str(self.weight.dtype).removeprefix('torch.')})")
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every ``nn.Linear`` of ``model`` (CPU, bf16) by a ``PackedLinear``; returns how many. A first
-    layer whose packed output differs from ``F.linear`` beyond bf16 rounding stops it (nothing replaced)."""
+def pack_linears(model: nn.Module, min_numel: int | None = None) -> int:
+    """Replace every ``nn.Linear`` of ``model`` (CPU, bf16 or fp32) whose weight has at least ``min_numel`` elements
+    (default: ``MIN_NUMEL`` of its dtype) by a ``PackedLinear``; returns how many. Per
+    dtype, a first layer that this CPU cannot pack, or whose packed output differs from ``F.linear`` beyond the
+    dtype's rounding, leaves that dtype's layers as they were (``packing_available`` already left out what this CPU
+    cannot pack)."""
     found = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and packing_available(child.weight)]
-    if not found:
-        return 0
-    try:
-        probe = PackedLinear(found[0][2])
-        x = torch.randn(3, probe.in_features, dtype=torch.bfloat16)
-        with torch.inference_mode():
-            ok = torch.allclose(probe(x).float(), F.linear(x, probe.weight, probe.bias).float(), rtol=2e-2, atol=2e-2)
-    except RuntimeError:
-        return 0
-    if not ok:
-        return 0
-    for i, (parent, name, child) in enumerate(found):
-        setattr(parent, name, probe if i == 0 else PackedLinear(child))  # the probe is the first layer's, packed once
-    return len(found)
+             if type(child) is nn.Linear and packing_available(child.weight)
+             and child.weight.numel() >= (MIN_NUMEL[child.weight.dtype] if min_numel is None else min_numel)]
+    swapped = 0
+    for dtype in ROWS_HINT:
+        layers = [f for f in found if f[2].weight.dtype == dtype]
+        if not layers:
+            continue
+        try:
+            probe = PackedLinear(layers[0][2])
+            x = torch.randn(3, probe.in_features, dtype=dtype)
+            with torch.inference_mode():
+                tol = _PROBE_TOL[dtype]
+                ok = torch.allclose(probe(x).float(), F.linear(x, probe.weight, probe.bias).float(), rtol=tol, atol=tol)
+        except RuntimeError:
+            continue
+        if not ok:
+            continue
+        for i, (parent, name, child) in enumerate(layers):
+            setattr(parent, name, probe if i == 0 else PackedLinear(child))  # the probe is the first layer's, packed once
+        swapped += len(layers)
+    return swapped

@@ -98,7 +98,7 @@ class Target:
     tokenizer_sha256: str
     path: Path | None  # local directory the weights were read from (None for a hub id not yet cached)
     config: Any  # model config, also present when the weights were not loaded (with_model=False)
-    packed_linears: int = 0  # linears running oneDNN-prepacked weights (CPU bf16: ``polyspec.packed``)
+    packed_linears: int = 0  # linears running oneDNN-prepacked weights (CPU bf16/fp32: ``polyspec.packed``)
 
     @property
     def vocab_size(self) -> int:
@@ -194,7 +194,7 @@ def load_target(
 
     ``dtype=None`` takes the spec's dtype. ``rebuild=True`` re-creates a gguf-package cache.
     ``with_model=False`` loads the tokenizer only (``model`` is None), for engines such as vLLM that
-    load the weights themselves. ``pack=True``: on CPU in bf16 the frozen model's linears multiply oneDNN-prepacked
+    load the weights themselves. ``pack=True``: on CPU (bf16 or fp32) the frozen model's linears multiply oneDNN-prepacked
     weights (``polyspec.packed``: flat, faster verification; same logits).
     """
     spec = name_or_spec if isinstance(name_or_spec, TargetSpec) else resolve_target(name_or_spec)
@@ -226,7 +226,7 @@ def load_target(
     model.to(dev)
     model.eval()
     model.requires_grad_(False)
-    packed = pack_linears(model) if pack else 0  # only CPU bf16 weights are packed (``packing_available``)
+    packed = pack_linears(model) if pack else 0  # only CPU bf16/fp32 weights are packed (``packing_available``)
     head = model.get_output_embeddings()
     if head is not None:  # a batched prefill with logits_to_keep hands the head a strided [B, 1, H] view, on which
         # the CPU bf16 GEMM takes a slow path (20 s instead of 30 ms for B = 16, H = 640, |V| = 262K, measured)
