@@ -1,7 +1,7 @@
 """``python -m decoder.costs`` — the decoder's cost structure on this device, in one run.
 
     python -m decoder.costs [--target gemma3-270m] [--dtype auto] [--context 200] [--max-k 16] [--bundle B]
-                            [--out costs.json]
+                            [--compare-unpacked] [--out costs.json]
 
 Prints, at a context of ``--context`` tokens: forward(1) (one target forward of one token with a KV cache), and
 for k = 1…max-k the verification cost verify(k) = one forward of k tokens, as a ratio to forward(1) (medians of
@@ -12,7 +12,9 @@ reduced head of 8K rows), EAGLE-3 (fc over three layers, a Llama layer, its own 
 CPU recipe — as milliseconds and as a share of forward(1). Without ``--bundle`` the drafters are random (cost
 does not depend on weights); with one, its own drafters are measured too. ``tree_budget`` = the largest k whose
 verify(k)/forward(1) ≤ 1 + ``--flat`` (UNISPEC-style device awareness: how many draft tokens one forward
-verifies for about the price of one); ``decoder.calibrate`` stores it per device.
+verifies for about the price of one); ``decoder.calibrate`` stores it per device. ``--compare-unpacked`` also
+measures the target with plain ``nn.Linear`` layers in the same run (``polyspec.packed`` off; passes interleaved)
+and prints both curves and packed ÷ plain time per k.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 
 import torch
 
-from polyspec.errors import cli_entry
+from polyspec.errors import PolyspecError, cli_entry
 
 
 def _time(fn, reps: int, sync) -> float:
@@ -71,6 +73,36 @@ def stable_curve(target, context: list[int], ks: list[int], reps: int = 12, pass
     f1 = verify[1]
     return {"context": len(context), "forward1_s": f1, "verify_s": verify, "ratio": {k: v / f1 for k, v in verify.items()},
             "passes": len(runs)}
+
+
+def packing_curves(target, context: list[int], ks: list[int], reps: int = 12, passes: int = 2,
+                   min_numel: int | None = None) -> dict:
+    """The verification curve of ``target`` (loaded with ``pack=False``) with plain ``nn.Linear`` layers and with
+    ``polyspec.packed`` linears, measured in one process, passes interleaved (plain, packed, plain, …) so a drift in
+    the machine's speed falls on both; each k keeps its smallest median → {"plain": curve, "packed": curve,
+    "packed_target": the packed twin}."""
+    import copy
+    import dataclasses
+
+    from polyspec.packed import pack_linears
+
+    twin = copy.deepcopy(target.model)
+    n = pack_linears(twin, min_numel)  # None: what load_target packs
+    if not n:
+        raise PolyspecError(f"nothing to compare: no linear of {target.spec.name} can be packed on {target.device} "
+                            f"in {str(target.dtype).replace('torch.', '')}")
+    packed = dataclasses.replace(target, model=twin, packed_linears=n)
+    runs = {"plain": [], "packed": []}
+    for _ in range(max(1, passes)):
+        for name, t in (("plain", target), ("packed", packed)):
+            runs[name].append(verify_curve(t, context, ks, reps))
+    out = {}
+    for name, rs in runs.items():
+        verify = {k: min(r["verify_s"][k] for r in rs) for k in rs[0]["verify_s"]}
+        out[name] = {"context": len(context), "forward1_s": verify[1], "verify_s": verify,
+                     "ratio": {k: v / verify[1] for k, v in verify.items()}, "passes": len(rs)}
+    out["packed_target"] = packed
+    return out
 
 
 def calibration_context(target, n: int = 200) -> list[int]:
@@ -162,18 +194,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flat", type=float, default=0.15)
     ap.add_argument("--bundle", default=None, help="also measure this bundle's drafters")
     ap.add_argument("--out", default=None, help="write the measurements as JSON")
+    ap.add_argument("--compare-unpacked", action="store_true",
+                    help="also measure the target with plain nn.Linear layers (polyspec.packed off), interleaved")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
     from polyspec.targets import load_target
 
-    target = load_target(args.target, device=args.device, dtype=args.dtype)
-    ctx = calibration_context(target, args.context)
-    curve = stable_curve(target, ctx, list(range(1, args.max_k + 1)), args.reps, args.passes)
+    ks = list(range(1, args.max_k + 1))
+    plain = None
+    if args.compare_unpacked:
+        target = load_target(args.target, device=args.device, dtype=args.dtype, pack=False)
+        ctx = calibration_context(target, args.context)
+        both = packing_curves(target, ctx, ks, args.reps, args.passes)
+        plain, curve, target = both["plain"], both["packed"], both["packed_target"]
+    else:
+        target = load_target(args.target, device=args.device, dtype=args.dtype)
+        ctx = calibration_context(target, args.context)
+        curve = stable_curve(target, ctx, ks, args.reps, args.passes)
     f1 = curve["forward1_s"]
     print(f"{target.spec.name} on {target.device} ({str(target.dtype).replace('torch.', '')}, "
-          f"{torch.get_num_threads()} threads), context {len(ctx)}: forward(1) {f1 * 1e3:.1f} ms")
+          f"{torch.get_num_threads()} threads, {target.packed_linears} packed linears), context {len(ctx)}: "
+          f"forward(1) {f1 * 1e3:.1f} ms")
     print("k      " + " ".join(f"{k:>5d}" for k in curve["ratio"]))
     print("ratio  " + " ".join(f"{r:5.2f}" for r in curve["ratio"].values()))
+    if plain is not None:
+        print(f"plain nn.Linear, same run: forward(1) {plain['forward1_s'] * 1e3:.1f} ms")
+        print("ratio  " + " ".join(f"{r:5.2f}" for r in plain["ratio"].values()))
+        print("packed ÷ plain, verify(k) time")
+        print("       " + " ".join(f"{curve['verify_s'][k] / plain['verify_s'][k]:5.2f}" for k in curve["verify_s"]))
     budget = tree_budget(curve["ratio"], args.flat)
     print(f"tree_budget (verify(k)/forward(1) ≤ {1 + args.flat:.2f}): {budget}")
     kinds = random_runtimes(target)
@@ -190,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         d = draft_cost(target, rt, head, ctx)
         drafts[kind] = d
         print(f"draft {kind:14s} {d * 1e3:6.2f} ms/token  = {100 * d / f1:5.1f} % of forward(1)")
-    result = {**curve, "tree_budget": budget, "flat": args.flat, "draft_s_per_token": drafts,
+    result = {**curve, "plain": plain, "tree_budget": budget, "flat": args.flat, "draft_s_per_token": drafts,
               "device": str(target.device), "dtype": str(target.dtype), "threads": torch.get_num_threads()}
     if args.out:
         from polyspec.io import atomic_write_json
