@@ -28,6 +28,7 @@ module falls back to ``F.linear``: only inference runs the packed op.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from torch import nn
@@ -110,11 +111,14 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module, min_numel: int | None = None) -> int:
-    """Replace every ``nn.Linear`` of ``model`` (CPU, bf16 or fp32) whose weight has at least ``min_numel`` elements
+    """Nothing when the environment sets ``POLYSPEC_PACK=0`` (every stage then runs plain ``nn.Linear``: to measure a
+    benchmark both ways). Otherwise replace every ``nn.Linear`` of ``model`` (CPU, bf16 or fp32) whose weight has at least ``min_numel`` elements
     (default: ``MIN_NUMEL`` of its dtype) by a ``PackedLinear``; returns how many. Per
     dtype, a first layer that this CPU cannot pack, or whose packed output differs from ``F.linear`` beyond the
     dtype's rounding, leaves that dtype's layers as they were (``packing_available`` already left out what this CPU
     cannot pack)."""
+    if os.environ.get("POLYSPEC_PACK", "1").lower() in ("0", "false", "no", "off"):
+        return 0
     found = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and packing_available(child.weight)
              and child.weight.numel() >= (MIN_NUMEL[child.weight.dtype] if min_numel is None else min_numel)]

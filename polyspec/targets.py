@@ -195,7 +195,8 @@ def load_target(
     ``dtype=None`` takes the spec's dtype. ``rebuild=True`` re-creates a gguf-package cache.
     ``with_model=False`` loads the tokenizer only (``model`` is None), for engines such as vLLM that
     load the weights themselves. ``pack=True``: on CPU (bf16 or fp32) the frozen model's linears multiply oneDNN-prepacked
-    weights (``polyspec.packed``: flat, faster verification; same logits).
+    weights (``polyspec.packed``: flatter, faster verification; the same logits up to the dtype's rounding; the
+    environment's ``POLYSPEC_PACK=0`` turns it off for every stage).
     """
     spec = name_or_spec if isinstance(name_or_spec, TargetSpec) else resolve_target(name_or_spec)
     dev = resolve_device(device)

@@ -40,11 +40,14 @@ needs_fp32_packing = pytest.mark.skipif(not packing_available(torch.zeros(1)),
                                         reason="this torch build or CPU has no oneDNN fp32 linear packing")
 
 
-def test_pack_linears_leaves_other_dtypes_and_small_fp32_weights_alone():
+def test_pack_linears_leaves_other_dtypes_and_small_fp32_weights_alone(monkeypatch):
     model = nn.Sequential(nn.Linear(8, 8)).to(torch.float16)
     assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
     assert not packing_available(torch.zeros(1, dtype=torch.float64))
     small = nn.Sequential(nn.Linear(640, 256), nn.Linear(640, 1024))  # Gemma-3-270m's k/v and q projections
+    monkeypatch.setenv("POLYSPEC_PACK", "0")  # packing switched off for every stage
+    assert pack_linears(small) == 0
+    monkeypatch.delenv("POLYSPEC_PACK")
     assert pack_linears(small) == (1 if packing_available(torch.zeros(1)) else 0)
     assert type(small[0]) is nn.Linear  # 164K elements: MKL's GEMM is faster than a oneDNN call
 
