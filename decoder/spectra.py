@@ -305,8 +305,10 @@ def refine_by_perplexity(sequences: list[list[int]], nll: list[float], keep: flo
     return [sequences[i] for i in chosen]  # corpus order kept
 
 
-def _read_texts(path: Path) -> list[str]:
-    """Texts of a JSONL file (synth records: `conversations` gpt turns, or `text`); torn lines skipped."""
+def _read_texts(path: Path) -> list[tuple[str, float | None]]:
+    """(text, nll) of a JSONL file (synth records: `conversations` gpt turns, or `text`); torn lines skipped.
+    ``nll``: a gpt turn's recorded NLL (``synth distill`` writes the target's own per-token NLL of the answer it
+    generated, given the prompt), else None."""
     texts = []
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -318,16 +320,25 @@ def _read_texts(path: Path) -> list[str]:
                 continue
             conv = rec.get("conversations")
             if isinstance(conv, list):
-                texts += [t["value"] for t in conv if isinstance(t, dict) and t.get("from") in ("gpt", "assistant")
-                          and isinstance(t.get("value"), str)]
+                texts += [(t["value"], _finite(t.get("nll"))) for t in conv if isinstance(t, dict)
+                          and t.get("from") in ("gpt", "assistant") and isinstance(t.get("value"), str)]
             elif isinstance(rec.get("text"), str):
-                texts.append(rec["text"])
+                texts.append((rec["text"], None))
     return texts
+
+
+def _finite(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
 def corpus_from_file(path, tokenizer, max_sequences: int) -> list[list[int]]:
     """Default corpus: a run's self-distilled text (synth JSONL records: `conversations` gpt values or `text`),
     or any plain text file (one document per blank-line-separated block)."""
+    return corpus_with_nll(path, tokenizer, max_sequences)[0]
+
+
+def corpus_with_nll(path, tokenizer, max_sequences: int) -> tuple[list[list[int]], list[float | None]]:
+    """:func:`corpus_from_file` and, per sequence, the NLL its record carries (None: not recorded)."""
     p = Path(path)
     if not p.is_file():
         raise PolyspecError(f"spectra corpus not found: {p}")
@@ -335,12 +346,13 @@ def corpus_from_file(path, tokenizer, max_sequences: int) -> list[list[int]]:
         texts = _read_texts(p)
     else:
         blocks = p.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n").split("\n\n")
-        texts = [b.strip() for b in blocks]
-    texts = [t for t in texts if t.strip()][: max(0, max_sequences)]
+        texts = [(b.strip(), None) for b in blocks]
+    texts = [t for t in texts if t[0].strip()][: max(0, max_sequences)]
     if not texts:
-        return []
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return [list(s) for s in ids if len(s)]
+        return [], []
+    ids = tokenizer([t for t, _ in texts], add_special_tokens=False)["input_ids"]
+    kept = [(list(s), nll) for s, (_, nll) in zip(ids, texts) if len(s)]
+    return [s for s, _ in kept], [nll for _, nll in kept]
 
 
 def target_nll(target: Any, sequences: list[list[int]], batch_size: int = 8, max_len: int = 512) -> list[float]:
@@ -387,8 +399,11 @@ def refined_corpus(target: Any, files: list[Path], keep: float = 0.5, max_sequen
     """RETRIEVAL's default corpus, refined: the sequences of ``files`` (``max_sequences`` per file) whose
     perplexity under the target is in the lowest ``keep`` fraction → (kept sequences, sequences scored).
 
-    Scoring costs one target forward per few sequences (514 s for 400 × 7 files on a 2-core CPU), so the
-    result is cached on disk: ``<polyspec cache>/spectra/<key>.json``, the key a sha256 of the target's pin and
+    When every sequence carries the NLL its distillation recorded (``synth distill``: the target's per-token
+    NLL of its own answer, given the prompt, taken from the generating forwards), those rank the corpus and no
+    target forward runs; otherwise every sequence is scored here (``target_nll``: the text alone after BOS),
+    so one ranking never mixes the two measures. Scoring costs one target forward per few sequences (514 s for
+    400 × 7 files on a 2-core CPU in bf16), so the result is cached on disk: ``<polyspec cache>/spectra/<key>.json``, the key a sha256 of the target's pin and
     dtype, the files' contents and the two settings — a changed corpus or target is scored afresh; the file is
     written atomically and a broken one is ignored."""
     import hashlib
@@ -409,8 +424,17 @@ def refined_corpus(target: Any, files: list[Path], keep: float = 0.5, max_sequen
     if isinstance(cached, dict) and cached.get("ident") == ident and isinstance(cached.get("kept"), list):
         log(f"spectra: refined corpus read from {path}")
         return [[int(t) for t in s] for s in cached["kept"]], int(cached.get("scored", 0))
-    seqs = [s for f in files for s in corpus_from_file(f, target.tokenizer, max_sequences=max_sequences)]
-    kept = refine_by_perplexity(seqs, target_nll(target, seqs), keep=keep) if seqs else []
+    seqs, recorded = [], []
+    for f in files:
+        s, n = corpus_with_nll(f, target.tokenizer, max_sequences=max_sequences)
+        seqs += s
+        recorded += n
+    if seqs and all(n is not None for n in recorded):
+        log(f"spectra: ranking {len(seqs)} sequences by the NLL their distillation recorded (no scoring pass)")
+        nll = recorded
+    else:
+        nll = target_nll(target, seqs) if seqs else []
+    kept = refine_by_perplexity(seqs, nll, keep=keep) if seqs else []
     try:
         atomic_write_json(path, {"ident": ident, "scored": len(seqs), "kept": kept}, indent=None)
     except OSError as e:  # a read-only cache costs time, not correctness

@@ -91,8 +91,9 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
         t_batch = time.perf_counter()
         attempts = list(range(store.next_attempt, min(store.next_attempt + cfg.engine.batch_size, total)))
         asked = {a: prompts[a // len(temps)] for a in attempts}
+        earlier_nll: dict[int, list] = {}
         if not cfg.continuation:  # multi-turn: the target's own answers to the earlier turns become the history
-            asked = _answer_earlier_turns(engine, target, asked, temps, cfg, stop)
+            asked, earlier_nll = _answer_earlier_turns(engine, target, asked, temps, cfg, stop)
         reqs = []
         for a in attempts:
             p, t = asked[a], temps[a % len(temps)]
@@ -112,7 +113,7 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
                 "lang": lang.code,
                 "source": "self-distill",
                 "temperature": t,
-                "conversations": _conversation(p, resp, cfg.continuation),
+                "conversations": _conversation(p, resp, cfg.continuation, [*earlier_nll.get(a, []), r.nll]),
                 "lid": {"label": label, "prob": round(prob, 4)},
                 "target": target.spec.name,
                 "attempt": a,
@@ -155,12 +156,13 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
     return stats
 
 
-def _answer_earlier_turns(engine, target, asked: dict, temps: list[float], cfg, stop: list[str]) -> dict:
+def _answer_earlier_turns(engine, target, asked: dict, temps: list[float], cfg, stop: list[str]) -> tuple[dict, dict]:
     """Prompts with several user turns (synth/pool.py multiturn): each earlier turn is answered by the target
     at the attempt's temperature (its own seed stream) and put into the history before the next turn."""
     fmt, out = target.spec.prompt_format, {}
     todo = {a: list(p) for a, p in asked.items()}
     history = {a: [] for a in asked}
+    nlls: dict[int, list] = {a: [] for a in asked}  # each generated earlier answer's NLL (Result.nll)
     while True:
         pending = [a for a, p in todo.items() if len(p) > 1]
         if not pending:
@@ -172,17 +174,26 @@ def _answer_earlier_turns(engine, target, asked: dict, temps: list[float], cfg, 
                                 temps[a % len(temps)], cfg.sampling.top_p, cfg.sampling.max_new_tokens, stop))
         for a, r in zip(pending, engine.generate(reqs)):
             history[a] += [todo[a].pop(0), {"role": "assistant", "content": strip_leakage(r.text, fmt.stop)}]
+            nlls[a].append(r.nll)
     for a, p in todo.items():
         out[a] = history[a] + p
-    return out
+    return out, nlls
 
 
-def _conversation(p, resp: str, continuation: bool) -> list[dict]:
-    """ShareGPT turns: every message asked (multi-turn prompts carry earlier turns) + the target's answer."""
+def _conversation(p, resp: str, continuation: bool, nlls: list | None = None) -> list[dict]:
+    """ShareGPT turns: every message asked (multi-turn prompts carry earlier turns) + the target's answer.
+    ``nlls``: the generated gpt turns' NLLs in order (the target's own answers); each gpt turn the target
+    wrote carries its ``nll`` (mean per token, given the conversation before it) when the engine gave one."""
     if continuation:
-        return [{"from": "human", "value": p}, {"from": "gpt", "value": resp}]
-    turns = [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in p if m["role"] != "system"]
-    return turns + [{"from": "gpt", "value": resp}]
+        turns = [{"from": "human", "value": p}, {"from": "gpt", "value": resp}]
+    else:
+        turns = [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in p
+                 if m["role"] != "system"] + [{"from": "gpt", "value": resp}]
+    gpt = [t for t in turns if t["from"] == "gpt"]
+    for t, v in zip(gpt[len(gpt) - len(nlls or []):], nlls or []):  # the last len(nlls) gpt turns are generated
+        if v is not None:
+            t["nll"] = round(float(v), 5)
+    return turns
 
 
 def _off_language(lang, asked: str, resp: str) -> str | None:

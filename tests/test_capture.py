@@ -113,7 +113,13 @@ def test_engine_capture_equals_a_full_forward_and_changes_no_token(family, tiny_
         if r.temperature == 0.0:  # the generated ids are the target's greedy tokens
             assert q.ids[len(prompt) :] == greedy_reference(t, prompt, r.max_new_tokens)[: q.num_tokens - 1]
         f, a = full_forward(t, q.ids, aux)
-        assert q.features["f"].dtype == torch.float32 and q.features["aux"].shape[1] == 3 * t.hidden_size
+        assert q.nll == pytest.approx(p.nll, rel=1e-5) and q.nll > 0
+        if r.temperature == 0.0:  # nll: the target's own -log p of each generated token, from a separate forward
+            with torch.inference_mode():
+                lp = torch.log_softmax(t.model(input_ids=torch.tensor([q.ids])).logits[0].float(), -1)
+            gen = q.ids[len(prompt):] + [int(lp[-1].argmax())]  # the last greedy token was never fed
+            ref = -lp[len(prompt) - 1:].gather(1, torch.tensor(gen)[:, None]).mean().item()
+            assert q.nll == pytest.approx(ref, rel=1e-4, abs=1e-5)
         torch.testing.assert_close(q.features["f"], f, atol=1e-4, rtol=0)
         torch.testing.assert_close(q.features["aux"], a, atol=1e-4, rtol=0)
     last = engine.generate(reqs[:2], capture=[])
@@ -208,6 +214,7 @@ def test_multi_turn_prompt_is_answered_turn_by_turn(tmp_path, tiny_llama_dir, ll
         conv = data[a]["conversations"]
         assert [c["from"] for c in conv] == ["human", "gpt", "human", "gpt"]
         assert (conv[0]["value"], conv[2]["value"]) == (q1, q2)
+        assert [c.get("nll", 0.0) > 0 for c in conv] == [False, True, False, True], "each answer carries its NLL"
         first = [{"role": "user", "content": q1}]
         if a == 0:  # the first answer is the target's own greedy answer to the first turn alone
             want = reference_answer(llama, first, 10)

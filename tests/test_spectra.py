@@ -244,6 +244,32 @@ def test_refined_corpus_is_scored_once_and_cached_on_disk(tiny_llama_dir, isolat
     assert spectra.refined_corpus(target, [tmp_path / "missing.jsonl"]) == ([], 0)
 
 
+def test_recorded_nll_ranks_the_corpus_without_a_scoring_pass(tiny_llama_dir, isolated_cache, monkeypatch, tmp_path):
+    import decoder.spectra as spectra
+    from polyspec.targets import load_target
+
+    target = load_target(str(tiny_llama_dir))
+
+    def no_scoring(*a, **k):
+        raise AssertionError("scored")
+
+    monkeypatch.setattr(spectra, "target_nll", no_scoring)
+    answers = [("xin chào thế giới", 2.5), ("hello there", 0.5), ("guten Morgen", 1.5), ("bonjour", 3.0)]
+    recs = [{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": a, "nll": n}]}
+            for a, n in answers]
+    corpus = tmp_path / "distill.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    seqs, nll = spectra.corpus_with_nll(corpus, target.tokenizer, 400)
+    assert nll == [2.5, 0.5, 1.5, 3.0] and seqs == spectra.corpus_from_file(corpus, target.tokenizer, 400)
+    kept, scored = spectra.refined_corpus(target, [corpus], keep=0.5)  # no target forward
+    assert scored == 4 and kept == [seqs[1], seqs[2]]  # the two lowest recorded NLLs, corpus order
+    # one answer without a recorded NLL (or a non-finite one): every sequence is scored, one measure for all
+    for missing in ({"from": "gpt", "value": "một câu khác"}, {"from": "gpt", "value": "một câu khác", "nll": "nan"}):
+        corpus.write_text(corpus.read_text() + json.dumps({"conversations": [missing]}) + "\n")
+        with pytest.raises(AssertionError, match="scored"):
+            spectra.refined_corpus(target, [corpus], keep=0.5)
+
+
 def test_a_missing_explicit_spectra_corpus_is_a_clear_error(tiny_llama_dir, tmp_path):
     from decoder.core import Decoder
     from polyspec.errors import PolyspecError

@@ -237,10 +237,12 @@ class FakeSamplingParams:  # the fields of vllm.SamplingParams that the adapter 
     max_tokens: int = 16
     stop: list | None = None
     seed: int | None = None
+    logprobs: int | None = None
 
 
 class FakeLLM:
-    """Follows vllm.LLM.generate: list of RequestOutput with .outputs[0].{text, token_ids, finish_reason}.
+    """Follows vllm.LLM.generate: list of RequestOutput with .outputs[0].{text, token_ids, finish_reason,
+    cumulative_logprob} (the last None unless ``logprobs`` was asked for).
 
     ``run_ids`` records the ids vLLM would run: a ``TokensPrompt`` dict as given, a text prompt encoded
     the way vLLM encodes it (``tokenizer.encode(text)``, special tokens added), when a tokenizer is given."""
@@ -263,13 +265,15 @@ class FakeLLM:
             text: str
             token_ids: list
             finish_reason: str
+            cumulative_logprob: float | None = None
 
         @dataclass
         class Output:
             outputs: list
 
         return [
-            Output([Completion(f"Câu trả lời số {sp.seed % 97} về cây xanh và ánh sáng mặt trời.", [1] * 9, "stop")])
+            Output([Completion(f"Câu trả lời số {sp.seed % 97} về cây xanh và ánh sáng mặt trời.", [1] * 9, "stop",
+                               None if sp.logprobs is None else -4.5)])
             for p, sp in zip(prompts, sampling_params)
         ]
 
@@ -283,9 +287,10 @@ def test_vllm_adapter_maps_requests_and_outputs(tiny_gemma_dir):
     prompts, params = llm.calls[0]
     fmt, tok = target.spec.prompt_format, target.tokenizer
     assert prompts == [{"prompt_token_ids": encode(fmt, tok, "p1")}, {"prompt_token_ids": encode(fmt, tok, "p2")}]
-    assert params[0] == FakeSamplingParams(temperature=0.7, top_p=0.9, max_tokens=5, stop=["###"], seed=3)
+    assert params[0] == FakeSamplingParams(temperature=0.7, top_p=0.9, max_tokens=5, stop=["###"], seed=3, logprobs=0)
     assert params[1].stop is None
     assert res[0].finished and res[0].num_tokens == 9 and "cây xanh" in res[0].text
+    assert res[0].nll == pytest.approx(0.5)  # -cumulative_logprob / tokens
     assert engine.stats["tokens"] == 18
 
 
