@@ -31,6 +31,7 @@ class Stage:
     deps: list[str] = field(default_factory=list)
     config: dict = field(default_factory=dict)  # what the DONE hash covers besides the command
     check: tuple | None = None  # (pydantic model, yaml path, overrides): validated by dry runs
+    data: list[str] = field(default_factory=list)  # repository data files it reads (prompts): in the DONE hash
 
 
 def repo_path(p: str) -> str:
@@ -72,15 +73,20 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
         temps = ",".join(str(t) for t in p.distill.temperatures)
         if on_policy:  # the pool at T = 0 and sampled T, features captured; the held-out prompts greedy
             lim = [f"limit={p.distill.limit}"] if p.distill.limit else []
-            for name, prompts, t, extra, deps in (("distill", "pool", temps, lim, [f"synth:{lang}"]),
-                                                  ("heldout", "heldout", "0", [], [])):
+            # the prompt files they read are hashed too: a changed held-out set or task file redoes them (the pool
+            # leaves out every held-out and benchmark turn, so those files shape it as well)
+            heldout, tasks = repo_path("synth/data/heldout.jsonl"), repo_path(f"synth/data/tasks/{lang}.yaml")
+            pool_files = [tasks, heldout, repo_path("decoder/data/mini_multispecbench.jsonl")]
+            for name, prompts, t, extra, deps, files in (("distill", "pool", temps, lim, [f"synth:{lang}"], pool_files),
+                                                         ("heldout", "heldout", "0", [], [], [heldout])):
                 ov = ["capture_features=true", *extra, *dov]
                 stages.append(Stage(f"{name}:{lang}", "distill",
                                     [py, "-m", "synth", "distill", "--config", p.distill.config, "--lang", lang,
                                      "--prompts", prompts, "--out-name", name, "--temperatures", t, "--target", target,
                                      "--run", r, *ov],
                                     run / "synth" / f"{lang}-{name}" / "DONE.json", deps=deps,
-                                    check=(DistillConfig, p.distill.config, [f"lang={lang}", f"target={target}", *ov])))
+                                    check=(DistillConfig, p.distill.config, [f"lang={lang}", f"target={target}", *ov]),
+                                    data=[f for f in files if Path(f).is_file()]))
             continue
         stages.append(Stage(f"distill:{lang}", "distill",
                             [py, "-m", "synth", "distill", "--config", p.distill.config, "--lang", lang, "--continuation",

@@ -18,12 +18,14 @@ from pathlib import Path
 
 from pipelines.plan import Stage
 from polyspec.errors import PolyspecError
-from polyspec.io import atomic_write_json
+from polyspec.io import atomic_write_json, sha256_file
 
 
 def stage_hash(stage: Stage, done: dict[str, str]) -> str:
     payload = {"cmd": stage.cmd[1:], "config": stage.config,  # not the interpreter path: venvs move
                "inputs": {d: done.get(d) for d in stage.deps}, "files": _config_files(stage)}
+    if stage.data:  # only where a stage names them, so the records of every other stage keep their hash
+        payload["data"] = {Path(f).name: sha256_file(f) for f in stage.data}  # by name: the same from any cwd
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

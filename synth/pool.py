@@ -17,7 +17,7 @@ order, putting the target's own answer to each turn into the history before the 
 decoder's benchmark runs multi-turn questions — so every assistant turn the drafter trains on is on-policy
 (no fixed, off-policy answer is ever inserted).
 
-``synth/data/heldout.jsonl`` holds 8 prompts per language (``{id, lang, category, turns}``) for scoring
+``synth/data/heldout.jsonl`` holds 24 prompts per language (3–5 each of qa, rag, summarization, translation, code, math) (``{id, lang, category, turns}``) for scoring
 drafters during training; :func:`load_heldout` reads them. :func:`build_pool` drops every prompt with a turn
 equal (whitespace-normalized) to a held-out turn or a turn of the built-in benchmark
 (``decoder/data/mini_multispecbench.jsonl``), so neither is ever trained on.

@@ -141,3 +141,25 @@ def test_the_results_table_reads_the_eval_and_the_shipped_drafters_score(tmp_pat
 def test_shipped_profiles_validate(name):
     r = run_cli("-m", "pipelines", "run", "--profile", name, "--dry-run")
     assert r.returncode == 0, r.stderr
+
+
+def test_the_prompt_files_a_distill_stage_reads_are_in_its_done_hash(tmp_path):
+    """A changed held-out set (or task file) redoes the distillation that reads it, and only that, with its
+    dependants; stages that read no repository prompt file keep the hash they always had."""
+    from pipelines.__main__ import load_profile
+    from pipelines.plan import build_plan
+    from pipelines.run import stage_hash
+
+    stages = {s.name: s for s in build_plan(load_profile("cpu-demo"), ["vi"], "gemma3-270m", tmp_path / "run")}
+    assert [p.replace("\\", "/").split("synth/data/")[-1] for p in stages["heldout:vi"].data] == ["heldout.jsonl"]
+    assert {p.replace("\\", "/").rsplit("/", 1)[-1] for p in stages["distill:vi"].data} == \
+        {"vi.yaml", "heldout.jsonl", "mini_multispecbench.jsonl"}
+    assert stages["synth:vi"].data == [] and stages["vocab"].data == []
+    held = tmp_path / "heldout.jsonl"
+    shutil.copy(stages["heldout:vi"].data[0], held)
+    stages["heldout:vi"].data = [str(held)]
+    before = {n: stage_hash(s, {}) for n, s in stages.items()}
+    held.write_text(held.read_text() + json.dumps({"id": "vi-heldout-99", "lang": "vi", "category": "qa",
+                                                   "turns": ["Câu hỏi mới?"]}) + "\n")
+    after = {n: stage_hash(s, {}) for n, s in stages.items()}
+    assert [n for n in stages if before[n] != after[n]] == ["heldout:vi"]

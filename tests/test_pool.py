@@ -82,12 +82,12 @@ def test_pool_never_contains_heldout_or_benchmark_text(lang, tmp_path):
     assert "A fresh instruction." in texts
 
 
-def test_heldout_has_eight_valid_prompts_per_language():
+def test_heldout_has_twenty_four_valid_prompts_per_language():
     lines = [json.loads(x) for x in pool.HELDOUT.read_text(encoding="utf-8").splitlines() if x.strip()]
-    assert len(lines) == 8 * len(LANGS) and len({r["id"] for r in lines}) == len(lines)
+    assert len(lines) == 24 * len(LANGS) and len({r["id"] for r in lines}) == len(lines)
     for lang in LANGS:
         recs = load_heldout(lang)
-        assert len(recs) == 8
+        assert len(recs) == 24
         assert all(HeldoutPrompt.model_validate(r).lang == lang and r["id"].startswith(f"{lang}-heldout-")
                    for r in recs)
         assert {"qa", "rag", "translation", "summarization", "code", "math"} <= {r["category"] for r in recs}
