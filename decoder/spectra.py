@@ -331,14 +331,10 @@ def _finite(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def corpus_from_file(path, tokenizer, max_sequences: int) -> list[list[int]]:
+def corpus_from_file(path, tokenizer, max_sequences: int) -> tuple[list[list[int]], list[float | None]]:
     """Default corpus: a run's self-distilled text (synth JSONL records: `conversations` gpt values or `text`),
-    or any plain text file (one document per blank-line-separated block)."""
-    return corpus_with_nll(path, tokenizer, max_sequences)[0]
-
-
-def corpus_with_nll(path, tokenizer, max_sequences: int) -> tuple[list[list[int]], list[float | None]]:
-    """:func:`corpus_from_file` and, per sequence, the NLL its record carries (None: not recorded)."""
+    or any plain text file (one document per blank-line-separated block) → (sequences, per sequence the NLL its
+    record carries, None where none was recorded)."""
     p = Path(path)
     if not p.is_file():
         raise PolyspecError(f"spectra corpus not found: {p}")
@@ -426,7 +422,7 @@ def refined_corpus(target: Any, files: list[Path], keep: float = 0.5, max_sequen
         return [[int(t) for t in s] for s in cached["kept"]], int(cached.get("scored", 0))
     seqs, recorded = [], []
     for f in files:
-        s, n = corpus_with_nll(f, target.tokenizer, max_sequences=max_sequences)
+        s, n = corpus_from_file(f, target.tokenizer, max_sequences=max_sequences)
         seqs += s
         recorded += n
     if seqs and all(n is not None for n in recorded):

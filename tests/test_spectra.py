@@ -172,12 +172,12 @@ def test_corpus_from_file(tmp_path):
                   + json.dumps({"conversations": [{"from": "gpt", "value": "ef"}]}) + "\n" + '{"text": "tor',
                   encoding="utf-8")
     tok = CharTokenizer()
-    assert corpus_from_file(jl, tok, 10) == [[97, 98], [99, 100], [101, 102]]
-    assert corpus_from_file(jl, tok, 2) == [[97, 98], [99, 100]]
+    assert corpus_from_file(jl, tok, 10)[0] == [[97, 98], [99, 100], [101, 102]]
+    assert corpus_from_file(jl, tok, 2)[0] == [[97, 98], [99, 100]]
     txt = tmp_path / "notes.txt"
     txt.write_text("one\ntwo\n\n\n three \n\nfour", encoding="utf-8")
-    assert corpus_from_file(txt, tok, 10) == [[ord(c) for c in "one\ntwo"], [ord(c) for c in "three"],
-                                              [ord(c) for c in "four"]]
+    assert corpus_from_file(txt, tok, 10) == ([[ord(c) for c in "one\ntwo"], [ord(c) for c in "three"],
+                                               [ord(c) for c in "four"]], [None, None, None])  # text: no NLL
     with pytest.raises(Exception, match="not found"):
         corpus_from_file(tmp_path / "missing.jsonl", tok, 10)
 
@@ -237,7 +237,7 @@ def test_refined_corpus_is_scored_once_and_cached_on_disk(tiny_llama_dir, isolat
     next((isolated_cache / "spectra").glob("*.json")).write_text("{torn")  # broken: ignored, scored afresh
     monkeypatch.setattr(spectra, "target_nll", lambda t, seqs: [float(len(s)) for s in seqs])
     kept2, _ = spectra.refined_corpus(target, [corpus], keep=0.5)
-    shortest = sorted(map(len, spectra.corpus_from_file(corpus, target.tokenizer, 400)))[:2]
+    shortest = sorted(map(len, spectra.corpus_from_file(corpus, target.tokenizer, 400)[0]))[:2]
     assert sorted(map(len, kept2)) == shortest  # the lowest "perplexity" (here: length) kept
     monkeypatch.setattr(spectra, "target_nll", no_scoring)
     assert spectra.refined_corpus(target, [corpus], keep=0.5) == (kept2, 4)  # rewritten, read back
@@ -259,8 +259,8 @@ def test_recorded_nll_ranks_the_corpus_without_a_scoring_pass(tiny_llama_dir, is
             for a, n in answers]
     corpus = tmp_path / "distill.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    seqs, nll = spectra.corpus_with_nll(corpus, target.tokenizer, 400)
-    assert nll == [2.5, 0.5, 1.5, 3.0] and seqs == spectra.corpus_from_file(corpus, target.tokenizer, 400)
+    seqs, nll = spectra.corpus_from_file(corpus, target.tokenizer, 400)
+    assert nll == [2.5, 0.5, 1.5, 3.0] and len(seqs) == 4
     kept, scored = spectra.refined_corpus(target, [corpus], keep=0.5)  # no target forward
     assert scored == 4 and kept == [seqs[1], seqs[2]]  # the two lowest recorded NLLs, corpus order
     # one answer without a recorded NLL (or a non-finite one): every sequence is scored, one measure for all
