@@ -127,7 +127,76 @@ def test_the_score_walks_the_decoders_chain_steps():
     assert m["accept_len"] == pytest.approx(1.0) and m["alpha"] == [0.6667, 0.3333, 0.0]
 
 
-# ---------------------------------------------------------------------------------------- training
+@torch.no_grad()
+def _recomputed_drafts(drafter, embed, head_w, ids_s, prefix, g_all, gamma) -> list[int]:
+    """γ greedy drafts after the verified prefix x[..p], its drafter context recomputed from scratch (entries
+    1..p read [embed(x_e) ‖ g_{e-1}], then each draft feeds the next): slow, obviously right."""
+    from train.objectives import draft_logits
+
+    p = prefix.shape[1] - 1
+    pred, past = drafter(embed(prefix[:, 1:]), g_all[:, :p], position_ids=torch.arange(1, p + 1)[None], use_cache=True)
+    h, out = pred[:, -1:], []
+    for i in range(gamma):
+        d = ids_s[draft_logits(drafter, h[0, -1], head_w).argmax(-1)]
+        out.append(int(d))
+        if i < gamma - 1:
+            h, past = drafter(embed(d.view(1, 1)), h, position_ids=torch.tensor([[p + 1 + i]]), past_key_values=past,
+                              use_cache=True)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["eagle1", "eagle3"])
+def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_llama_dir):
+    """train/score.py drafts every step's first token from one teacher-forced pass and continues from a copy of
+    that pass's cache cut back to the step's prefix. A random drafter whose attention matters, walked over an
+    answer written from its own recomputed drafts (every step accepts γ) and then over the same answer corrupted
+    at random places (steps stop early), accepts exactly what recomputing each step's context from scratch does."""
+    from train.models import Eagle3Drafter
+    from train.score import eagle_chain
+
+    t = load_target(str(tiny_llama_dir))
+    torch.manual_seed(0)
+    H, s, n, start, gamma = t.hidden_size, 64, 60, 6, 4
+    ids_s = torch.arange(s)
+    embed = torch.nn.Embedding(s, H)
+    if arch == "eagle1":
+        drafter, head_w, g = EagleDrafter(eagle_layer_config(t.model.config)).eval(), torch.randn(s, H), torch.randn(1, n, H)
+    else:
+        drafter, head_w, g = Eagle3Drafter.for_target(t, ids_s).eval(), None, torch.randn(1, n, 3 * H)
+    with torch.no_grad():  # attention that matters: a draft then depends on every cached entry it reads
+        for name, m in drafter.named_modules():
+            if name.endswith("self_attn"):
+                for proj, scale in (("q_proj", 4.0), ("k_proj", 4.0), ("v_proj", 8.0), ("o_proj", 8.0)):
+                    getattr(m, proj).weight.mul_(scale)
+    x, p = torch.randint(0, s, (start + 1,)).tolist(), start
+    while len(x) < n:  # each step: γ drafts the reference accepts, then "the target's own token"
+        x += _recomputed_drafts(drafter, embed, head_w, ids_s, torch.tensor([x[: p + 1]]), g, gamma)
+        x.append(int(torch.randint(0, s, ())))
+        p += gamma + 1
+    seq = torch.tensor([x[:n]])
+
+    def reference(seq):
+        def propose(p):
+            d = _recomputed_drafts(drafter, embed, head_w, ids_s, seq[:, : p + 1], g, gamma)
+            hits = []
+            for i in range(gamma):
+                if p + 2 + i >= n:
+                    break
+                hits.append(d[i] == int(seq[0, p + 1 + i]))
+                if not hits[-1]:
+                    break
+            return hits
+
+        return walk(n, start, gamma, propose)
+
+    got = eagle_chain(drafter, embed, head_w, ids_s, seq, start, g, gamma)
+    assert got == reference(seq)
+    assert got.count(gamma) >= len(got) - 1, got  # the continuation drafts ran and hit (the last step is cut short)
+    for i in torch.randint(start + 1, n, (10,), generator=torch.Generator().manual_seed(1)).tolist():
+        seq[0, i] = (seq[0, i] + 1) % s
+    got = eagle_chain(drafter, embed, head_w, ids_s, seq, start, g, gamma)
+    assert got == reference(seq)
+    assert 0 in got and gamma in got, got
 
 
 def seeded_recipe(run_dir, target_dir, out: str, *overrides) -> tuple[DrafterRecipe, dict]:

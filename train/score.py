@@ -18,6 +18,8 @@ so in exact arithmetic this is the decoder's count; rounding of the verify forwa
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from train.objectives import draft_logits
@@ -39,24 +41,40 @@ def walk(n: int, start: int, gamma: int, propose) -> list[int]:
 @torch.no_grad()
 def eagle_chain(drafter, embed, head_w, ids_s, seq: torch.Tensor, start: int, f: torch.Tensor, gamma: int,
                 softcap: float | None = None, aux: torch.Tensor | None = None) -> list[int]:
-    """seq [1, n] greedy ids, f [1, n, H] (aux [1, n, 3H] for EAGLE-3) → accepted drafts per step."""
+    """seq [1, n] greedy ids, f [1, n, H] (aux [1, n, 3H] for EAGLE-3) → accepted drafts per step.
+
+    Entry p of the drafter reads [embed(x_p) ‖ f_{p-1}] and attends to entries ≤ p only, so one teacher-forced
+    pass over entries 1..n-1 gives every step's first draft and the cache a step continues from (that pass's
+    first p entries: what the decoder's drafter holds after syncing the verified prefix x[..p]); only steps
+    whose first draft hits draft on, from a copy of that cache cut back to p entries."""
     g_all = aux if aux is not None else f
     n = seq.shape[1]
     x = seq[0]
+    if n < 2:
+        return []
+    pos = torch.arange(1, n, device=seq.device).unsqueeze(0)
+    pred_all, past_all = drafter(embed(seq[:, 1:n]).float(), g_all[:, : n - 1], position_ids=pos, use_cache=True)
+    first = ids_s[draft_logits(drafter, pred_all[0], head_w, softcap).argmax(-1)]  # first[p-1]: d_1 of step p
 
     def propose(p: int) -> list[bool]:
-        pos = torch.arange(1, p + 1, device=seq.device).unsqueeze(0)
-        pred, past = drafter(embed(seq[:, 1 : p + 1]).float(), g_all[:, :p], position_ids=pos, use_cache=True)
-        h, hits = pred[:, -1:], []
-        for i in range(gamma):
+        if p + 2 >= n:
+            return []
+        d = first[p - 1]
+        hits = [bool(d == x[p + 1])]
+        if not hits[0] or gamma == 1:
+            return hits  # later drafts cannot be accepted: no need to draft them
+        past = copy.deepcopy(past_all)
+        past.crop(-(n - 1 - p))  # entries 1..p: the verified prefix
+        h = pred_all[:, p - 1 : p]
+        for i in range(1, gamma):
+            pos = torch.tensor([[p + i]], device=seq.device)
+            h, past = drafter(embed(d.view(1, 1)).float(), h, position_ids=pos, past_key_values=past, use_cache=True)
             d = ids_s[draft_logits(drafter, h[0, -1], head_w, softcap).argmax(-1)]
             if p + 2 + i >= n:
                 break
             hits.append(bool(d == x[p + 1 + i]))
-            if not hits[-1] or i == gamma - 1:
-                break  # later drafts cannot be accepted: no need to draft them
-            pos = torch.tensor([[p + 1 + i]], device=seq.device)
-            h, past = drafter(embed(d.view(1, 1)).float(), h, position_ids=pos, past_key_values=past, use_cache=True)
+            if not hits[-1]:
+                break
         return hits
 
     return walk(n, start, gamma, propose)
