@@ -21,6 +21,8 @@ class DataConfig(StrictModel):
     max_length: int = Field(256, ge=8, description="tokens per training sequence")
     pad_to_multiple: int = Field(32, ge=1, description="batch length rounded up to a multiple of this: few distinct "
                                  "shapes, so CPU (oneDNN) and CUDA kernels are built once and reused (1: no rounding)")
+    group_by_length: bool = Field(True, description="batches of similar length (transformers' group_by_length): "
+                                  "less padding per step, the same examples per epoch")
     eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="held-out share of the finetune data")
     eval_max_examples: int = Field(16, ge=1)
     eval_file: list[str] | None = Field(

@@ -44,7 +44,7 @@ from polyspec.io import atomic_directory, atomic_write_json, sha256_file
 from polyspec.languages import get_language
 from polyspec.targets import greedy_generate, load_target
 from train.config import TrainConfig
-from train.data import all_captured, build_dataset, collate, epoch_order, expand_paths, split
+from train.data import all_captured, build_dataset, collate, expand_paths, split, step_indices
 from train.models import (
     Eagle3Drafter,
     EagleDrafter,
@@ -103,6 +103,7 @@ class DrafterRecipe:
         else:
             self.train_set, held = split(ds, cfg.data.eval_fraction, cfg.seed)
         self.data_files, self.skipped = ds.files, ds.skipped
+        self.lengths = [len(e.input_ids) for e in self.train_set] if cfg.data.group_by_length else None
         self.reader = FeatureReader(self.target.spec.name, self.target.tokenizer_sha256) if captured else None
         # 4. the language's reduced vocabulary (top-s ranked ids) and the head rows it keeps
         self.ids_s, self.vocab_meta = self._reduced_vocab()
@@ -287,14 +288,8 @@ class DrafterRecipe:
         Each process takes its slice of every global batch (DDP), so the global batch is the same
         whatever the number of processes."""
         per_step = self.cfg.optim.batch_size * self.cfg.optim.grad_accum * self.acc.num_processes
-        n = len(self.train_set)
         micro = self.cfg.optim.batch_size
-        cursor = self.step * per_step
-        while True:
-            epoch, offset = divmod(cursor, n)
-            order = epoch_order(n, self.cfg.seed, epoch)
-            idx = [order[(offset + j) % n] for j in range(per_step)]
-            cursor += per_step
+        for idx in step_indices(len(self.train_set), per_step, self.cfg.seed, self.step, self.lengths, micro):
             mine = idx[self.acc.process_index * micro * self.cfg.optim.grad_accum :][: micro * self.cfg.optim.grad_accum]
             for a in range(self.cfg.optim.grad_accum):
                 part = mine[a * micro : (a + 1) * micro]
