@@ -170,7 +170,7 @@ def epoch_order(n: int, seed: int, epoch: int, lengths: list[int] | None = None,
     (random batches of the captured distillation data are ~37 % padding, grouped ~13 %) while which examples
     share a batch still changes every epoch. The stream of batches runs across epochs (``batches``): where
     epoch ``e`` starts inside a batch, its first (−e·n mod ``batch``) examples finish that batch and the cut
-    follows, so every other batch is one group's."""
+    follows, so all the other batches are one group's."""
     rng = random.Random(seed * 100_003 + epoch)
     order = list(range(n))
     rng.shuffle(order)
