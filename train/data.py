@@ -168,7 +168,7 @@ def epoch_order(n: int, seed: int, epoch: int, lengths: list[int] | None = None,
     transformers' ``group_by_length``): each run of ``group`` × ``batch`` shuffled examples is sorted by length
     and cut into batches, and the full batches are shuffled, so a batch pads to about its own examples' length
     (random batches of the captured distillation data are ~37 % padding, grouped ~13 %) while which examples
-    share a batch still changes every epoch. The stream of batches runs across epochs (``batches``): where
+    share a batch still changes every epoch. The stream of batches runs across epochs (:func:`step_indices`): where
     epoch ``e`` starts inside a batch, its first (−e·n mod ``batch``) examples finish that batch and the cut
     follows, so all the other batches are one group's."""
     rng = random.Random(seed * 100_003 + epoch)
@@ -194,9 +194,8 @@ def step_indices(n: int, per_step: int, seed: int, start_step: int = 0, lengths:
         idx = []
         for c in range(cursor, cursor + per_step):
             epoch, offset = divmod(c, n)
-            if epoch not in orders:
-                orders = {e: o for e, o in orders.items() if e >= epoch - 1}
-                orders[epoch] = epoch_order(n, seed, epoch, lengths, batch)
+            if epoch not in orders:  # the cursor only moves forward: the current epoch's order is all it needs
+                orders = {epoch: epoch_order(n, seed, epoch, lengths, batch)}
             idx.append(orders[epoch][offset])
         yield idx
         cursor += per_step
