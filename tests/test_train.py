@@ -670,3 +670,33 @@ def test_resume_refuses_checkpoints_of_another_data_config(tmp_path, llama_run, 
         with pytest.raises(PolyspecError, match="another config or data"):
             run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=2", "checkpoint_every=2", "eval_every=100",
                      changed))
+
+
+def test_train_bench_times_the_recipes_step_and_leaves_the_run_alone(tmp_path, llama_run, tiny_llama_dir):
+    import shutil
+
+    from train.bench import main as bench_main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=2", "checkpoint_every=2", "eval_every=100"))
+    before = {p: p.stat().st_mtime_ns for p in (run_dir / "train").rglob("*")}
+    # another data config than the finished stage's checkpoint: training would refuse to resume, the bench starts fresh
+    over = [f"run={run_dir}", f"target={tiny_llama_dir}", "lang=vi", "eagle.vocab_size=128", "optim.batch_size=2",
+            "data.max_length=48", "data.pad_to_multiple=16", "data.eval_max_examples=3", "finetune.steps=50"]
+    out = tmp_path / "bench.json"
+    assert bench_main(["--steps", "4", "--warmup", "1", "--json", str(out), *over]) == 0
+    got = json.loads(out.read_text())
+    assert got["steps"] == 4 and got["stage"] == "finetune" and got["drafter"] == "eagle1"
+    assert {p: p.stat().st_mtime_ns for p in (run_dir / "train").rglob("*")} == before
+    # the counted tokens are those of the stream's batches 2..5 (after one warm-up step)
+    cfg = validate(TrainConfig, apply_overrides({}, [*over, "stage=finetune", "report_to=none"]))
+    r = DrafterRecipe(cfg, "finetune")
+    r.setup(timing_only=True)
+    batches = [b for _, b in zip(range(5), r.batches())][1:]
+    real = sum(int(b["attention_mask"].sum()) for b in batches)
+    loss = sum(int(b["loss_mask"].sum()) for b in batches)
+    padded = sum(b["attention_mask"].numel() for b in batches)
+    assert (got["tokens"], got["loss_tokens"]) == (real, loss)
+    assert got["tokens_per_s"] == pytest.approx(real / got["seconds"], rel=0.02)
+    assert got["padding"] == pytest.approx(1 - real / padded, abs=1e-3) and 0 < loss < real

@@ -68,7 +68,9 @@ class DrafterRecipe:
         self.out = Path(cfg.run) / "train" / cfg.lang / stage
 
     # ------------------------------------------------------------------------------------- setup
-    def setup(self, target=None) -> None:
+    def setup(self, target=None, timing_only: bool = False) -> None:
+        """``timing_only`` (python -m train.bench): no checkpoint is resumed and no held-out answers are made, so
+        nothing is written into the run (with ``features: offline``, only the feature store training builds too)."""
         from accelerate import Accelerator
         from accelerate.utils import InitProcessGroupKwargs, set_seed
 
@@ -128,7 +130,7 @@ class DrafterRecipe:
                 if got != list(self.aux_layers):
                     raise PolyspecError(f"{path} holds target layers {got}, the EAGLE-3 drafter reads {self.aux_layers}: "
                                         "distill with feature_layers=eagle3 (or train with features=online)")
-        self.eval_seqs = self._eval_sequences(held[: cfg.data.eval_max_examples])  # EAGLE-3: its aux layers
+        self.eval_seqs = [] if timing_only else self._eval_sequences(held[: cfg.data.eval_max_examples])  # EAGLE-3: aux
         whole.close()
         steps = self.steps = self._steps()
         lr = self.stage_cfg.lr or cfg.optim.lr
@@ -142,7 +144,8 @@ class DrafterRecipe:
         # 6. counters, resume, trackers (feature noise draws from the global torch RNG, which save_state keeps
         #    per process)
         self.step, self.best = 0, -1.0
-        self._resume()
+        if not timing_only:
+            self._resume()
         if log_with:
             self._init_trackers()
 
@@ -333,17 +336,8 @@ class DrafterRecipe:
                    dynamic_ncols=True)
         stream, t0, tokens, last_loss = self.batches(), time.time(), 0, None
         while self.step < steps:
-            for _ in range(cfg.optim.grad_accum):
-                batch = next(stream)
-                tokens += int(batch["attention_mask"].sum()) * self.acc.num_processes
-                with self.acc.accumulate(self.model):  # no gradient sync until the last micro-batch
-                    loss, metrics = self.loss(batch)
-                    self.acc.backward(loss)
-                    if self.acc.sync_gradients:
-                        self.acc.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-                        self.opt.step()
-                        self.sched.step()
-                        self.opt.zero_grad(set_to_none=True)
+            loss, metrics, n = self.train_step(stream)
+            tokens += n
             self.step += 1
             loss_val = last_loss = float(self.acc.reduce(loss.detach(), reduction="mean"))
             record = {"step": self.step, "loss": round(loss_val, 6), "lr": self.sched.get_last_lr()[0],
@@ -369,6 +363,23 @@ class DrafterRecipe:
         self._log_line({"event": "end", "stage": self.stage, "train_tokens_per_s": tok_s, "seconds": round(time.time() - t0, 1)})
         return {"stage": self.stage, "steps": self.step, "final_loss": last_loss, "eval": final_eval, "best_tau": self.best,
                 "train_tokens_per_s": tok_s}
+
+    def train_step(self, stream) -> tuple[torch.Tensor, dict, int]:
+        """One optimizer step: grad_accum micro-batches forward/backward in the accumulation context → clip →
+        step → schedule. → (last micro-batch loss, its metrics, tokens of every process's batches)."""
+        tokens = 0
+        for _ in range(self.cfg.optim.grad_accum):
+            batch = next(stream)
+            tokens += int(batch["attention_mask"].sum()) * self.acc.num_processes
+            with self.acc.accumulate(self.model):  # no gradient sync until the last micro-batch
+                loss, metrics = self.loss(batch)
+                self.acc.backward(loss)
+                if self.acc.sync_gradients:
+                    self.acc.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+                    self.opt.step()
+                    self.sched.step()
+                    self.opt.zero_grad(set_to_none=True)
+        return loss, metrics, tokens
 
     @torch.no_grad()
     def evaluate(self) -> dict:
