@@ -54,7 +54,7 @@ def measure(recipe: DrafterRecipe, steps: int, warmup: int) -> dict:
     t0 = time.perf_counter()
     for _ in range(steps):
         loss, _, _ = recipe.train_step(stream)
-    float(loss)  # waits for the last step on an accelerator
+    float(loss.detach())  # waits for the last step on an accelerator
     sync()
     dt = time.perf_counter() - t0
     procs = recipe.acc.num_processes
