@@ -25,43 +25,38 @@ from train.drafter import DrafterRecipe
 
 
 class _Counting:
-    """The recipe's batch stream, counting the tokens, loss tokens and padded positions it hands out."""
+    """The recipe's batch stream, counting the loss tokens and the padded positions it hands out (the tokens
+    themselves are what ``train_step`` returns)."""
 
     def __init__(self, stream):
-        self.stream, self.real, self.loss, self.padded = stream, 0, 0, 0
+        self.stream, self.loss, self.padded = stream, 0, 0
 
     def __iter__(self):
         return self
 
     def __next__(self):
         b = next(self.stream)
-        self.real += int(b["attention_mask"].sum())
         self.loss += int(b["loss_mask"].sum())
         self.padded += b["attention_mask"].numel()
         return b
-
-    def reset(self) -> None:
-        self.real = self.loss = self.padded = 0
 
 
 def measure(recipe: DrafterRecipe, steps: int, warmup: int) -> dict:
     stream = _Counting(recipe.batches())
     for _ in range(warmup):  # first shapes build their kernels (oneDNN, CUDA)
         recipe.train_step(stream)
-    stream.reset()
+    stream.loss = stream.padded = 0
     sync = torch.cuda.synchronize if recipe.acc.device.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    for _ in range(steps):
-        loss, _, _ = recipe.train_step(stream)
-    float(loss.detach())  # waits for the last step on an accelerator
+    tokens = sum(recipe.train_step(stream)[2] for _ in range(steps))  # every process's, as the training log counts
     sync()
     dt = time.perf_counter() - t0
     procs = recipe.acc.num_processes
     return {"steps": steps, "seconds": round(dt, 3), "ms_per_step": round(1000 * dt / steps, 1),
-            "tokens": stream.real * procs, "loss_tokens": stream.loss * procs,
-            "tokens_per_s": round(stream.real * procs / dt, 1), "loss_tokens_per_s": round(stream.loss * procs / dt, 1),
-            "padding": round(1 - stream.real / max(stream.padded, 1), 3)}
+            "tokens": tokens, "loss_tokens": stream.loss * procs,
+            "tokens_per_s": round(tokens / dt, 1), "loss_tokens_per_s": round(stream.loss * procs / dt, 1),
+            "padding": round(1 - tokens / procs / max(stream.padded, 1), 3)}
 
 
 @cli_entry
