@@ -41,12 +41,13 @@ def tcfg(run_dir, target_dir, *extra) -> TrainConfig:
 # ------------------------------------------------------------------------------------------ models
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llama"])
-def test_eagle_layer_is_one_layer_of_the_target_family(family, tiny_gemma_dir, tiny_llama_dir, tmp_path):
+@pytest.mark.parametrize("family,layers", [("gemma3", 1), ("llama", 1), ("gemma3", 2)])
+def test_eagle_layer_is_one_layer_of_the_target_family(family, layers, tiny_gemma_dir, tiny_llama_dir, tmp_path):
     t = load_target(str(tiny_gemma_dir if family == "gemma3" else tiny_llama_dir))
-    d = EagleDrafter(eagle_layer_config(t.model.config))
+    d = EagleDrafter(eagle_layer_config(t.model.config, layers))
     assert type(d.layer).__name__.startswith("Gemma3" if family == "gemma3" else "Llama")
-    assert len(d.layer.layers) == 1 and d.hidden_size == t.hidden_size
+    assert len(d.layer.layers) == layers and d.hidden_size == t.hidden_size
+    assert set(getattr(d.layer_config, "layer_types", None) or ["full_attention"]) == {"full_attention"}
     x = torch.randn(2, 5, t.hidden_size)
     out, _ = d(x, x)
     assert out.shape == (2, 5, t.hidden_size)
@@ -60,6 +61,14 @@ def test_eagle_layer_is_one_layer_of_the_target_family(family, tiny_gemma_dir, t
     from safetensors.torch import load_file
 
     assert all(v.numel() < t.vocab_size * t.hidden_size for v in load_file(tmp_path / "d" / "model.safetensors").values())
+
+
+def test_eagle_num_layers_is_refused_where_it_does_not_apply(tmp_path):
+    assert tcfg(tmp_path, "t", "eagle.num_layers=2").eagle.num_layers == 2
+    with pytest.raises(PolyspecError, match="EAGLE-1 option"):
+        tcfg(tmp_path, "t", "eagle.num_layers=2", "eagle.arch=eagle3")
+    with pytest.raises(PolyspecError, match="copies one target layer"):
+        tcfg(tmp_path, "t", "eagle.num_layers=2", "eagle.init_layer=target")
 
 
 @pytest.mark.parametrize("family", ["gemma3", "llama"])
@@ -145,7 +154,7 @@ def _recomputed_drafts(drafter, embed, head_w, ids_s, prefix, g_all, gamma) -> l
     return out
 
 
-@pytest.mark.parametrize("arch", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("arch", ["eagle1", "eagle1-2layers", "eagle3"])
 def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_llama_dir):
     """train/score.py drafts every step's first token from one teacher-forced pass and continues from a copy of
     that pass's cache cut back to the step's prefix. A random drafter whose attention matters, walked over an
@@ -159,8 +168,10 @@ def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_
     H, s, n, start, gamma = t.hidden_size, 64, 60, 6, 4
     ids_s = torch.arange(s)
     embed = torch.nn.Embedding(s, H)
-    if arch == "eagle1":
-        drafter, head_w, g = EagleDrafter(eagle_layer_config(t.model.config)).eval(), torch.randn(s, H), torch.randn(1, n, H)
+    if arch.startswith("eagle1"):
+        layers = 2 if arch.endswith("2layers") else 1
+        drafter = EagleDrafter(eagle_layer_config(t.model.config, layers)).eval()
+        head_w, g = torch.randn(s, H), torch.randn(1, n, H)
     else:
         drafter, head_w, g = Eagle3Drafter.for_target(t, ids_s).eval(), None, torch.randn(1, n, 3 * H)
     with torch.no_grad():  # attention that matters: a draft then depends on every cached entry it reads

@@ -225,7 +225,7 @@ class DrafterRecipe:
             if cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3":
                 model = Eagle3Drafter.for_target(self.target, self.ids_s.cpu())
             elif cfg.drafter_type == "eagle":
-                model = EagleDrafter(eagle_layer_config(self.target.model.config))
+                model = EagleDrafter(eagle_layer_config(self.target.model.config, cfg.eagle.num_layers))
                 if cfg.eagle.init_layer == "target":
                     idx = copy_target_layer(model, self.target.model)
                     if self.acc.is_main_process:

@@ -35,12 +35,12 @@ def _text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def eagle_layer_config(target_config) -> Any:
-    """The target's own config cut to one full-attention decoder layer and a stub vocabulary."""
+def eagle_layer_config(target_config, num_layers: int = 1) -> Any:
+    """The target's own config cut to ``num_layers`` full-attention decoder layers and a stub vocabulary."""
     cfg = copy.deepcopy(_text_config(target_config))
-    cfg.num_hidden_layers = 1
+    cfg.num_hidden_layers = num_layers
     if getattr(cfg, "layer_types", None) is not None:
-        cfg.layer_types = ["full_attention"]
+        cfg.layer_types = ["full_attention"] * num_layers
     cfg.vocab_size = 8  # the drafter never embeds ids itself: the frozen target embedding does
     for attr in ("pad_token_id", "bos_token_id", "eos_token_id"):
         setattr(cfg, attr, None)
