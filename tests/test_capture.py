@@ -230,6 +230,59 @@ def test_multi_turn_prompt_is_answered_turn_by_turn(tmp_path, tiny_llama_dir, ll
     assert [c["from"] for c in data[2]["conversations"]] == ["human", "gpt"]
 
 
+def test_earlier_turns_are_answered_a_window_at_a_time_and_resume_the_same(tmp_path, tiny_llama_dir, llama, monkeypatch):
+    """The multi-turn attempts' earlier turns are answered together (one engine call per window of batches,
+    not a 1–3 row generation in every batch); each history is still the target's own answer to the first turn
+    with the attempt's seed stream, and a run cut after two batches resumes to the same records."""
+    import synth.pool
+    import synth.store
+
+    pool = []
+    for i in range(3):
+        pool += [[{"role": "user", "content": f"Câu hỏi số {i}?"}, {"role": "user", "content": "Nói thêm đi."}],
+                 [{"role": "user", "content": f"Kể chuyện số {i}."}]]
+    monkeypatch.setattr(synth.pool, "build_pool", lambda lang, run, limit=None: pool)
+    calls = []
+    generate = TransformersEngine.generate
+
+    def spy(self, requests, capture=None):
+        calls.append((len(requests), capture is None))
+        return generate(self, requests, capture)
+
+    monkeypatch.setattr(TransformersEngine, "generate", spy)
+    run_distill(dcfg(tmp_path / "ref", tiny_llama_dir, "pool", "lid_filter=false", "engine.batch_size=2"), target=llama)
+    assert calls.count((6, True)) == 1 and [c for c in calls if c[1]] == [(6, True)], calls  # 3 prompts x 2 temperatures
+    assert [c for c in calls if not c[1]] == [(2, False)] * 6  # the 12 attempts' answers, a batch of 2 each
+    data = read_jsonl(tmp_path / "ref" / "synth" / "vi-distill" / "data.jsonl")
+    assert [r["attempt"] for r in data] == list(range(12))
+    fmt, tok = llama.spec.prompt_format, llama.tokenizer
+    for rec in data:
+        conv = rec["conversations"]
+        if rec["attempt"] // 2 % 2:
+            assert len(conv) == 2
+            continue
+        first = [{"role": "user", "content": conv[0]["value"]}]
+        req = Request(render(fmt, tok, first), derive_seed(0, rec["attempt"], "turn0"), rec["temperature"], 1.0, 10, fmt.stop)
+        want = strip_leakage(TransformersEngine(llama, batch_size=1).generate([req])[0].text, fmt.stop)
+        assert [c["from"] for c in conv] == ["human", "gpt", "human", "gpt"] and conv[1]["value"] == want
+
+    commit = synth.store.SynthStore.commit
+
+    def cut_after_two(self, *a, **kw):
+        if self._commits == 2:
+            raise KeyboardInterrupt
+        return commit(self, *a, **kw)
+
+    monkeypatch.setattr(synth.store.SynthStore, "commit", cut_after_two)
+    cfg = dcfg(tmp_path / "cut", tiny_llama_dir, "pool", "lid_filter=false", "engine.batch_size=2")
+    with pytest.raises(KeyboardInterrupt):
+        run_distill(cfg, target=llama)
+    monkeypatch.setattr(synth.store.SynthStore, "commit", commit)
+    assert len(read_jsonl(tmp_path / "cut" / "synth" / "vi-distill" / "data.jsonl")) == 4
+    run_distill(cfg, target=llama)
+    assert read_jsonl(tmp_path / "cut" / "synth" / "vi-distill" / "data.jsonl") == data
+
+
 # --------------------------------------------------------------------------------- 4. training on shards
 
 
