@@ -174,16 +174,19 @@ class _EarlierTurns:
         self.nlls: dict[int, list] = {}
         self.done: set[int] = set()
 
+    def prompt(self, a: int) -> list:
+        return self.prompts[a // len(self.temps)]  # attempt a = prompt index * len(temps) + temperature index
+
     def get(self, attempts: list[int]) -> tuple[dict, dict]:
         for w in sorted({a // self.window for a in attempts} - self.done):
             span = range(w * self.window, min((w + 1) * self.window, self.total))
-            multi = {a: self.prompts[a // len(self.temps)] for a in span if len(self.prompts[a // len(self.temps)]) > 1}
+            multi = {a: self.prompt(a) for a in span if len(self.prompt(a)) > 1}
             if multi:
                 asked, nlls = _answer_earlier_turns(self.engine, self.target, multi, self.temps, self.cfg, self.stop)
                 self.asked.update(asked)
                 self.nlls.update(nlls)
             self.done.add(w)
-        asked = {a: self.asked.pop(a, self.prompts[a // len(self.temps)]) for a in attempts}
+        asked = {a: self.asked.pop(a, self.prompt(a)) for a in attempts}
         return asked, {a: self.nlls.pop(a) for a in attempts if a in self.nlls}
 
 

@@ -42,7 +42,7 @@ def tcfg(run_dir, target_dir, *extra) -> TrainConfig:
 
 
 @pytest.mark.parametrize("family,layers", [("gemma3", 1), ("llama", 1), ("gemma3", 2)])
-def test_eagle_layer_is_one_layer_of_the_target_family(family, layers, tiny_gemma_dir, tiny_llama_dir, tmp_path):
+def test_eagle_layers_are_layers_of_the_target_family(family, layers, tiny_gemma_dir, tiny_llama_dir, tmp_path):
     t = load_target(str(tiny_gemma_dir if family == "gemma3" else tiny_llama_dir))
     d = EagleDrafter(eagle_layer_config(t.model.config, layers))
     assert type(d.layer).__name__.startswith("Gemma3" if family == "gemma3" else "Llama")

@@ -1,9 +1,10 @@
 """Drafter models and their on-disk form — ``load_drafter`` is the one public way to rebuild one.
 
 - ``eagle`` (:class:`EagleDrafter`): input [embed(x_{t+1}) ‖ f_t] → fc(2H→H) → one decoder layer of the
-  target's own family (a 1-layer copy of the target's base model: Gemma3, Llama, Qwen2, …; rotary, masks
-  and KV cache come with it; ``eagle.num_layers`` makes it several) → predicted feature f̂_{t+1}. The frozen target embedding and LM head are
-  *not* part of the drafter; at use time the head is restricted to the language's top-s ids.
+  target's own family (``eagle.num_layers``: several; the target's base model cut to that many full-attention
+  layers: Gemma3, Llama, Qwen2, …; rotary, masks and KV cache come with it) → predicted feature f̂_{t+1}. The
+  frozen target embedding and LM head are *not* part of the drafter; at use time the head is restricted to the
+  language's top-s ids.
 - ``small-lm``: a tiny Llama-family causal LM with the target's tokenizer and exactly its ``vocab_size``;
   tied embeddings initialised from the target's embedding, projected onto its top principal directions
   when the widths differ (PCA keeps the most variance of the target's token geometry), rescaled to the
