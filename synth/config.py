@@ -87,6 +87,9 @@ class DistillConfig(StrictModel):
                                    "generating forwards (polyspec/features.py): drafters then train offline")
     feature_layers: Literal["last", "eagle3"] = Field("last", description="last: the last layer (EAGLE-1); eagle3: "
                                                       "also the three layers an EAGLE-3 drafter reads")
+    batches_per_commit: int = Field(8, ge=1, description="engine batches answered per call and committed together: "
+                                    "the transformers engine refills finished rows from the call's waiting prompts "
+                                    "(continuous batching); a cut run resumes at the last commit")
     max_feature_gb: float = Field(20.0, gt=0, description="stop capturing (records go on) past this disk use")
     lid_filter: bool = Field(True, description="reject sampled (T > 0) answers confidently in another language to "
                              "prompts in the language; greedy answers (the decoder's path) and translations are kept")

@@ -77,7 +77,7 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
     args = {**cfg.model_dump(include={"seed", "temperatures", "continuation", "sampling", "capture_features",
                                       "lid_filter"}),
             "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest(),
-            "batch": cfg.engine.batch_size, "tokenizer": target.tokenizer_sha256}
+            "batch": cfg.engine.batch_size, "per_commit": cfg.batches_per_commit, "tokenizer": target.tokenizer_sha256}
     if cfg.capture_features:
         args["aux_layers"] = aux
     store = SynthStore(out_dir, hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16])
@@ -90,7 +90,9 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
     histories = _EarlierTurns(engine, target, prompts, temps, cfg, stop, total)
     while store.next_attempt < total:
         t_batch = time.perf_counter()
-        attempts = list(range(store.next_attempt, min(store.next_attempt + cfg.engine.batch_size, total)))
+        # one engine call per commit: its rows are refilled from its waiting prompts (continuous batching)
+        attempts = list(range(store.next_attempt, min(store.next_attempt + cfg.engine.batch_size * cfg.batches_per_commit,
+                                                      total)))
         asked = {a: prompts[a // len(temps)] for a in attempts}
         earlier_nll: dict[int, list] = {}
         if not cfg.continuation:  # multi-turn: the target's own answers to the earlier turns become the history

@@ -1,6 +1,7 @@
 """Generation engines behind one interface: ``engine.generate(requests) -> results``.
 
-- ``transformers``: our own batched sampling loop (left padding, KV cache, CPU or CUDA). Each request
+- ``transformers``: our own batched sampling loop (left padding, KV cache, CPU or CUDA) with continuous
+  batching (finished rows are replaced by waiting requests within one ``generate`` call). Each request
   carries its own seed and is sampled with its own ``torch.Generator``, so a sample depends only on
   (prompt, seed) and a resumed run reproduces an uninterrupted one exactly.
 - ``vllm``: offline ``LLM.generate`` with one ``SamplingParams`` per request (``seed`` set per request) and
@@ -23,10 +24,12 @@ Both stop at EOS or at any of the request's stop strings; the stop string is not
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from polyspec.errors import PolyspecError
 from polyspec.prompts import encode, truncate_at_stop
@@ -65,96 +68,95 @@ class Engine(Protocol):
 
 
 class TransformersEngine:
-    """Batched sampling with per-request generators on a loaded :class:`polyspec.targets.Target`."""
+    """Batched sampling with per-request generators on a loaded :class:`polyspec.targets.Target`, with
+    continuous batching: up to ``batch_size`` rows generate together, and when rows finish, waiting requests
+    are prefilled and join the running batch (their KV cache left-padded to the batch's, or the batch's to
+    theirs), so that the forward stays full instead of running on the rows that are left."""
 
     def __init__(self, target: Any, batch_size: int = 16):
         self.target = target
         self.batch_size = batch_size
+        # admit waiting requests once this many rows are free (each admission is one prefill forward, which
+        # reads every weight once: a row at a time would pay that per row)
+        self.refill = max(1, batch_size // 8)
         self.stats = {"tokens": 0, "seconds": 0.0}
 
     def generate(self, requests: list[Request], capture: list[int] | None = None) -> list[Result]:
         """``capture``: None, or the ``output_hidden_states`` indices to keep beside the last layer ([]: the
         last layer only): the features a drafter trains on, taken from the generating forwards themselves."""
-        out: list[Result] = []
-        for i in range(0, len(requests), self.batch_size):
-            t0 = time.perf_counter()
-            res = self._generate_batch(requests[i : i + self.batch_size], capture)
-            self.stats["seconds"] += time.perf_counter() - t0
-            self.stats["tokens"] += sum(r.num_tokens for r in res)
-            out += res
-        return out
+        if not requests:
+            return []
+        t0 = time.perf_counter()
+        res = self._generate(requests, capture)
+        self.stats["seconds"] += time.perf_counter() - t0
+        self.stats["tokens"] += sum(r.num_tokens for r in res)
+        return res
 
     @torch.inference_mode()
-    def _generate_batch(self, reqs: list[Request], capture: list[int] | None = None) -> list[Result]:
+    def _generate(self, reqs: list[Request], capture: list[int] | None = None) -> list[Result]:
         tok, model, dev = self.target.tokenizer, self.target.model, self.target.device
         encoded = [encode(self.target.spec.prompt_format, tok, r.prompt) for r in reqs]  # the ids vLLM gets too
-        B, L = len(reqs), max(len(e) for e in encoded)
-        pad = tok.pad_token_id
-        shared = all(e == encoded[0] for e in encoded)  # Alg. 1 instruction prompts: one few-shot prefix
-        # 1. left-pad the prompts (positions count real tokens only), or keep the one shared prompt
-        ids = torch.full((1 if shared else B, L), pad, dtype=torch.long)
-        mask = torch.zeros((1 if shared else B, L), dtype=torch.long)
-        for b, e in enumerate(encoded[:1] if shared else encoded):
-            ids[b, L - len(e) :] = torch.tensor(e)
-            mask[b, L - len(e) :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
+        n = len(reqs)
         gens = [torch.Generator(device="cpu").manual_seed(r.seed) for r in reqs]
         eos = _eos_ids(tok, model)
-        max_new = max(r.max_new_tokens for r in reqs)
         new_tokens: list[list[int]] = [[] for _ in reqs]
-        nll = [0.0] * B  # sum of -log p(token) at T = 1
-        done = [False] * B
-        finished = [False] * B
-        past = None
-        step_ids = ids
-        grab = _FeatureGrab(model, capture, B) if capture is not None else None
-        live = list(range(B))  # rows still generating, in cache order: finished rows leave the batch
-        for _ in range(max_new):
-            # 2. one forward for the live rows (prefill on the first step, then one token per row)
-            prefill = step_ids.shape[1] > 1
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
-            o = model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=past,
-                use_cache=True,
-                logits_to_keep=1,  # the LM head only where we sample: prefill would otherwise cost L x |V|
-                output_hidden_states=bool(capture),
-            )
-            past = o.past_key_values
-            if grab is not None:  # prefill: the prompt positions; then the token each live row was fed
-                grab.take(o, live, [slice(L - len(encoded[b]), L) if prefill else slice(0, 1) for b in live])
-            logits = o.logits[:, -1, :].float().cpu()
-            lse = torch.logsumexp(logits, dim=-1)  # ~2 % of a 32-row fp32 step (AVX2 host, profiled); saves SPECTRA a scoring pass
-            if mask.shape[0] != B and prefill:  # shared prompt: prefilled once, now fan out the cache to B rows
-                past.batch_repeat_interleave(B)
-                mask = mask.expand(B, -1).contiguous()
-                logits, lse = logits.expand(B, -1), lse.expand(B)
-            # 3. sample each row with its own generator
-            nxt = []
-            for j, b in enumerate(live):
+        nll = [0.0] * n  # sum of -log p(token) at T = 1
+        finished = [False] * n
+        grab = _FeatureGrab(model, capture, n) if capture is not None else None
+        can_join = _joinable(model)  # else a new group starts only when the running one is done
+
+        def take(rows: list[int], logits: torch.Tensor) -> list[int]:
+            """Sample each row with its own generator; return the positions (in ``rows``) still generating."""
+            lse = torch.logsumexp(logits, dim=-1)  # ~2 % of a 32-row fp32 step (AVX2 host); saves SPECTRA a scoring pass
+            going = []
+            for j, b in enumerate(rows):
                 r = reqs[b]
                 t = _sample(logits[j], r.temperature, r.top_p, gens[b])
                 new_tokens[b].append(t)
                 nll[b] += float(lse[j] - logits[j, t])
-                if t in eos:
-                    done[b] = finished[b] = True
-                elif r.stop and _hit_stop(tok, new_tokens[b], r.stop):
-                    done[b] = finished[b] = True
-                elif len(new_tokens[b]) >= r.max_new_tokens:
-                    done[b] = True
-                nxt.append(t)
-            keep = [j for j, b in enumerate(live) if not done[b]]
-            if not keep:
-                break
-            if len(keep) < len(live):  # 4. drop finished rows from the cache: no forward is spent on them
-                sel = torch.tensor(keep, device=dev)
-                past.batch_select_indices(sel)
-                mask = mask[sel]
-                live, nxt = [live[j] for j in keep], [nxt[j] for j in keep]
-            step_ids = torch.tensor(nxt, device=dev).unsqueeze(1)
+                if t in eos or (r.stop and _hit_stop(tok, new_tokens[b], r.stop)):
+                    finished[b] = True
+                elif len(new_tokens[b]) < r.max_new_tokens:
+                    going.append(j)
+            return going
+
+        queue = deque(range(n))
+        live: list[int] = []  # rows generating, in cache order
+        nxt: list[int] = []  # the token each live row is fed next
+        past, mask = None, None  # the live rows' cache and its [rows, columns] mask (left padding is 0)
+        while queue or live:
+            free = self.batch_size - len(live)
+            if queue and (not live or (can_join and free >= min(self.refill, len(queue)))):
+                # 1. prefill waiting requests (one shared prompt: once), sample their first tokens, join the batch
+                rows = [queue.popleft() for _ in range(min(free, len(queue)))]
+                new_past, new_mask, logits = self._prefill(rows, encoded, capture, grab)
+                going = take(rows, logits)
+                if len(going) < len(rows):
+                    new_past.batch_select_indices(torch.tensor(going, dtype=torch.long, device=dev))
+                    new_mask = new_mask[going]
+                if going:
+                    past, mask = _join(past, mask, new_past, new_mask)
+                    live += [rows[j] for j in going]
+                    nxt += [new_tokens[rows[j]][-1] for j in going]
+                continue
+            # 2. one token for every live row
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+            o = model(input_ids=torch.tensor(nxt, device=dev).unsqueeze(1), attention_mask=mask,
+                      position_ids=(mask.cumsum(-1) - 1)[:, -1:], past_key_values=past, use_cache=True,
+                      logits_to_keep=1, output_hidden_states=bool(capture))
+            past = o.past_key_values
+            if grab is not None:  # the token each live row was fed
+                grab.take(o, live, [slice(0, 1)] * len(live))
+            going = take(live, o.logits[:, -1, :].float().cpu())
+            if len(going) < len(live):  # 3. finished rows leave the cache, and columns no live row uses with them
+                past.batch_select_indices(torch.tensor(going, dtype=torch.long, device=dev))
+                mask = mask[going]
+                live = [live[j] for j in going]
+                if live:
+                    mask = _trim(past, mask)
+                else:
+                    past = mask = None
+            nxt = [new_tokens[b][-1] for b in live]
         if grab is not None:
             grab.close()
         results = []
@@ -169,6 +171,79 @@ class TransformersEngine:
                 res.prompt_tokens = len(encoded[b])
             results.append(res)
         return results
+
+    def _prefill(self, rows: list[int], encoded: list[list[int]], capture, grab) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """One forward over the rows' left-padded prompts (positions count real tokens only); one shared prompt
+        (Alg. 1 instruction prompts: one few-shot prefix) is prefilled once and its cache fanned out."""
+        dev, pad = self.target.device, self.target.tokenizer.pad_token_id
+        prompts = [encoded[b] for b in rows]
+        shared = all(e == prompts[0] for e in prompts)
+        L = max(len(e) for e in prompts)
+        ids = torch.full((1 if shared else len(rows), L), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, e in enumerate(prompts[:1] if shared else prompts):
+            ids[j, L - len(e) :] = torch.tensor(e)
+            mask[j, L - len(e) :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        o = self.target.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                              past_key_values=None, use_cache=True, logits_to_keep=1,  # the LM head only where we sample: L x |V| otherwise
+                              output_hidden_states=bool(capture))
+        if grab is not None:
+            grab.take(o, rows, [slice(L - len(e), L) for e in prompts])
+        logits, past = o.logits[:, -1, :].float().cpu(), o.past_key_values
+        if shared and len(rows) > 1:
+            past.batch_repeat_interleave(len(rows))
+            mask, logits = mask.expand(len(rows), -1).contiguous(), logits.expand(len(rows), -1)
+        return past, mask, logits
+
+
+def _joinable(model: Any) -> bool:
+    """Requests can join a running batch when every cache layer is a plain or sliding-window KV layer: left
+    padding keeps each row's tokens contiguous and right-aligned, which both masks read the same way (chunked
+    attention counts padded columns into its chunks, and other caches hold other state)."""
+    kinds = set(getattr(getattr(model, "config", None), "layer_types", None) or ["full_attention"])
+    return kinds <= {"full_attention", "sliding_attention"}
+
+
+def _pad_left(cache: Any, d: int) -> None:
+    """Put ``d`` masked columns in front of every row of ``cache`` (a sliding layer keeps its last window − 1)."""
+    for layer in cache.layers:
+        add = d
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            add = min(layer.cumulative_length + d, layer.sliding_window - 1) - layer.keys.shape[-2]
+            layer.cumulative_length += d
+        if add > 0:
+            z = layer.keys.new_zeros((*layer.keys.shape[:2], add, layer.keys.shape[-1]))
+            layer.keys, layer.values = torch.cat([z, layer.keys], -2), torch.cat([z, layer.values], -2)
+
+
+def _join(past: Any, mask: torch.Tensor | None, new_past: Any, new_mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """The running batch's cache and mask with the new rows appended, both left-padded to the longer."""
+    if past is None:
+        return new_past, new_mask
+    L = max(mask.shape[1], new_mask.shape[1])
+    _pad_left(past, L - mask.shape[1])
+    _pad_left(new_past, L - new_mask.shape[1])
+    for a, b in zip(past.layers, new_past.layers):
+        a.keys, a.values = torch.cat([a.keys, b.keys]), torch.cat([a.values, b.values])
+    mask = torch.cat([torch.nn.functional.pad(m, (L - m.shape[1], 0)) for m in (mask, new_mask)])
+    return past, mask
+
+
+def _trim(cache: Any, mask: torch.Tensor) -> torch.Tensor:
+    """Drop the leading columns that are padding in every row (rows that held them have left): attention then
+    runs over the live rows' span only."""
+    k = int(mask.any(0).nonzero()[0])
+    if k == 0:
+        return mask
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.cumulative_length -= k
+            keep = min(layer.cumulative_length, layer.sliding_window - 1)
+            layer.keys, layer.values = layer.keys[:, :, -keep:], layer.values[:, :, -keep:]
+        else:
+            layer.keys, layer.values = layer.keys[:, :, k:], layer.values[:, :, k:]
+    return mask[:, k:]
 
 
 class _FeatureGrab:

@@ -66,7 +66,7 @@ def write_prompts(path: Path, prompts: list[str]) -> Path:
 
 def dcfg(run_dir, target_dir, prompts, *extra) -> DistillConfig:
     base = [f"run={run_dir}", f"target={target_dir}", "lang=vi", f"prompts={prompts}", "temperatures=[0.0, 1.0]",
-            "sampling.max_new_tokens=10", "engine.batch_size=4", "capture_features=true"]
+            "sampling.max_new_tokens=10", "engine.batch_size=4", "batches_per_commit=1", "capture_features=true"]
     return validate(DistillConfig, apply_overrides({}, [*base, *extra]))
 
 
@@ -170,7 +170,7 @@ def test_distill_capture_kill_9_then_resume_equals_uninterrupted(tmp_path, tiny_
     run_distill(dcfg(tmp_path / "ref", tiny_llama_dir, prompts), target=llama)
     args = ["-m", "synth", "distill", "--lang", "vi", "--target", str(tiny_llama_dir), "--run", str(tmp_path / "crash"),
             "--prompts", str(prompts), "--temperatures", "0,1.0", "--batch-size", "4", "sampling.max_new_tokens=10",
-            "capture_features=true"]
+            "batches_per_commit=1", "capture_features=true"]
     killed = run_cli(*args, env={"POLYSPEC_TEST_KILL_AT_COMMIT": "2"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     resumed = run_cli(*args, env={"POLYSPEC_TEST_KILL_AT_COMMIT": ""})
@@ -233,7 +233,8 @@ def test_multi_turn_prompt_is_answered_turn_by_turn(tmp_path, tiny_llama_dir, ll
 def test_earlier_turns_are_answered_a_window_at_a_time_and_resume_the_same(tmp_path, tiny_llama_dir, llama, monkeypatch):
     """The multi-turn attempts' earlier turns are answered together (one engine call per window of batches,
     not a 1–3 row generation in every batch); each history is still the target's own answer to the first turn
-    with the attempt's seed stream, and a run cut after two batches resumes to the same records."""
+    with the attempt's seed stream. The answers come one engine call per commit of two batches (its rows
+    refilled as they finish), and a run cut after two commits resumes to the same records."""
     import synth.pool
     import synth.store
 
@@ -250,9 +251,10 @@ def test_earlier_turns_are_answered_a_window_at_a_time_and_resume_the_same(tmp_p
         return generate(self, requests, capture)
 
     monkeypatch.setattr(TransformersEngine, "generate", spy)
-    run_distill(dcfg(tmp_path / "ref", tiny_llama_dir, "pool", "lid_filter=false", "engine.batch_size=2"), target=llama)
+    per = ["lid_filter=false", "engine.batch_size=2", "batches_per_commit=2"]
+    run_distill(dcfg(tmp_path / "ref", tiny_llama_dir, "pool", *per), target=llama)
     assert [c for c in calls if c[1]] == [(6, True)], calls  # one call: 3 two-turn prompts x 2 temperatures
-    assert [c for c in calls if not c[1]] == [(2, False)] * 6  # the 12 attempts' answers, a batch of 2 each
+    assert [c for c in calls if not c[1]] == [(4, False)] * 3  # the 12 attempts' answers, 2 batches of 2 a call
     data = read_jsonl(tmp_path / "ref" / "synth" / "vi-distill" / "data.jsonl")
     assert [r["attempt"] for r in data] == list(range(12))
     fmt, tok = llama.spec.prompt_format, llama.tokenizer
@@ -274,11 +276,11 @@ def test_earlier_turns_are_answered_a_window_at_a_time_and_resume_the_same(tmp_p
         return commit(self, *a, **kw)
 
     monkeypatch.setattr(synth.store.SynthStore, "commit", cut_after_two)
-    cfg = dcfg(tmp_path / "cut", tiny_llama_dir, "pool", "lid_filter=false", "engine.batch_size=2")
+    cfg = dcfg(tmp_path / "cut", tiny_llama_dir, "pool", *per)
     with pytest.raises(KeyboardInterrupt):
         run_distill(cfg, target=llama)
     monkeypatch.setattr(synth.store.SynthStore, "commit", commit)
-    assert len(read_jsonl(tmp_path / "cut" / "synth" / "vi-distill" / "data.jsonl")) == 4
+    assert len(read_jsonl(tmp_path / "cut" / "synth" / "vi-distill" / "data.jsonl")) == 8
     run_distill(cfg, target=llama)
     assert read_jsonl(tmp_path / "cut" / "synth" / "vi-distill" / "data.jsonl") == data
 

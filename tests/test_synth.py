@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import run_cli
 from polyspec.config import apply_overrides, validate
 from polyspec.errors import PolyspecError
 from polyspec.languages import get_language, translated_path
 from polyspec.prompts import encode, render
-from polyspec.targets import greedy_generate, load_target
+from polyspec.targets import eagle3_layers, greedy_generate, load_target
 from synth.config import DistillConfig, SynthConfig
 from synth.distill import run_distill
 from synth.engines import Request, TransformersEngine, VLLMEngine, make_engine
@@ -65,6 +66,48 @@ def test_shared_prompt_fan_out_equals_separate_rows(tiny_llama_dir):
     alone = [engine.generate([Request("Một hai ba", seed=s, max_new_tokens=10)])[0] for s in range(4)]
     assert [r.text for r in shared] == [r.text for r in alone]
     assert len({r.text for r in shared}) > 1, "different seeds must give different samples"
+
+
+def test_waiting_requests_join_the_running_batch_and_answer_as_alone(tiny_target_dir, monkeypatch):
+    """Continuous batching: 10 requests through 4 rows. Rows that finish are replaced by waiting requests, whose
+    caches are left-padded to the running batch's (or it to theirs, for a longer prompt); columns no live row
+    uses are dropped. Every answer, NLL and captured feature equals the request generated alone, greedy and
+    sampled, across Gemma's 64-token sliding window (the tiny gemma3)."""
+    import synth.engines
+
+    t = load_target(str(tiny_target_dir))
+    long = " ".join(["Warum fallen im Herbst die Blätter von den Bäumen?"] * 4)
+    prompts = ["Xin chào", long, "日本", "Bonjour à tous", "Kể một câu chuyện.", long[:90], "a b c", long[:40],
+               "Escribe una frase sobre el mar.", long + " Und im Winter?"]
+    reqs = [Request(p, seed=i, temperature=(0.0, 1.0)[i % 2], max_new_tokens=(3, 4, 9, 30, 2, 25, 40, 5, 12, 30)[i])
+            for i, p in enumerate(prompts)]
+    joins, trims, real_join, real_trim = [], [], synth.engines._join, synth.engines._trim
+
+    def join(past, mask, new_past, new_mask):
+        joins.append((None if mask is None else mask.shape, new_mask.shape))
+        return real_join(past, mask, new_past, new_mask)
+
+    def trim(cache, mask):
+        trims.append(mask.shape)
+        return real_trim(cache, mask)
+
+    monkeypatch.setattr(synth.engines, "_join", join)
+    monkeypatch.setattr(synth.engines, "_trim", trim)
+    engine = TransformersEngine(t, batch_size=4)
+    aux = eagle3_layers(t.num_layers)
+    got = engine.generate(reqs, capture=aux)
+    running = [(m, n) for m, n in joins if m is not None]
+    assert len(running) >= 3, "waiting requests must join a running batch"
+    assert any(n[1] > m[1] for m, n in running) and any(n[1] < m[1] for m, n in running), \
+        "both paddings: a longer prompt joins a shorter cache, and a shorter one a longer cache"
+    assert any(s[1] > 64 for s in trims), "the tiny gemma3 runs past its 64-token sliding window"
+    for r, g in zip(reqs, got):
+        alone = TransformersEngine(t, batch_size=1).generate([r], capture=aux)[0]
+        assert (g.text, g.num_tokens, g.finished, g.ids) == (alone.text, alone.num_tokens, alone.finished, alone.ids)
+        assert g.nll == pytest.approx(alone.nll, rel=1e-5)
+        for k in ("f", "aux"):
+            torch.testing.assert_close(g.features[k], alone.features[k], atol=1e-4, rtol=1e-4)
+    assert len({r.num_tokens for r in got}) >= 5, "rows must leave the batch at different steps"
 
 
 def test_sampling_is_a_function_of_prompt_and_seed(tiny_gemma_dir):
