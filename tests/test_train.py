@@ -264,6 +264,44 @@ def test_online_and_offline_features_give_the_same_loss(gemma_run, tiny_gemma_di
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
 
 
+def test_kept_target_distributions_give_the_recomputed_loss(gemma_run, tiny_gemma_dir, monkeypatch):
+    """The target's distribution at an example's loss rows is computed the first time the example is seen and
+    read back afterwards (no target-head GEMM for it in later epochs); loss and metrics equal recomputing it every
+    step, and a memory bound that holds only some examples keeps the rest recomputed."""
+    import train.objectives as obj
+
+    computed = []
+    real = obj.target_probs
+    monkeypatch.setattr(obj, "target_probs", lambda rows, *a: (computed.append(rows.shape[0]), real(rows, *a))[1])
+    r, _ = seeded_recipe(gemma_run, tiny_gemma_dir, "train-probs")
+    stream = r.batches()  # endless, epoch after epoch
+    batches = [next(stream) for _ in range(-(-2 * len(r.train_set) // r.cfg.optim.batch_size))]  # two epochs
+    per_row = 2 * len(r.ids_s)  # fp16 bytes of one loss row
+    for budget, name in ((1 << 40, "all"), (per_row * 40, "some"), (0, "none")):
+        r.probs = obj.TargetProbs(r.head_w, r.softcap, budget)
+        seen, late = set(), []
+        for batch in batches:
+            idx = batch["index"].tolist()
+            computed.clear()
+            loss, metrics = r.loss(batch)
+            rows_now = sum(computed)  # target rows through the head for the kept path
+            r.probs, kept = (lambda *a: None), r.probs  # the reference: eagle_loss computes its own targets
+            ref, ref_metrics = r.loss(batch)
+            r.probs = kept
+            assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+            assert metrics == pytest.approx(ref_metrics, rel=1e-6)
+            if set(idx) <= seen:
+                late.append(rows_now)
+            seen |= set(idx)
+        assert late, "some batch must hold only examples seen before"
+        if name == "all":
+            assert not any(late) and r.probs.bytes > 0
+        elif name == "some":
+            assert 0 < r.probs.bytes <= per_row * 40 and any(late)
+        else:
+            assert r.probs.bytes == 0 and all(late)
+
+
 def test_padded_batches_and_bf16_autocast_keep_the_loss(gemma_run, tiny_gemma_dir, monkeypatch):
     """Batches rounded up to pad_to_multiple give the unpadded loss (the head reads loss rows only, so padding
     rows cannot count); the loss equals the full-head reference (every row through the head, then masked); bf16

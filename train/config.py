@@ -42,6 +42,10 @@ class EagleConfig(StrictModel):
     token_loss_weight: float = Field(0.1, ge=0.0, description="EAGLE-1: CE against the target's next-token distribution")
     feature_noise: float = Field(0.1, ge=0.0, description="uniform noise U(-a, a) on input features (EAGLE)")
     ttt_steps: int = Field(1, ge=1, description="EAGLE-3 training-time test: unrolled steps (1 = off)")
+    target_probs_gb: float | None = Field(None, ge=0.0, description="host memory (fp16) for the target's distribution "
+                                          "over the s ids at each example's loss rows, kept after its first epoch "
+                                          "instead of recomputed by the head (the same values either way); None: 4 on "
+                                          "CPU, 0 on GPUs (there the GEMM costs less than moving its result)")
     ttt_decay: float = Field(0.8, gt=0.0, le=1.0, description="weight of unrolled step i is decay**i")
     num_layers: int = Field(1, ge=1, description="EAGLE-1: decoder layers of the drafter (1: the EAGLE form; measured "
                             "on vi demo data, 6 epochs from scratch: 2 layers τ 1.51 vs 1.46/1.49 for 1 layer, seeds 0/1, "

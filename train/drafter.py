@@ -54,7 +54,7 @@ from train.models import (
     load_drafter,
     save_drafter,
 )
-from train.objectives import eagle_loss, small_lm_loss, target_features
+from train.objectives import TargetProbs, eagle_loss, small_lm_loss, target_features
 from train.score import score_eagle, small_lm_chain, summarize
 
 CHECKPOINT_LAYOUT = 2  # 2: accelerate's save_state + trainer_state.json (1: hand-written model/optimizer/RNG files)
@@ -110,6 +110,9 @@ class DrafterRecipe:
         # 4. the language's reduced vocabulary (top-s ranked ids) and the head rows it keeps
         self.ids_s, self.vocab_meta = self._reduced_vocab()
         self.head_w = self.target.model.get_output_embeddings().weight[self.ids_s].detach()
+        gb = cfg.eagle.target_probs_gb
+        gb = (4.0 if self.acc.device.type == "cpu" else 0.0) if gb is None else gb
+        self.probs = TargetProbs(self.head_w, self.softcap, gb * 2**30) if gb > 0 else None
         self.features = None
         if cfg.features == "offline" and cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3":
             raise PolyspecError("features: offline stores the last layer only; EAGLE-3 drafters train with features: online")
@@ -315,7 +318,9 @@ class DrafterRecipe:
         else:  # online: the frozen target inside the step
             f = target_features(self.target.model, batch["input_ids"], batch["attention_mask"])
         with self.acc.autocast():  # the head GEMMs too, not only the drafter's forward that prepare() wraps
-            return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, aux=aux)
+            # the target's distribution at the loss rows, kept after an example's first epoch (None: computed there)
+            p0 = self.probs(batch["index"].tolist(), f, batch["loss_mask"]) if self.probs else None
+            return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, aux=aux, p0=p0)
 
     def _captured(self, indices: list[int], T: int, name: str, examples=None) -> torch.Tensor:
         """[B, T, ·] float32 features of examples (right-padded with zeros), from the captured shards."""

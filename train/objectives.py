@@ -43,14 +43,59 @@ def reduced_logits(h: torch.Tensor, head_w: torch.Tensor, softcap: float | None 
     return logits
 
 
+@torch.no_grad()
+def target_probs(f_rows: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
+    """The target's next-token distribution over the s ids from its features [N, H] → [N, s] float32, rounded
+    through fp16 so that a kept copy (:class:`TargetProbs`) and a fresh one are the same numbers."""
+    return torch.softmax(reduced_logits(f_rows, head_w, softcap).float(), dim=-1).half().float()
+
+
+def loss_rows(loss_mask: torch.Tensor, step: int = 0) -> torch.Tensor:
+    """[B, T] loss mask → [B, T-1-step] mask of the rows the step-``step`` head reads: pred_t feeds the head for
+    token x_{t+2+step}."""
+    L = loss_mask.shape[1] - 1 - step
+    m = torch.zeros_like(loss_mask[:, :L])
+    m[:, : L - 1] = loss_mask[:, 2 + step :]
+    return m
+
+
+class TargetProbs:
+    """The step-0 targets of :func:`eagle_loss` (the target's distribution at every loss row) per example, kept
+    in fp16 up to ``max_bytes`` after the first time an example is seen. They depend only on the example, so
+    later epochs skip the target-head GEMM and its softmax (a third of the head work of a step)."""
+
+    def __init__(self, head_w: torch.Tensor, softcap: float | None, max_bytes: float):
+        self.head_w, self.softcap, self.max_bytes = head_w, softcap, max_bytes
+        self.kept: dict[int, torch.Tensor] = {}
+        self.bytes = 0
+
+    def __call__(self, index: list[int], f: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+        """[rows, s] in :func:`eagle_loss`'s row order (batch row, then position) for the examples ``index``."""
+        m = loss_rows(loss_mask).bool()
+        new = [b for b, e in enumerate(index) if e not in self.kept]
+        if new:  # one GEMM for the batch's examples not kept yet
+            rows = torch.cat([f[b, 1:][m[b]] for b in new])
+            fresh = target_probs(rows, self.head_w, self.softcap).split([int(m[b].sum()) for b in new])
+            got = dict(zip(new, fresh))
+            for b, p in got.items():
+                if self.bytes + 2 * p.numel() <= self.max_bytes:
+                    self.kept[index[b]] = p.to("cpu", torch.float16)
+                    self.bytes += 2 * p.numel()
+        else:
+            got = {}
+        return torch.cat([got[b] if b in got else self.kept[e].to(f.device, torch.float32) for b, e in enumerate(index)])
+
+
 def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softcap: float | None = None,
-               generator: torch.Generator | None = None, aux: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+               generator: torch.Generator | None = None, aux: torch.Tensor | None = None,
+               p0: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """EAGLE-1 objective, optionally unrolled ``cfg.ttt_steps`` times (EAGLE-3 training-time test).
 
     Step i predicts f_{t+1+i} from [embed(x_{t+1+i}) ‖ g_t], where g = f (+ noise) at step 0 and the
     drafter's own step-(i-1) predictions afterwards; weight ``ttt_decay**i``. Loss: SmoothL1 to the next
     feature + CE against the target's distribution restricted to the same s ids, on loss-mask positions.
     EAGLE-3 (``aux`` = fused target layers as the step-0 input): CE through the drafter's own head only.
+    ``p0``: the step-0 target distribution at the loss rows, kept from an earlier epoch (:class:`TargetProbs`).
     """
     eagle3 = is_eagle3(drafter)
     ids, mask = batch["input_ids"], batch["loss_mask"]
@@ -67,8 +112,7 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         pos = torch.arange(1 + i, T, device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
         pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos)
         tgt = f[:, 1 + i :]
-        m = torch.zeros_like(mask[:, :L])
-        m[:, : L - 1] = mask[:, 2 + i :]  # pred_t feeds the head for token x_{t+2+i}
+        m = loss_rows(mask, i)
         denom = m.sum().clamp_min(1.0)
         if eagle3:  # its features are its own (no regression target)
             feat = torch.zeros((), device=pred.device)
@@ -78,8 +122,7 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         # are picked before the [·, s] GEMMs, forward and backward
         keep = m.reshape(-1).nonzero().squeeze(-1)
         w_rows = m.reshape(-1)[keep]
-        with torch.no_grad():
-            p = torch.softmax(reduced_logits(tgt.reshape(-1, tgt.shape[-1])[keep], head_w, softcap).float(), dim=-1)
+        p = p0 if i == 0 and p0 is not None else target_probs(tgt.reshape(-1, tgt.shape[-1])[keep], head_w, softcap)
         logq = torch.log_softmax(draft_logits(drafter, pred.reshape(-1, pred.shape[-1])[keep], head_w, softcap).float(), dim=-1)
         ce = (-(p * logq).sum(-1) * w_rows).sum() / denom
         w = cfg.ttt_decay**i
