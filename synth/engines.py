@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-from transformers.cache_utils import DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from polyspec.errors import PolyspecError
 from polyspec.prompts import encode, truncate_at_stop
@@ -103,7 +103,7 @@ class TransformersEngine:
         nll = [0.0] * n  # sum of -log p(token) at T = 1
         finished = [False] * n
         grab = _FeatureGrab(model, capture, n) if capture is not None else None
-        can_join = _joinable(model)  # else a new group starts only when the running one is done
+        can_join = None  # set by the first prefill's cache (_joinable); False: a group starts when the last is done
 
         def take(rows: list[int], logits: torch.Tensor) -> list[int]:
             """Sample each row with its own generator; return the positions (in ``rows``) still generating."""
@@ -130,6 +130,7 @@ class TransformersEngine:
                 # 1. prefill waiting requests (one shared prompt: once), sample their first tokens, join the batch
                 rows = [queue.popleft() for _ in range(min(free, len(queue)))]
                 new_past, new_mask, logits = self._prefill(rows, encoded, capture, grab)
+                can_join = _joinable(model, new_past) if can_join is None else can_join
                 going = take(rows, logits)
                 if len(going) < len(rows):
                     new_past.batch_select_indices(torch.tensor(going, dtype=torch.long, device=dev))
@@ -197,12 +198,14 @@ class TransformersEngine:
         return past, mask, logits
 
 
-def _joinable(model: Any) -> bool:
+def _joinable(model: Any, cache: Any) -> bool:
     """Requests can join a running batch when every cache layer is a plain or sliding-window KV layer: left
     padding keeps each row's tokens contiguous and right-aligned, which both masks read the same way (chunked
     attention counts padded columns into its chunks, and other caches hold other state)."""
     kinds = set(getattr(getattr(model, "config", None), "layer_types", None) or ["full_attention"])
-    return kinds <= {"full_attention", "sliding_attention"}
+    layers = getattr(cache, "layers", None) or [None]
+    return kinds <= {"full_attention", "sliding_attention"} and all(
+        type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
 def _pad_left(cache: Any, d: int) -> None:

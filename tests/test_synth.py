@@ -72,7 +72,8 @@ def test_waiting_requests_join_the_running_batch_and_answer_as_alone(tiny_target
     """Continuous batching: 10 requests through 4 rows. Rows that finish are replaced by waiting requests, whose
     caches are left-padded to the running batch's (or it to theirs, for a longer prompt); columns no live row
     uses are dropped. Every answer, NLL and captured feature equals the request generated alone, greedy and
-    sampled, across Gemma's 64-token sliding window (the tiny gemma3)."""
+    sampled, across Gemma's 64-token sliding window (the tiny gemma3). Where the cache cannot be joined, requests
+    go in groups of ``batch_size``, as before."""
     import synth.engines
 
     t = load_target(str(tiny_target_dir))
@@ -108,6 +109,12 @@ def test_waiting_requests_join_the_running_batch_and_answer_as_alone(tiny_target
         for k in ("f", "aux"):
             torch.testing.assert_close(g.features[k], alone.features[k], atol=1e-4, rtol=1e-4)
     assert len({r.num_tokens for r in got}) >= 5, "rows must leave the batch at different steps"
+    # a cache that cannot be joined (chunked attention, other layer kinds): groups of 4, one after the other
+    monkeypatch.setattr(synth.engines, "_joinable", lambda model, cache: False)
+    joins.clear()
+    grouped = engine.generate(reqs)
+    assert all(m is None for m, _ in joins) and len(joins) == 3
+    assert [(r.text, r.num_tokens) for r in grouped] == [(r.text, r.num_tokens) for r in got]
 
 
 def test_sampling_is_a_function_of_prompt_and_seed(tiny_gemma_dir):
