@@ -215,9 +215,9 @@ def _pad_left(cache: Any, d: int) -> None:
         if isinstance(layer, DynamicSlidingWindowLayer):
             add = min(layer.cumulative_length + d, layer.sliding_window - 1) - layer.keys.shape[-2]
             layer.cumulative_length += d
-        if add > 0:
-            z = layer.keys.new_zeros((*layer.keys.shape[:2], add, layer.keys.shape[-1]))
-            layer.keys, layer.values = torch.cat([z, layer.keys], -2), torch.cat([z, layer.values], -2)
+        if add > 0:  # keys and values apart: their head sizes may differ (MLA)
+            layer.keys, layer.values = (torch.cat([x.new_zeros((*x.shape[:2], add, x.shape[-1])), x], -2)
+                                        for x in (layer.keys, layer.values))
 
 
 def _join(past: Any, mask: torch.Tensor | None, new_past: Any, new_mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
