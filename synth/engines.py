@@ -127,7 +127,7 @@ class TransformersEngine:
         while queue or live:
             free = self.batch_size - len(live)
             if queue and (not live or (can_join and free >= min(self.refill, len(queue)))):
-                # 1. prefill waiting requests (one shared prompt: once), sample their first tokens, join the batch
+                # 1. prefill waiting requests (each distinct prompt once), sample their first tokens, join the batch
                 rows = [queue.popleft() for _ in range(min(free, len(queue)))]
                 new_past, new_mask, logits = self._prefill(rows, encoded, capture, grab)
                 can_join = _joinable(model, new_past) if can_join is None else can_join
@@ -174,15 +174,17 @@ class TransformersEngine:
         return results
 
     def _prefill(self, rows: list[int], encoded: list[list[int]], capture, grab) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """One forward over the rows' left-padded prompts (positions count real tokens only); one shared prompt
-        (Alg. 1 instruction prompts: one few-shot prefix) is prefilled once and its cache fanned out."""
+        """One forward over the rows' distinct prompts, left-padded (positions count real tokens only); rows that
+        share a prompt (a pool prompt at each temperature, Alg. 1's one few-shot prefix) share its forward, and
+        the cache, mask and logits are fanned out to every row."""
         dev, pad = self.target.device, self.target.tokenizer.pad_token_id
-        prompts = [encoded[b] for b in rows]
-        shared = all(e == prompts[0] for e in prompts)
+        distinct: dict[tuple[int, ...], int] = {}
+        src = [distinct.setdefault(tuple(encoded[b]), len(distinct)) for b in rows]  # row j reads forward row src[j]
+        prompts = list(distinct)
         L = max(len(e) for e in prompts)
-        ids = torch.full((1 if shared else len(rows), L), pad, dtype=torch.long)
+        ids = torch.full((len(prompts), L), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for j, e in enumerate(prompts[:1] if shared else prompts):
+        for j, e in enumerate(prompts):
             ids[j, L - len(e) :] = torch.tensor(e)
             mask[j, L - len(e) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
@@ -190,11 +192,11 @@ class TransformersEngine:
                               past_key_values=None, use_cache=True, logits_to_keep=1,  # the LM head only where we sample: L x |V| otherwise
                               output_hidden_states=bool(capture))
         if grab is not None:
-            grab.take(o, rows, [slice(L - len(e), L) for e in prompts])
+            grab.take(o, rows, [slice(L - len(encoded[b]), L) for b in rows], src)
         logits, past = o.logits[:, -1, :].float().cpu(), o.past_key_values
-        if shared and len(rows) > 1:
-            past.batch_repeat_interleave(len(rows))
-            mask, logits = mask.expand(len(rows), -1).contiguous(), logits.expand(len(rows), -1)
+        if len(prompts) < len(rows):
+            past.batch_select_indices(torch.tensor(src, dtype=torch.long, device=dev))
+            mask, logits = mask[src], logits[src]
         return past, mask, logits
 
 
@@ -262,13 +264,13 @@ class _FeatureGrab:
     def _keep(self, module, args, output) -> None:
         self.last = output[0] if isinstance(output, tuple) else output.last_hidden_state
 
-    def take(self, out: Any, live: list[int], where: list[slice]) -> None:
-        rows = self.last.shape[0]
+    def take(self, out: Any, live: list[int], where: list[slice], src: list[int] | None = None) -> None:
+        """Row ``live[j]`` keeps positions ``where[j]`` of the forward's row ``src[j]`` (default j)."""
         for j, (b, sl) in enumerate(zip(live, where)):
-            src = j if rows > 1 else 0  # a shared prompt is prefilled once for every row
-            self.parts[b]["f"].append(self.last[src, sl].cpu())
+            r = j if src is None else src[j]  # rows sharing a prompt were prefilled once
+            self.parts[b]["f"].append(self.last[r, sl].cpu())
             if self.aux:
-                self.parts[b]["aux"].append(torch.cat([out.hidden_states[i][src, sl] for i in self.aux], -1).cpu())
+                self.parts[b]["aux"].append(torch.cat([out.hidden_states[i][r, sl] for i in self.aux], -1).cpu())
 
     def rows(self, b: int) -> dict[str, torch.Tensor]:
         got = {"f": torch.cat(self.parts[b]["f"])}

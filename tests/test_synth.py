@@ -117,6 +117,33 @@ def test_waiting_requests_join_the_running_batch_and_answer_as_alone(tiny_target
     assert [(r.text, r.num_tokens) for r in grouped] == [(r.text, r.num_tokens) for r in got]
 
 
+def test_rows_sharing_a_prompt_share_its_prefill_and_answer_as_alone(tiny_target_dir):
+    """Distillation asks every pool prompt at each temperature (adjacent attempts): a prefill runs each distinct
+    prompt once and fans its cache out. Every answer, NLL and captured feature equals the request alone."""
+    t = load_target(str(tiny_target_dir))
+    prompts = ["Xin chào", "Warum fallen im Herbst die Blätter?", "日本", "a b c d e f"]
+    reqs = [Request(p, seed=i, temperature=temp, max_new_tokens=(6, 11, 3)[i % 3])
+            for i, (p, temp) in enumerate((p, temp) for p in prompts for temp in (0.0, 1.0, 0.7))]
+    widths = []
+    hook = t.model.get_decoder().register_forward_pre_hook(
+        lambda mod, args, kw: widths.append(kw["input_ids"].shape), with_kwargs=True)
+    aux = eagle3_layers(t.num_layers)
+    try:
+        got = TransformersEngine(t, batch_size=6).generate(reqs, capture=aux)
+    finally:
+        hook.remove()
+    prefills = [w[0] for w in widths if w[1] > 1]
+    # the first 6 attempts are 2 prompts; later joins take the rows that are free, one prompt's or two's
+    assert prefills[0] == 2 and sum(prefills) <= len(reqs) // 2, f"one forward row per distinct prompt: {prefills}"
+    assert len({g.text for g in got[:3]}) > 1, "the temperatures must give different answers to one prompt"
+    for r, g in zip(reqs, got):
+        alone = TransformersEngine(t, batch_size=1).generate([r], capture=aux)[0]
+        assert (g.text, g.num_tokens, g.finished, g.ids) == (alone.text, alone.num_tokens, alone.finished, alone.ids)
+        assert g.nll == pytest.approx(alone.nll, rel=1e-5)
+        for k in ("f", "aux"):
+            torch.testing.assert_close(g.features[k], alone.features[k], atol=1e-4, rtol=1e-4)
+
+
 def test_sampling_is_a_function_of_prompt_and_seed(tiny_gemma_dir):
     engine = TransformersEngine(load_target(str(tiny_gemma_dir)), batch_size=2)
     reqs = [Request(p, seed=7, max_new_tokens=10) for p in ("a b c", "hello world", "xin chào")]
