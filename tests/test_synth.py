@@ -68,6 +68,16 @@ def test_shared_prompt_fan_out_equals_separate_rows(tiny_llama_dir):
     assert len({r.text for r in shared}) > 1, "different seeds must give different samples"
 
 
+def _assert_answered_as_alone(t, reqs, got, aux):
+    """Every text, token count, finish flag, id list, NLL and captured feature equals the request run alone."""
+    for r, g in zip(reqs, got):
+        alone = TransformersEngine(t, batch_size=1).generate([r], capture=aux)[0]
+        assert (g.text, g.num_tokens, g.finished, g.ids) == (alone.text, alone.num_tokens, alone.finished, alone.ids)
+        assert g.nll == pytest.approx(alone.nll, rel=1e-5)
+        for k in ("f", "aux"):
+            torch.testing.assert_close(g.features[k], alone.features[k], atol=1e-4, rtol=1e-4)
+
+
 def test_waiting_requests_join_the_running_batch_and_answer_as_alone(tiny_target_dir, monkeypatch):
     """Continuous batching: 10 requests through 4 rows. Rows that finish are replaced by waiting requests, whose
     caches are left-padded to the running batch's (or it to theirs, for a longer prompt); columns no live row
@@ -102,12 +112,7 @@ def test_waiting_requests_join_the_running_batch_and_answer_as_alone(tiny_target
     assert any(n[1] > m[1] for m, n in running) and any(n[1] < m[1] for m, n in running), \
         "both paddings: a longer prompt joins a shorter cache, and a shorter one a longer cache"
     assert any(s[1] > 64 for s in trims), "the tiny gemma3 runs past its 64-token sliding window"
-    for r, g in zip(reqs, got):
-        alone = TransformersEngine(t, batch_size=1).generate([r], capture=aux)[0]
-        assert (g.text, g.num_tokens, g.finished, g.ids) == (alone.text, alone.num_tokens, alone.finished, alone.ids)
-        assert g.nll == pytest.approx(alone.nll, rel=1e-5)
-        for k in ("f", "aux"):
-            torch.testing.assert_close(g.features[k], alone.features[k], atol=1e-4, rtol=1e-4)
+    _assert_answered_as_alone(t, reqs, got, aux)
     assert len({r.num_tokens for r in got}) >= 5, "rows must leave the batch at different steps"
     # a cache that cannot be joined (chunked attention, other layer kinds): groups of 4, one after the other
     monkeypatch.setattr(synth.engines, "_joinable", lambda model, cache: False)
@@ -136,12 +141,7 @@ def test_rows_sharing_a_prompt_share_its_prefill_and_answer_as_alone(tiny_target
     # the first 6 attempts are 2 prompts; later joins take the rows that are free, one prompt's or two's
     assert prefills[0] == 2 and sum(prefills) <= len(reqs) // 2, f"one forward row per distinct prompt: {prefills}"
     assert len({g.text for g in got[:3]}) > 1, "the temperatures must give different answers to one prompt"
-    for r, g in zip(reqs, got):
-        alone = TransformersEngine(t, batch_size=1).generate([r], capture=aux)[0]
-        assert (g.text, g.num_tokens, g.finished, g.ids) == (alone.text, alone.num_tokens, alone.finished, alone.ids)
-        assert g.nll == pytest.approx(alone.nll, rel=1e-5)
-        for k in ("f", "aux"):
-            torch.testing.assert_close(g.features[k], alone.features[k], atol=1e-4, rtol=1e-4)
+    _assert_answered_as_alone(t, reqs, got, aux)
 
 
 def test_sampling_is_a_function_of_prompt_and_seed(tiny_gemma_dir):
