@@ -93,6 +93,17 @@ def test_wordfreq_forms_follow_running_text():
     assert "の" in ja and " の" not in ja
 
 
+def test_capital_share_is_measured_on_the_seeds_so_german_nouns_keep_their_capital():
+    from vocab.sources import seed_capital_share, wordfreq_items
+
+    de, en = get_language("de"), get_language("en")
+    assert seed_capital_share(de) > 0.25 and 0.05 < seed_capital_share(en) < 0.2  # German capitalises its nouns
+    assert seed_capital_share(get_language("ja")) == 0.0
+    share = seed_capital_share(de)
+    forms = dict(wordfreq_items(de, space_share=0.8))  # the default: the seeds' share
+    assert forms[" Haus"] / forms[" haus"] == pytest.approx(share / (1 - share))
+
+
 def test_structural_ids_include_punctuation_and_digits(tiny_gemma_dir):
     t = load_target(str(tiny_gemma_dir))
     ids = structural_ids(t.tokenizer, t.spec.prompt_format.stop)

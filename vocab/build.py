@@ -78,7 +78,7 @@ def count_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -
     held_docs, total_tokens, source_meta, timings = 0, 0, [], []
     for src in cfg.sources:
         if src.name == "wordfreq":
-            c = count_weighted(wordfreq_items(lang, cfg.wordfreq_space_share), tok, V)
+            c = count_weighted(wordfreq_items(lang, cfg.wordfreq_space_share, cfg.wordfreq_capital_share), tok, V)
         else:
             c = count_documents(
                 documents(src, lang, cfg.run), tok, V, batch_size=cfg.batch_size, max_documents=src.max_documents,

@@ -60,6 +60,11 @@ class VocabConfig(StrictModel):
     wordfreq_space_share: float = Field(
         0.85, ge=0.0, le=1.0, description="wordfreq: share of a word's occurrences after a space (languages with spaces)"
     )
+    wordfreq_capital_share: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="wordfreq: share of a word's occurrences that start with a capital (cased scripts); default: "
+        "measured on the language's seeds (en 0.12, de 0.34: German capitalises its nouns)",
+    )
     coverage_ks: list[int] = Field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384, 32768, 65536])
     overlap_k: int = Field(8192, ge=1)
     mask_sizes: list[int] = Field(default_factory=lambda: [8192, 16384, 32768], description="S of ADASPEC Alg. 2")
