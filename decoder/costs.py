@@ -144,6 +144,8 @@ def random_runtimes(target, draft_rows: int = 8192) -> dict:
     out = {}
     e1 = EagleDrafter(eagle_layer_config(target.model.config)).to(dev, dtype).eval()
     out["eagle1"] = (EagleRuntime(e1, emb, head_w, softcap), HeadBank(head_w, {"x": ids}, len(ids), softcap).head("x", len(ids)))
+    e1h = EagleDrafter(eagle_layer_config(target.model.config), lookup_hint=True).to(dev, dtype).eval()  # + the hint's lookups
+    out["eagle1-hint"] = (EagleRuntime(e1h, emb, head_w, softcap), out["eagle1"][1])
     e3 = Eagle3Drafter.for_target(target, ids).to(dev, dtype).eval()
     out["eagle3"] = (EagleRuntime(e3, emb, e3.lm_head.weight),
                      HeadBank(e3.lm_head.weight, {}, 0, draft_ids=("x", e3.draft_ids), pre=e3.norm).head("x", None))
@@ -170,12 +172,12 @@ def draft_cost(target, runtime, head, context: list[int], n: int = 8, reps: int 
     parent0 = runtime.sync(context, feats, pend)
 
     def chain():
-        parent = parent0
+        parent, drafts = parent0, []
         for i in range(n):
             j = int(head.logits(parent).argmax())
-            tok = int(head.to_full(torch.tensor(j, device=dev)))
-            parent = runtime.extend(torch.tensor([tok], device=dev), parent.view(1, -1),
-                                    torch.tensor([pend + 1 + i], device=dev))[-1]
+            drafts.append(int(head.to_full(torch.tensor(j, device=dev))))
+            parent = runtime.extend(torch.tensor([drafts[-1]], device=dev), parent.view(1, -1),
+                                    torch.tensor([pend + 1 + i], device=dev), prefixes=[context + drafts])[-1]
         runtime.rollback()
 
     return _time(chain, reps, sync) / n

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from polyspec.errors import PolyspecError
+from polyspec.lookup import entry_hints, hint_inputs, lookup_hints
 
 
 @dataclass
@@ -94,23 +95,42 @@ class EagleRuntime:
         self.done = 0  # entries 1..done are cached (all verified)
         self.last = None  # f̂ of entry `done`
 
+    @property
+    def hinted(self) -> bool:
+        """Entries read the prompt-lookup hint of their token prefix (``eagle.lookup_hint``, ``polyspec.lookup``)."""
+        return bool(getattr(self.drafter, "lookup_hint", False))
+
     @torch.inference_mode()
     def sync(self, tokens: list[int], feats: torch.Tensor, pending: int) -> torch.Tensor:
         if self.done < pending:
             p = torch.arange(self.done + 1, pending + 1, device=feats.device)
             x = torch.as_tensor(tokens[self.done + 1 : pending + 1], device=feats.device)
-            h = self._run(x, feats[p - 1], p.view(1, -1), None)
+            hints = None
+            if self.hinted:  # entry q reads the hint of tokens[..q]
+                ids, n = (torch.tensor([v[self.done + 1 : pending + 1]], device=feats.device)
+                          for v in lookup_hints(tokens[: pending + 1]))
+                hints = hint_inputs(self.embed, ids, n)
+            h = self._run(x, feats[p - 1], p.view(1, -1), None, hints)
             self.done, self.last = pending, h[-1]
         return self.last
 
     @torch.inference_mode()
-    def extend(self, tokens: torch.Tensor, parent_hidden: torch.Tensor, positions: torch.Tensor, mask=None):
-        return self._run(tokens, parent_hidden, positions.view(1, -1), mask)
+    def extend(self, tokens: torch.Tensor, parent_hidden: torch.Tensor, positions: torch.Tensor, mask=None,
+               prefixes: list[list[int]] | None = None):
+        """``prefixes``: for a hinted drafter, each draft entry's token prefix (verified tokens, the draft's
+        ancestors, the draft itself)."""
+        hints = None
+        if self.hinted:
+            if prefixes is None:
+                raise PolyspecError("this drafter reads prompt-lookup hints: extend() needs each draft's prefix")
+            hints = entry_hints(self.embed, prefixes, tokens.device)
+        return self._run(tokens, parent_hidden, positions.view(1, -1), mask, hints)
 
-    def _run(self, tokens, feats, positions, mask):
+    def _run(self, tokens, feats, positions, mask, hints=None):
         emb = self.embed(tokens.view(1, -1))
+        kw = {} if hints is None else {"hints": hints}
         out, self.cache = self.drafter(emb, feats.view(1, -1, feats.shape[-1]), position_ids=positions,
-                                       attention_mask=mask, past_key_values=self.cache, use_cache=True)
+                                       attention_mask=mask, past_key_values=self.cache, use_cache=True, **kw)
         return out[0]
 
     def rollback(self) -> None:
@@ -147,7 +167,8 @@ class SmallLMRuntime:
         return self.last
 
     @torch.inference_mode()
-    def extend(self, tokens: torch.Tensor, parent_hidden: torch.Tensor, positions: torch.Tensor, mask=None):
+    def extend(self, tokens: torch.Tensor, parent_hidden: torch.Tensor, positions: torch.Tensor, mask=None,
+               prefixes: list[list[int]] | None = None):
         return self._run(tokens, positions.view(1, -1), mask)
 
     def _run(self, tokens, positions, mask):

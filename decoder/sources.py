@@ -343,7 +343,8 @@ class DrafterSource(DraftSource):
             drafts.append(int(head.to_full(torch.tensor(j, device=lg.device))))
             if i < gamma - 1:  # entry for draft i at position pend+1+i, fed the previous predicted feature
                 pos = torch.tensor([ctx.pend + 1 + i], device=self.device)
-                parent = rt.extend(torch.tensor([drafts[-1]], device=self.device), parent.view(1, -1), pos)[-1]
+                parent = rt.extend(torch.tensor([drafts[-1]], device=self.device), parent.view(1, -1), pos,
+                                   prefixes=[ctx.tokens[: ctx.pend + 1] + drafts])[-1]
         rt.rollback()
         return drafts, qs, self.confs
 
@@ -376,13 +377,8 @@ class DrafterSource(DraftSource):
         for d in range(1, max_depth):
             expand = sorted(frontier, key=lambda n: -score[n])[: self.topk]
             base = rt.cache.get_seq_length()
-            anc = []  # the drafter entry of a node sees verified entries, its ancestors' entries and itself
-            for n in expand:
-                chain, p = [], parent[n]
-                while p >= 0:
-                    chain.append(slot[p])
-                    p = parent[p]
-                anc.append(chain)
+            # the drafter entry of a node sees verified entries, its ancestors' entries and itself
+            anc = [[slot[a] for a in _ancestors(n, parent)] for n in expand]
             n_prev = len(slot)
             verified = base - n_prev
             for i, n in enumerate(expand):
@@ -395,7 +391,10 @@ class DrafterSource(DraftSource):
             mask = additive_mask(m, self.dtype, dev)
             par_h = torch.stack([root_hidden if parent[n] < 0 else hidden[parent[n]] for n in expand])
             pos = torch.full((len(expand),), ctx.pend + d, device=dev)
-            out = rt.extend(torch.tensor([tok[n] for n in expand], device=dev), par_h, pos, mask)
+            verified_ids = ctx.tokens[: ctx.pend + 1]
+            out = rt.extend(torch.tensor([tok[n] for n in expand], device=dev), par_h, pos, mask,
+                            prefixes=[verified_ids + [tok[a] for a in reversed(_ancestors(n, parent))] + [tok[n]]
+                                      for n in expand])
             frontier = []
             lps = torch.log_softmax(head.logits(out).float(), -1)
             v, j = lps.topk(min(self.topk, lps.shape[-1]), dim=-1)
@@ -416,6 +415,15 @@ class DrafterSource(DraftSource):
         index = {n: i for i, n in enumerate(order)}
         return Proposal([tok[n] for n in order], [-1 if parent[n] < 0 else index[parent[n]] for n in order],
                         [self.name] * len(order), None, self.lang, self.size)
+
+
+def _ancestors(n: int, parent: list[int]) -> list[int]:
+    """Node n's ancestors in a draft tree, nearest first."""
+    out, p = [], parent[n]
+    while p >= 0:
+        out.append(p)
+        p = parent[p]
+    return out
 
 
 class SpideSource(DrafterSource):

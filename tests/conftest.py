@@ -79,7 +79,8 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
     """A bundle for a tiny target in seconds, without synth or training.
 
     Vocabularies rank the target's ids by their counts in the language's built-in seeds (so language masks
-    tell languages apart). ``drafter``: ``eagle`` (random one-layer EAGLE drafter), ``small-lm`` (random
+    tell languages apart). ``drafter``: ``eagle`` (random one-layer EAGLE drafter; ``eagle-hint``: one that reads
+    prompt-lookup hints), ``small-lm`` (random
     tiny Llama) or ``oracle`` (a copy of a Llama-family target with Gaussian ``noise`` on its weights: a
     drafter that is often but not always right, to exercise partial acceptance).
     """
@@ -105,8 +106,8 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
         save_ranked(run / "vocab", RankedVocab(lang, np.array(order), np.array([counts.get(t, 0) for t in order]),
                                                {"tokenizer_sha256": target.tokenizer_sha256}))
         torch.manual_seed(seed + i)
-        if drafter == "eagle":
-            model = EagleDrafter(eagle_layer_config(target.model.config))
+        if drafter in ("eagle", "eagle-hint"):  # eagle-hint: reads prompt-lookup hints (eagle.lookup_hint)
+            model = EagleDrafter(eagle_layer_config(target.model.config), lookup_hint=drafter == "eagle-hint")
         elif drafter == "eagle3":
             model = Eagle3Drafter.for_target(target, torch.as_tensor(order[: max(sizes)]))
         elif drafter == "small-lm":

@@ -132,6 +132,57 @@ def test_hybrid_and_spectra_keep_learning_across_requests(llama, bundles):
     assert any(s.shape == "tree" for s in out.steps)
 
 
+def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, monkeypatch):
+    """``eagle.lookup_hint``: every drafter entry reads the prompt-lookup hint of its own token prefix — the verified
+    tokens (``sync``) and then the chain's earlier drafts or the tree node's ancestors (``extend``). A drafter made
+    to copy its hint (its output is the head row of the hint it was handed) must therefore draft exactly
+    ``lookup_hint`` of each draft's prefix wherever one exists, and be accepted like prompt lookup, losslessly."""
+    import decoder.sources
+    from decoder.core import Decoder
+    from polyspec.lookup import lookup_hint
+    from train.models import EagleDrafter
+
+    bundle = make_tiny_bundle(tmp_path / "hint", llama, drafter="eagle-hint", sizes=(64, 768))
+    E = llama.model.get_input_embeddings().weight.float()
+    W = llama.model.get_output_embeddings().weight.float()
+
+    def copy_hint(self, input_embeds, features, position_ids=None, attention_mask=None, past_key_values=None,
+                  use_cache=False, hints=None):
+        e, n = hints
+        ids = torch.cdist(e[0].float(), E).argmin(-1)  # the embedded hint back to its id
+        out = torch.where((n[0] > 0).unsqueeze(-1), W[ids] / W[ids].norm(dim=-1, keepdim=True) * 4, 0.0)
+        return out.unsqueeze(0).to(input_embeds.dtype), past_key_values
+
+    monkeypatch.setattr(EagleDrafter, "forward", copy_hint)
+    seen = []
+    propose = decoder.sources.DrafterSource.propose
+
+    def spy(self, ctx):
+        prop = propose(self, ctx)
+        seen.append((ctx.tokens[: ctx.pend + 1], prop))
+        return prop
+
+    monkeypatch.setattr(decoder.sources.DrafterSource, "propose", spy)
+    prompts = random_prompts(llama, 12, seed=5)
+    refs = [greedy_generate(llama, p, 32) for p in prompts]
+    for method, opts in (("chain", dict(gamma=3)), ("tree", dict(tree_depth=3, tree_topk=2, tree_nodes=6)),
+                         ("adaspec", dict(gamma=4))):
+        seen.clear()
+        check_lossless(Decoder(llama, bundle, method=method, size="full", **opts), prompts, refs, 32)  # drafts kept
+        hinted = 0
+        for prefix, prop in seen:
+            for i, (tok, par) in enumerate(zip(prop.tokens, prop.parents)):
+                path = []  # the node's ancestors, root first
+                while par >= 0:
+                    path.insert(0, prop.tokens[par])
+                    par = prop.parents[par]
+                hint, n = lookup_hint(prefix + path)
+                if n and (method != "tree" or i == 0 or prop.parents[i] != prop.parents[i - 1]):  # a first child
+                    assert tok == hint, (method, prefix, prop.tokens)
+                    hinted += 1
+        assert hinted > 50, (method, hinted)
+
+
 @pytest.mark.parametrize("key", [("gemma3", "eagle"), ("llama", "small-lm"), ("llama", "noisy"), ("gemma3", "eagle3")])
 def test_weak_drafters_are_lossless_too(key, llama, gemma, bundles):
     """Random EAGLE-1 / EAGLE-3 / small-LM drafters (mostly rejected) and a noisy one over a reduced vocabulary."""

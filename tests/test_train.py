@@ -140,26 +140,37 @@ def test_the_score_walks_the_decoders_chain_steps():
 def _recomputed_drafts(drafter, embed, head_w, ids_s, prefix, g_all, gamma) -> list[int]:
     """γ greedy drafts after the verified prefix x[..p], its drafter context recomputed from scratch (entries
     1..p read [embed(x_e) ‖ g_{e-1}], then each draft feeds the next): slow, obviously right."""
+    from polyspec.lookup import hint_inputs, lookup_hint
     from train.objectives import draft_logits
 
+    def hints(prefixes):  # each entry's prompt-lookup hint, one prefix at a time (lookup_hint: the plain scan)
+        if not getattr(drafter, "lookup_hint", False):
+            return {}
+        got = [lookup_hint(q) for q in prefixes]
+        return {"hints": hint_inputs(embed, torch.tensor([[a for a, _ in got]]), torch.tensor([[b for _, b in got]]))}
+
+    x = prefix[0].tolist()
     p = prefix.shape[1] - 1
-    pred, past = drafter(embed(prefix[:, 1:]), g_all[:, :p], position_ids=torch.arange(1, p + 1)[None], use_cache=True)
+    pred, past = drafter(embed(prefix[:, 1:]), g_all[:, :p], position_ids=torch.arange(1, p + 1)[None], use_cache=True,
+                         **hints([x[: e + 1] for e in range(1, p + 1)]))
     h, out = pred[:, -1:], []
     for i in range(gamma):
         d = ids_s[draft_logits(drafter, h[0, -1], head_w).argmax(-1)]
         out.append(int(d))
         if i < gamma - 1:
             h, past = drafter(embed(d.view(1, 1)), h, position_ids=torch.tensor([[p + 1 + i]]), past_key_values=past,
-                              use_cache=True)
+                              use_cache=True, **hints([x + out]))
     return out
 
 
-@pytest.mark.parametrize("arch", ["eagle1", "eagle1-2layers", "eagle3"])
+@pytest.mark.parametrize("arch", ["eagle1", "eagle1-2layers", "eagle1-hint", "eagle3"])
 def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_llama_dir):
     """train/score.py drafts every step's first token from one teacher-forced pass and continues from a copy of
     that pass's cache cut back to the step's prefix. A random drafter whose attention matters, walked over an
     answer written from its own recomputed drafts (every step accepts γ) and then over the same answer corrupted
-    at random places (steps stop early), accepts exactly what recomputing each step's context from scratch does."""
+    at random places (steps stop early), accepts exactly what recomputing each step's context from scratch does.
+    eagle1-hint: the prompt-lookup hints of the one pass (``lookup_hints``) and of the continuation drafts are
+    the ones the plain scan gives each prefix, and they matter (random hint weights, scaled up)."""
     from train.models import Eagle3Drafter
     from train.score import eagle_chain
 
@@ -170,8 +181,12 @@ def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_
     embed = torch.nn.Embedding(s, H)
     if arch.startswith("eagle1"):
         layers = 2 if arch.endswith("2layers") else 1
-        drafter = EagleDrafter(eagle_layer_config(t.model.config, layers)).eval()
+        drafter = EagleDrafter(eagle_layer_config(t.model.config, layers), lookup_hint=arch.endswith("hint")).eval()
         head_w, g = torch.randn(s, H), torch.randn(1, n, H)
+        if drafter.lookup_hint:
+            with torch.no_grad():
+                drafter.hint_fc.weight.mul_(8.0)
+                drafter.hint_strength.weight.normal_(0, 4.0)
     else:
         drafter, head_w, g = Eagle3Drafter.for_target(t, ids_s).eval(), None, torch.randn(1, n, 3 * H)
     with torch.no_grad():  # attention that matters: a draft then depends on every cached entry it reads

@@ -55,8 +55,14 @@ class EagleConfig(StrictModel):
         "init or as a copy of the target's last full-attention layer and final norm (measured on vi demo data, 8 epochs from "
         "scratch: held-out τ 1.45 with the copy vs 1.57 random, so random stays the default)")
 
+    lookup_hint: bool = Field(
+        False, description="EAGLE-1: the drafter also reads, at each entry, the token prompt lookup proposes next "
+        "and its n-gram length (polyspec.lookup; computed from the same tokens in training and decoding)")
+
     @model_validator(mode="after")
     def _one_layer_forms(self):
+        if self.lookup_hint and self.arch != "eagle1":
+            raise ValueError("eagle.lookup_hint is an EAGLE-1 option (the eagle3 form is the one vLLM serves, without it)")
         if self.num_layers > 1 and self.arch != "eagle1":
             raise ValueError("eagle.num_layers > 1 is an EAGLE-1 option (eagle3 keeps one layer, as speculators)")
         if self.num_layers > 1 and self.init_layer == "target":

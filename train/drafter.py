@@ -228,7 +228,8 @@ class DrafterRecipe:
             if cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3":
                 model = Eagle3Drafter.for_target(self.target, self.ids_s.cpu())
             elif cfg.drafter_type == "eagle":
-                model = EagleDrafter(eagle_layer_config(self.target.model.config, cfg.eagle.num_layers))
+                model = EagleDrafter(eagle_layer_config(self.target.model.config, cfg.eagle.num_layers),
+                                     lookup_hint=cfg.eagle.lookup_hint)
                 if cfg.eagle.init_layer == "target":
                     idx = copy_target_layer(model, self.target.model)
                     if self.acc.is_main_process:
@@ -240,6 +241,9 @@ class DrafterRecipe:
             raise PolyspecError(f"drafter hidden size {model.hidden_size} ≠ target hidden size {self.target.hidden_size}")
         if cfg.drafter_type == "eagle" and getattr(model, "arch_name", "eagle1") != cfg.eagle.arch:
             raise PolyspecError(f"{self.init_from} holds an {model.arch_name} drafter, the config asks for {cfg.eagle.arch}")
+        if cfg.drafter_type == "eagle" and getattr(model, "lookup_hint", False) != cfg.eagle.lookup_hint:
+            raise PolyspecError(f"{self.init_from}: eagle.lookup_hint is {cfg.eagle.lookup_hint} in the config, "
+                                f"{not cfg.eagle.lookup_hint} in the drafter it starts from")
         if getattr(model, "arch_name", None) == "eagle3" and not torch.equal(model.draft_ids.cpu(), self.ids_s.cpu()):
             raise PolyspecError(f"{self.init_from}: its draft vocabulary is not this language's top-{len(self.ids_s)} ids")
         self.aux_layers = getattr(model, "aux_layers", None)

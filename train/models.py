@@ -27,6 +27,7 @@ from torch import nn
 
 from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_directory, atomic_write_json
+from polyspec.lookup import MAX_NGRAM
 from polyspec.targets import eagle3_layers
 
 DRAFTER_FORMAT = 1
@@ -57,7 +58,7 @@ class EagleDrafter(nn.Module):
     drafter_type = "eagle"
     arch_name = "eagle1"
 
-    def __init__(self, layer_config):
+    def __init__(self, layer_config, lookup_hint: bool = False):
         super().__init__()
         from transformers import AutoModel
 
@@ -66,28 +67,39 @@ class EagleDrafter(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=True)
         self.layer = AutoModel.from_config(layer_config)  # one decoder layer of the target's family
         self.layer.embed_tokens = None  # inputs arrive as embeddings; an unused parameter would also stall DDP
+        self.lookup_hint = lookup_hint
+        if lookup_hint:  # polyspec.lookup: the token prompt lookup proposes next, and its n-gram length 0..3
+            self.hint_fc = nn.Linear(h, h, bias=False)
+            self.hint_strength = nn.Embedding(MAX_NGRAM + 1, h)
+            nn.init.zeros_(self.hint_strength.weight)
 
     @property
     def hidden_size(self) -> int:
         return self.fc.out_features
 
     def forward(self, input_embeds, features, position_ids=None, attention_mask=None, past_key_values=None,
-                use_cache=False):
-        """input_embeds, features: [B, T, H] → predicted next features [B, T, H] (and the KV cache)."""
+                use_cache=False, hints=None):
+        """input_embeds, features: [B, T, H] → predicted next features [B, T, H] (and the KV cache).
+        ``hints`` (``lookup_hint`` drafters): (embedded hint ids [B, T, H], zero where there is none; strengths
+        [B, T] long), :func:`polyspec.lookup.hint_inputs` of the entries' prefixes."""
         x = self.fc(torch.cat([input_embeds, features.to(input_embeds.dtype)], dim=-1))
+        if self.lookup_hint:
+            if hints is None:
+                raise PolyspecError("this EAGLE drafter reads prompt-lookup hints (eagle.lookup_hint): pass hints=")
+            x = x + self.hint_fc(hints[0].to(x.dtype)) + self.hint_strength(hints[1]).to(x.dtype)
         out = self.layer(inputs_embeds=x, position_ids=position_ids, attention_mask=attention_mask,
                          past_key_values=past_key_values, use_cache=use_cache)
         return out.last_hidden_state, out.past_key_values
 
     def arch(self) -> dict:
-        return {"layer_config": self.layer_config.to_dict()}
+        return {"layer_config": self.layer_config.to_dict(), "lookup_hint": self.lookup_hint}
 
     @classmethod
     def from_arch(cls, arch: dict) -> EagleDrafter:
         from transformers import AutoConfig
 
         d = dict(arch["layer_config"])
-        return cls(AutoConfig.for_model(d.pop("model_type"), **d))
+        return cls(AutoConfig.for_model(d.pop("model_type"), **d), lookup_hint=bool(arch.get("lookup_hint", False)))
 
 
 def copy_target_layer(drafter: EagleDrafter, target_model) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from polyspec.lookup import hint_inputs, hint_tensors
+
 
 @torch.no_grad()
 def target_features(target_model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -25,6 +27,11 @@ def target_features(target_model, input_ids: torch.Tensor, attention_mask: torch
 
 def is_eagle3(drafter) -> bool:
     return getattr(getattr(drafter, "module", drafter), "arch_name", "eagle1") == "eagle3"  # DDP wraps in .module
+
+
+def uses_hints(drafter) -> bool:
+    """An EAGLE-1 drafter that reads prompt-lookup hints (``eagle.lookup_hint``, ``polyspec.lookup``)."""
+    return bool(getattr(getattr(drafter, "module", drafter), "lookup_hint", False))
 
 
 def draft_logits(drafter, pred: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
@@ -102,6 +109,8 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
     T = ids.shape[1]
     with torch.no_grad():
         emb = embed(ids).float()  # a bf16 target's embedding feeds the fp32 drafter (autocast on CUDA)
+        # prompt-lookup hints of every prefix (``eagle.lookup_hint``): entry t+1+i reads those of ids[..t+1+i]
+        hints = hint_inputs(embed, *hint_tensors(ids)) if uses_hints(drafter) else None
     g = (aux if aux is not None else f)[:, :-1]
     if cfg.feature_noise > 0:
         noise = torch.rand(g.shape, generator=generator, device="cpu").to(g.device, g.dtype)
@@ -110,7 +119,8 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
     for i in range(min(cfg.ttt_steps, T - 2)):
         L = T - 1 - i  # positions t = 0..T-2-i
         pos = torch.arange(1 + i, T, device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
-        pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos)
+        kw = {} if hints is None else {"hints": (hints[0][:, 1 + i :], hints[1][:, 1 + i :])}
+        pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, **kw)
         tgt = f[:, 1 + i :]
         m = loss_rows(mask, i)
         denom = m.sum().clamp_min(1.0)

@@ -22,7 +22,8 @@ import copy
 
 import torch
 
-from train.objectives import draft_logits
+from polyspec.lookup import entry_hints, hint_inputs, hint_tensors
+from train.objectives import draft_logits, uses_hints
 
 
 def walk(n: int, start: int, gamma: int, propose) -> list[int]:
@@ -53,7 +54,9 @@ def eagle_chain(drafter, embed, head_w, ids_s, seq: torch.Tensor, start: int, f:
     if n < 2:
         return []
     pos = torch.arange(1, n, device=seq.device).unsqueeze(0)
-    pred_all, past_all = drafter(embed(seq[:, 1:n]).float(), g_all[:, : n - 1], position_ids=pos, use_cache=True)
+    hinted = uses_hints(drafter)  # entry p reads the prompt-lookup hint of x[..p]; a draft's, of x[..p] + drafts
+    kw = {"hints": tuple(t[:, 1:n] for t in hint_inputs(embed, *hint_tensors(seq)))} if hinted else {}
+    pred_all, past_all = drafter(embed(seq[:, 1:n]).float(), g_all[:, : n - 1], position_ids=pos, use_cache=True, **kw)
     first = ids_s[draft_logits(drafter, pred_all[0], head_w, softcap).argmax(-1)]  # first[p-1]: d_1 of step p
 
     def propose(p: int) -> list[bool]:
@@ -66,9 +69,12 @@ def eagle_chain(drafter, embed, head_w, ids_s, seq: torch.Tensor, start: int, f:
         past = copy.deepcopy(past_all)
         past.crop(-(n - 1 - p))  # entries 1..p: the verified prefix
         h = pred_all[:, p - 1 : p]
+        prefix = x[: p + 1].tolist()
         for i in range(1, gamma):
             pos = torch.tensor([[p + i]], device=seq.device)
-            h, past = drafter(embed(d.view(1, 1)).float(), h, position_ids=pos, past_key_values=past, use_cache=True)
+            prefix.append(int(d))
+            kw = {"hints": entry_hints(embed, [prefix], seq.device)} if hinted else {}
+            h, past = drafter(embed(d.view(1, 1)).float(), h, position_ids=pos, past_key_values=past, use_cache=True, **kw)
             d = ids_s[draft_logits(drafter, h[0, -1], head_w, softcap).argmax(-1)]
             if p + 2 + i >= n:
                 break
