@@ -106,10 +106,13 @@ class EagleRuntime:
             p = torch.arange(self.done + 1, pending + 1, device=feats.device)
             x = torch.as_tensor(tokens[self.done + 1 : pending + 1], device=feats.device)
             hints = None
-            if self.hinted:  # entry q reads the hint of tokens[..q]
-                ids, n = (torch.tensor([v[self.done + 1 : pending + 1]], device=feats.device)
-                          for v in lookup_hints(tokens[: pending + 1]))
-                hints = hint_inputs(self.embed, ids, n)
+            if self.hinted:  # entry q reads the hint of tokens[..q]: a few entries one scan each, a prompt in one pass
+                if pending - self.done <= 8:
+                    hints = entry_hints(self.embed, [tokens[: q + 1] for q in range(self.done + 1, pending + 1)], feats.device)
+                else:
+                    ids, n = (torch.tensor([v[self.done + 1 : pending + 1]], device=feats.device)
+                              for v in lookup_hints(tokens[: pending + 1]))
+                    hints = hint_inputs(self.embed, ids, n)
             h = self._run(x, feats[p - 1], p.view(1, -1), None, hints)
             self.done, self.last = pending, h[-1]
         return self.last

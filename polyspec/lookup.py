@@ -2,7 +2,8 @@
 
 The hint of position p is the token prompt lookup (PLD; ``decoder.ngram.prompt_lookup`` with γ = 1) proposes after
 ``ids[..p]``: the token that followed the most recent earlier occurrence of the longest suffix n-gram of
-``ids[..p]`` (n = 3, 2, 1), with that n as its strength (0: no earlier occurrence, no hint). Train and decoder
+``ids[..p]`` (n = 3, 2, 1; 0: no earlier occurrence, no hint). Its strength tells the drafter n and whether the hint
+of ``ids[..p-1]`` was ``ids[p]`` (prompt lookup has just been right: a loop or a copy is running). Train and decoder
 compute it from the same tokens the drafter entry sees, so a trained drafter meets the same inputs at decode
 time: the verified prefix, then its own drafts.
 
@@ -17,10 +18,10 @@ from __future__ import annotations
 import torch
 
 MAX_NGRAM = 3
+STRENGTHS = 2 * (MAX_NGRAM + 1)  # n = 0..3, and whether the previous position's hint was the token that came
 
 
-def lookup_hint(ids: list[int], max_ngram: int = MAX_NGRAM) -> tuple[int, int]:
-    """(hint id, n) for the last position of ``ids``; (0, 0) without an earlier occurrence."""
+def _lookup(ids: list[int], max_ngram: int) -> tuple[int, int]:
     n_tok = len(ids)
     for n in range(min(max_ngram, n_tok - 1), 0, -1):
         tail = ids[-n:]
@@ -28,6 +29,15 @@ def lookup_hint(ids: list[int], max_ngram: int = MAX_NGRAM) -> tuple[int, int]:
             if ids[start : start + n] == tail:
                 return ids[start + n], n
     return 0, 0
+
+
+def lookup_hint(ids: list[int], max_ngram: int = MAX_NGRAM) -> tuple[int, int]:
+    """(hint id, strength) for the last position of ``ids``: strength = n + (MAX_NGRAM + 1) if the hint of
+    ``ids[:-1]`` was ``ids[-1]`` (prompt lookup has just been right: a loop or a copy is running); (0, 0) — or
+    (0, MAX_NGRAM + 1) — without an earlier occurrence."""
+    h, n = _lookup(ids, max_ngram)
+    hp, np_ = _lookup(ids[:-1], max_ngram) if len(ids) > 1 else (0, 0)
+    return h, n + (max_ngram + 1) * int(np_ > 0 and hp == ids[-1])
 
 
 def lookup_hints(ids: list[int], max_ngram: int = MAX_NGRAM) -> tuple[list[int], list[int]]:
@@ -42,7 +52,14 @@ def lookup_hints(ids: list[int], max_ngram: int = MAX_NGRAM) -> tuple[list[int],
                 break
         for n in range(1, min(max_ngram, p + 1) + 1):  # grams ending at p become earlier occurrences after it
             last[n][tuple(ids[p - n + 1 : p + 1])] = p
+    for p in range(len(ids) - 1, 0, -1):  # the previous position's hint came true
+        if strength[p - 1] > 0 and hint[p - 1] == ids[p]:
+            strength[p] += max_ngram + 1
     return hint, strength
+
+
+def has_hint(strength: torch.Tensor, max_ngram: int = MAX_NGRAM) -> torch.Tensor:
+    return strength % (max_ngram + 1) > 0
 
 
 def hint_tensors(ids: torch.Tensor, max_ngram: int = MAX_NGRAM) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +74,7 @@ def hint_inputs(embed, hint_ids: torch.Tensor, strength: torch.Tensor) -> tuple[
     """(hint ids, strengths) [..] → the ``hints`` an EAGLE drafter's forward reads: the frozen target embedding of
     each hint (zero where the strength is 0: no hint) and the strengths."""
     with torch.no_grad():
-        e = embed(hint_ids).float() * (strength > 0).unsqueeze(-1)
+        e = embed(hint_ids).float() * has_hint(strength).unsqueeze(-1)
     return e, strength
 
 

@@ -139,7 +139,7 @@ def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, m
     ``lookup_hint`` of each draft's prefix wherever one exists, and be accepted like prompt lookup, losslessly."""
     import decoder.sources
     from decoder.core import Decoder
-    from polyspec.lookup import lookup_hint
+    from polyspec.lookup import has_hint, lookup_hint
     from train.models import EagleDrafter
 
     bundle = make_tiny_bundle(tmp_path / "hint", llama, drafter="eagle-hint", sizes=(64, 768))
@@ -150,7 +150,7 @@ def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, m
                   use_cache=False, hints=None):
         e, n = hints
         ids = torch.cdist(e[0].float(), E).argmin(-1)  # the embedded hint back to its id
-        out = torch.where((n[0] > 0).unsqueeze(-1), W[ids] / W[ids].norm(dim=-1, keepdim=True) * 4, 0.0)
+        out = torch.where(has_hint(n[0]).unsqueeze(-1), W[ids] / W[ids].norm(dim=-1, keepdim=True) * 4, 0.0)
         return out.unsqueeze(0).to(input_embeds.dtype), past_key_values
 
     monkeypatch.setattr(EagleDrafter, "forward", copy_hint)
@@ -177,7 +177,7 @@ def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, m
                     path.insert(0, prop.tokens[par])
                     par = prop.parents[par]
                 hint, n = lookup_hint(prefix + path)
-                if n and (method != "tree" or i == 0 or prop.parents[i] != prop.parents[i - 1]):  # a first child
+                if has_hint(torch.tensor(n)) and (method != "tree" or i == 0 or prop.parents[i] != prop.parents[i - 1]):  # a first child
                     assert tok == hint, (method, prefix, prop.tokens)
                     hinted += 1
         assert hinted > 50, (method, hinted)

@@ -5,6 +5,9 @@
   layers: Gemma3, Llama, Qwen2, …; rotary, masks and KV cache come with it) → predicted feature f̂_{t+1}. The
   frozen target embedding and LM head are *not* part of the drafter; at use time the head is restricted to the
   language's top-s ids.
+  ``eagle.lookup_hint``: the fc output also gets hint_fc(embed(h)) + strength(n) — (h, n) the prompt-lookup hint of
+  the entry's token prefix (``polyspec.lookup``), so the drafter learns when prompt lookup's next token is right
+  instead of learning to copy through attention.
 - ``small-lm``: a tiny Llama-family causal LM with the target's tokenizer and exactly its ``vocab_size``;
   tied embeddings initialised from the target's embedding, projected onto its top principal directions
   when the widths differ (PCA keeps the most variance of the target's token geometry), rescaled to the
@@ -27,7 +30,7 @@ from torch import nn
 
 from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_directory, atomic_write_json
-from polyspec.lookup import MAX_NGRAM
+from polyspec.lookup import STRENGTHS
 from polyspec.targets import eagle3_layers
 
 DRAFTER_FORMAT = 1
@@ -68,9 +71,9 @@ class EagleDrafter(nn.Module):
         self.layer = AutoModel.from_config(layer_config)  # one decoder layer of the target's family
         self.layer.embed_tokens = None  # inputs arrive as embeddings; an unused parameter would also stall DDP
         self.lookup_hint = lookup_hint
-        if lookup_hint:  # polyspec.lookup: the token prompt lookup proposes next, and its n-gram length 0..3
+        if lookup_hint:  # polyspec.lookup: the token prompt lookup proposes next; its n-gram length, last hit
             self.hint_fc = nn.Linear(h, h, bias=False)
-            self.hint_strength = nn.Embedding(MAX_NGRAM + 1, h)
+            self.hint_strength = nn.Embedding(STRENGTHS, h)
             nn.init.zeros_(self.hint_strength.weight)
 
     @property
