@@ -69,6 +69,9 @@ def test_eagle_num_layers_is_refused_where_it_does_not_apply(tmp_path):
         tcfg(tmp_path, "t", "eagle.num_layers=2", "eagle.arch=eagle3")
     with pytest.raises(PolyspecError, match="copies one target layer"):
         tcfg(tmp_path, "t", "eagle.num_layers=2", "eagle.init_layer=target")
+    assert tcfg(tmp_path, "t", "eagle.lookup_hint=true").eagle.lookup_hint
+    with pytest.raises(PolyspecError, match="lookup_hint is an EAGLE-1 option"):
+        tcfg(tmp_path, "t", "eagle.lookup_hint=true", "eagle.arch=eagle3")
 
 
 @pytest.mark.parametrize("family", ["gemma3", "llama"])
@@ -369,12 +372,12 @@ def test_without_a_scored_held_out_sequence_export_ships_final(tmp_path, llama_r
     assert (base / "final" / "model.safetensors").read_bytes() == (base / "finetune" / "final" / "model.safetensors").read_bytes()
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "small-lm"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle-hint", "eagle3", "small-lm"])
 def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tiny_llama_dir):
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
-    arch = ["eagle.arch=eagle3"] if kind == "eagle3" else []
-    kind = "eagle" if kind == "eagle3" else kind
+    arch = {"eagle3": ["eagle.arch=eagle3"], "eagle-hint": ["eagle.lookup_hint=true"]}.get(kind, [])
+    hinted, kind = kind == "eagle-hint", "eagle" if kind.startswith("eagle") else kind
     results = run(tcfg(run_dir, tiny_llama_dir, f"drafter_type={kind}", "eagle.ttt_steps=2", *arch))
     assert [r["stage"] for r in results] == ["pretrain", "finetune"]
     base = run_dir / "train" / "vi"
@@ -389,7 +392,11 @@ def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tin
     shipped = (base / "final" / "model.safetensors").read_bytes()  # export ships the finetune's best/ by held-out τ
     assert shipped == (base / "finetune" / "best" / "model.safetensors").read_bytes()
     assert not list(base.glob(".final.*"))  # copied through a temporary folder, renamed into place
-    if arch:  # EAGLE-3: own head over the language's top-128 ids, three target layers fused
+    assert getattr(model, "lookup_hint", False) == hinted  # the hint weights reload (NaN-initialised otherwise)
+    if hinted:  # a finetune cannot start from a drafter of the other form
+        with pytest.raises(PolyspecError, match="lookup_hint is False in the config, True in the drafter"):
+            run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", f"init_from={base / 'final'}", "run=" + str(tmp_path / "other")))
+    if arch == ["eagle.arch=eagle3"]:  # EAGLE-3: own head over the language's top-128 ids, three target layers fused
         assert model.arch_name == "eagle3" and model.lm_head.weight.shape[0] == 128
         assert model.fc.in_features == 3 * load_target(str(tiny_llama_dir)).hidden_size
     assert meta["vocab"]["size"] == 128 and meta["target"]["tokenizer_sha256"]
