@@ -394,6 +394,7 @@ def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tin
     assert not list(base.glob(".final.*"))  # copied through a temporary folder, renamed into place
     assert getattr(model, "lookup_hint", False) == hinted  # the hint weights reload (NaN-initialised otherwise)
     if hinted:  # a finetune cannot start from a drafter of the other form
+        shutil.copytree(llama_run, tmp_path / "other")
         with pytest.raises(PolyspecError, match="lookup_hint is False in the config, True in the drafter"):
             run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", f"init_from={base / 'final'}", "run=" + str(tmp_path / "other")))
     if arch == ["eagle.arch=eagle3"]:  # EAGLE-3: own head over the language's top-128 ids, three target layers fused
@@ -495,7 +496,7 @@ def redrafted_small_lm(stage_dir, target, k: int) -> dict:
 def echo_eagle(src, dst, target):
     """A copy of an EAGLE drafter folder rewired to echo the target: fc passes the target's last hidden state
     through (EAGLE-3: the aux entry that is the final layer), attention and MLP add nothing, the output norm is
-    plain and EAGLE-3's head is the target's rows. Its every draft at start t, at every depth, is then the
+    plain, EAGLE-3's head is the target's rows and lookup hints add nothing. Its every draft at start t, at every depth, is then the
     target's own top choice over the draft vocabulary at t, known without running the drafter."""
     from safetensors.torch import load_file, save_file
 
@@ -513,6 +514,7 @@ def echo_eagle(src, dst, target):
         sd["fc.weight"] = torch.cat([torch.zeros(H, H), torch.eye(H)], dim=1)
         sd["fc.bias"] = torch.zeros(H)
         zero, norm = ["layer.layers.0.self_attn.o_proj.weight", "layer.layers.0.mlp.down_proj.weight"], "layer.norm.weight"
+    zero += [k for k in ("hint_fc.weight", "hint_strength.weight") if k in sd]  # eagle.lookup_hint: no hint either
     for key in zero:
         sd[key] = torch.zeros_like(sd[key])
     sd[norm] = torch.ones_like(sd[norm])
