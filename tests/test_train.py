@@ -190,6 +190,7 @@ def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_
             with torch.no_grad():
                 drafter.hint_fc.weight.mul_(8.0)
                 drafter.hint_strength.weight.normal_(0, 4.0)
+                drafter.hint_gate.weight.normal_(0, 2.0)  # the copy path past the layer too
     else:
         drafter, head_w, g = Eagle3Drafter.for_target(t, ids_s).eval(), None, torch.randn(1, n, 3 * H)
     with torch.no_grad():  # attention that matters: a draft then depends on every cached entry it reads
@@ -514,7 +515,7 @@ def echo_eagle(src, dst, target):
         sd["fc.weight"] = torch.cat([torch.zeros(H, H), torch.eye(H)], dim=1)
         sd["fc.bias"] = torch.zeros(H)
         zero, norm = ["layer.layers.0.self_attn.o_proj.weight", "layer.layers.0.mlp.down_proj.weight"], "layer.norm.weight"
-    zero += [k for k in ("hint_fc.weight", "hint_strength.weight") if k in sd]  # eagle.lookup_hint: no hint either
+    zero += [k for k in ("hint_fc.weight", "hint_strength.weight", "hint_gate.weight") if k in sd]  # no hint either
     for key in zero:
         sd[key] = torch.zeros_like(sd[key])
     sd[norm] = torch.ones_like(sd[norm])

@@ -6,8 +6,8 @@
   frozen target embedding and LM head are *not* part of the drafter; at use time the head is restricted to the
   language's top-s ids.
   ``eagle.lookup_hint``: the fc output also gets hint_fc(embed(h)) + strength(n) — (h, n) the prompt-lookup hint of
-  the entry's token prefix (``polyspec.lookup``), so the drafter learns when prompt lookup's next token is right
-  instead of learning to copy through attention.
+  the entry's token prefix (``polyspec.lookup``) — and the output gate(n) · hint_out(embed(h)), so the drafter learns
+  when prompt lookup's next token is right instead of learning to copy through attention.
 - ``small-lm``: a tiny Llama-family causal LM with the target's tokenizer and exactly its ``vocab_size``;
   tied embeddings initialised from the target's embedding, projected onto its top principal directions
   when the widths differ (PCA keeps the most variance of the target's token geometry), rescaled to the
@@ -75,6 +75,12 @@ class EagleDrafter(nn.Module):
             self.hint_fc = nn.Linear(h, h, bias=False)
             self.hint_strength = nn.Embedding(STRENGTHS, h)
             nn.init.zeros_(self.hint_strength.weight)
+            # and a copy path past the layer: the output also gets gate(strength) · hint_out(unit-RMS hint embedding),
+            # a direction the head maps onto the hint (identity at the start: a tied head's row of the hint itself)
+            self.hint_out = nn.Linear(h, h, bias=False)
+            nn.init.eye_(self.hint_out.weight)
+            self.hint_gate = nn.Embedding(STRENGTHS, 1)
+            nn.init.zeros_(self.hint_gate.weight)
 
     @property
     def hidden_size(self) -> int:
@@ -92,7 +98,12 @@ class EagleDrafter(nn.Module):
             x = x + self.hint_fc(hints[0].to(x.dtype)) + self.hint_strength(hints[1]).to(x.dtype)
         out = self.layer(inputs_embeds=x, position_ids=position_ids, attention_mask=attention_mask,
                          past_key_values=past_key_values, use_cache=use_cache)
-        return out.last_hidden_state, out.past_key_values
+        pred = out.last_hidden_state
+        if self.lookup_hint:
+            e = hints[0].to(pred.dtype)
+            unit = e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + 1e-6)  # zero where there is no hint
+            pred = pred + self.hint_gate(hints[1]).to(pred.dtype) * self.hint_out(unit)
+        return pred, out.past_key_values
 
     def arch(self) -> dict:
         return {"layer_config": self.layer_config.to_dict(), "lookup_hint": self.lookup_hint}
