@@ -16,22 +16,21 @@ from __future__ import annotations
 
 import torch
 
+from polyspec.lookup import earlier_occurrence
+
 
 def prompt_lookup(tokens: list[int], gamma: int, max_ngram: int = 3, min_ngram: int = 1, extend: bool = False) -> list[int]:
     """``extend``: the copy may run past the end of the context into its own proposal (a loop of period p shorter
     than γ keeps repeating: context ``A B C A B`` proposes ``C A B C …``) instead of stopping there."""
-    n_tok = len(tokens)
-    for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
-        tail = tokens[-n:]
-        for start in range(n_tok - n - 1, -1, -1):  # most recent earlier occurrence first
-            if tokens[start : start + n] == tail:
-                follow = tokens[start + n : start + n + gamma]
-                period = n_tok - start - n  # proposal i copies context position n_tok + i - period
-                while extend and follow and len(follow) < gamma:  # past the context it copies itself
-                    follow.append(follow[len(follow) - period])
-                if follow:
-                    return follow
-    return []
+    found = earlier_occurrence(tokens, max_ngram, min_ngram)
+    if found is None:
+        return []
+    start, n = found
+    follow = tokens[start + n : start + n + gamma]  # never empty: the occurrence ends before the last token
+    period = len(tokens) - start - n  # proposal i copies context position len(tokens) + i - period
+    while extend and len(follow) < gamma:  # past the context it copies itself
+        follow.append(follow[len(follow) - period])
+    return follow
 
 
 class TokenRecycler:

@@ -21,14 +21,21 @@ MAX_NGRAM = 3
 STRENGTHS = 2 * (MAX_NGRAM + 1)  # n = 0..3, and whether the previous position's hint was the token that came
 
 
-def _lookup(ids: list[int], max_ngram: int) -> tuple[int, int]:
+def earlier_occurrence(ids: list[int], max_ngram: int = MAX_NGRAM, min_ngram: int = 1) -> tuple[int, int] | None:
+    """(start, n) of the most recent earlier occurrence of the longest suffix n-gram of ``ids`` (n = max..min), or
+    None: prompt lookup's search (``decoder.ngram.prompt_lookup`` proposes what follows it)."""
     n_tok = len(ids)
-    for n in range(min(max_ngram, n_tok - 1), 0, -1):
+    for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
         tail = ids[-n:]
         for start in range(n_tok - n - 1, -1, -1):  # most recent earlier occurrence first
             if ids[start : start + n] == tail:
-                return ids[start + n], n
-    return 0, 0
+                return start, n
+    return None
+
+
+def _lookup(ids: list[int], max_ngram: int) -> tuple[int, int]:
+    found = earlier_occurrence(ids, max_ngram)
+    return (ids[found[0] + found[1]], found[1]) if found else (0, 0)
 
 
 def lookup_hint(ids: list[int], max_ngram: int = MAX_NGRAM) -> tuple[int, int]:
