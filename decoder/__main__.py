@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--dtype", default=None, help="target dtype (default: the target's, auto = bf16 where native)")
     r.add_argument("--spectra-corpus", default=None, help="spectra/hybrid: retrieval corpus (synth JSONL or text; "
                    "default: the bundle run's self-distilled text)")
+    r.add_argument("--no-lookup-runs", action="store_true",
+                   help="adaspec: run the drafter every step, also where prompt lookup copies a running loop")
     r.add_argument("--trace", action="store_true", help="print one line per step")
     r.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     text = args.prompt if args.raw else render(fmt, target.tokenizer, [{"role": "user", "content": args.prompt}])
     ids = encode(fmt, target.tokenizer, text)
     dec = Decoder(target, args.bundle, method=args.method, shape=args.shape, lang=args.lang, size=args.size,
-                  gamma=args.gamma, spectra_corpus=args.spectra_corpus, log=lambda m: print(f"note: {m}", file=sys.stderr))
+                  gamma=args.gamma, spectra_corpus=args.spectra_corpus, lookup_runs=not args.no_lookup_runs, log=lambda m: print(f"note: {m}", file=sys.stderr))
     out = dec.generate(ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                        seed=args.seed)
     if args.json:
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         for i, s in enumerate(out.steps):
             size = "full" if s.vocab_size is None else s.vocab_size
-            print(f"step {i:3d}  +{s.new_tokens}  accepted {s.accepted}/{s.drafted}  lang {s.lang}  vocab {size}  "
+            print(f"step {i:3d}  +{s.new_tokens}  accepted {s.accepted}/{s.drafted} ({s.source or '-'})  lang {s.lang}  vocab {size}  "
                   f"draft {s.draft_s * 1e3:.1f} ms  verify {s.verify_s * 1e3:.1f} ms", file=sys.stderr)
     print(f"[{args.method}] {len(out.tokens)} tokens, {out.target_forwards} target forwards, τ = {out.tau:.2f}, "
           f"{len(out.tokens) / out.wall_s:.1f} tok/s, finish: {out.finish_reason}", file=sys.stderr)

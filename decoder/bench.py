@@ -180,6 +180,8 @@ def build_methods(names: list[str], target, bundle, assistant: str | None, log) 
             log(f"{name} skipped: it needs --bundle")
         elif name == "adaspec":
             methods[name] = ours(method="adaspec")
+        elif name == "adaspec-noloop":  # ablation: the drafter drafts every step, also inside running loops
+            methods[name] = ours(method="adaspec", lookup_runs=False)
         elif name == "adaspec-tree":
             methods[name] = ours(method="adaspec", shape="tree")
         elif name == "adaspec-fixsize":  # ADASPEC Table 2 ablation: adaptive language, fixed smallest size

@@ -3,9 +3,10 @@
     python -m decoder.calibrate --bundle runs/default/export/bundle [--sizes 1,2,3,4,6,8] [--prompts 3]
 
 On a few calibration prompts it measures the verification cost curve s(k) for k = 1…16 tokens (one target
-forward of k tokens at a 200-token context, medians of 12, the smaller of two passes; ``decoder.costs``), and for every draft size g the acceptance τ(g) (tokens
-per target forward of chain decoding with γ = g), the drafter's time per draft token and the end-to-end
-throughput. It fits τ(g) = (1 − α^{g+1}) / (1 − α) (α by bounded scalar minimisation) and picks
+forward of k tokens at a 200-token context, medians of 12, the smaller of two passes; ``decoder.costs``), and for every
+draft size g, decoding with ``adaspec`` at γ = g, the acceptance τ(g) (tokens per target forward of the steps the
+drafter drafted: adaspec's loop runs, ``lookup_runs``, do not depend on γ and are left out), the drafter's time
+per draft token and the end-to-end throughput. It fits τ(g) = (1 − α^{g+1}) / (1 − α) (α by bounded scalar minimisation) and picks
 g* = argmax τ(g) / (s(g+1) + d·g) over the integer sizes 1..max(sizes), s from the measured curve (not a
 constant, not a line: in bf16 the curve is flat up to ~8 tokens on this CPU). The tree budget (nodes of
 ``hybrid``/``spectra`` trees) is the largest k whose s(k)/s(1) ≤ 1.15. If the
@@ -100,19 +101,21 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     verify_s = {g: curve["verify_s"][g + 1] for g in sizes}  # g drafts + the pending token
     tau, draft_tok, tok_s = {}, {}, {}
     for g in sizes:
-        dec = Decoder(target, bundle, method="chain", gamma=g)
+        dec = Decoder(target, bundle, method="adaspec", gamma=g)
         dec.generate(prompts[0], 8, stop=[])  # warm-up
-        toks = fwd = 0
+        toks = kept = steps = 0
         secs = d_s = drafted = 0.0
         for ids in prompts:
             out = dec.generate(ids, max_new_tokens, stop=[])
             toks += len(out.tokens)
-            fwd += out.target_forwards
             secs += out.wall_s
-            d_s += sum(s.draft_s for s in out.steps)
-            drafted += sum(s.drafted for s in out.steps)
-        tau[g], tok_s[g], draft_tok[g] = toks / fwd, toks / secs, d_s / max(drafted, 1)
-        log(f"g={g}: verify {verify_s[g] * 1e3:.1f} ms, τ {tau[g]:.2f}, {tok_s[g]:.1f} tok/s")
+            own = [s for s in out.steps if s.source != "pld"]  # the drafter's steps, not adaspec's loop runs
+            kept += sum(s.new_tokens for s in own)
+            steps += len(own)
+            d_s += sum(s.draft_s for s in own)
+            drafted += sum(s.drafted for s in own)
+        tau[g], tok_s[g], draft_tok[g] = kept / max(steps, 1), toks / secs, d_s / max(drafted, 1)
+        log(f"g={g}: verify {verify_s[g] * 1e3:.1f} ms, τ {tau[g]:.2f} on {steps} drafter steps, {tok_s[g]:.1f} tok/s")
     budget = tree_budget(curve["ratio"], flat)
     log("verify(k)/forward(1): " + " ".join(f"{k}:{r:.2f}" for k, r in curve["ratio"].items())
         + f" → tree budget {budget}")

@@ -13,7 +13,9 @@ Methods
   position ids, keep the longest accepted branch (greedy only; sampling and contexts a sliding-window
   layer cannot see with a custom mask fall back to ``chain``, said once).
 - ``adaspec``: chain (or tree, ``shape="tree"``) with ADASPEC Alg. 2 choosing drafter language and
-  vocabulary size every u tokens from the last w (``decoder.adaptive``).
+  vocabulary size every u tokens from the last w (``decoder.adaptive``); greedy steps whose last three verified
+  tokens occurred earlier (a loop or a copy is running) propose prompt lookup's chain instead of running the
+  drafter (``lookup_runs``, on by default; ``decoder.sources.DrafterSource``).
 - ``spide``: chain drafting whose length is decided token by token from SPIDE's confidence→acceptance
   table (``decoder.ngram.SpideTable``), up to ``gamma_max``.
 - ``pld`` (prompt lookup) and ``ngram-tree`` (Token Recycling / UNISPEC confidence tree): training-free
@@ -57,6 +59,7 @@ class StepStat:
     shape: str  # ar | chain | tree
     draft_s: float
     verify_s: float
+    source: str = ""  # who proposed the step's first draft ("adaspec", "pld": adaspec's loop run, "a+b": merged)
 
 
 @dataclass
@@ -90,7 +93,8 @@ class Decoder:
                  size: str | int = "auto", vocab_lang: str | None = None, window: int | None = None,
                  step: int | None = None, offset: float | None = None, gamma_max: int = 8,
                  spide_threshold: float = 0.35, ngram_k: int = 8, ngram_first_width: int = 8,
-                 ngram_threshold: float = 0.02, spectra=None, spectra_corpus: str | Path | None = None, log=None):
+                 ngram_threshold: float = 0.02, spectra=None, spectra_corpus: str | Path | None = None,
+                 lookup_runs: bool = True, log=None):
         if method not in METHODS:
             raise PolyspecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         if shape not in ("chain", "tree"):
@@ -127,7 +131,7 @@ class Decoder:
                                    window=window, step=step, offset=offset, gamma_max=gamma_max,
                                    spide_threshold=spide_threshold, ngram_k=ngram_k,
                                    ngram_first_width=ngram_first_width, ngram_threshold=ngram_threshold,
-                                   spectra=spectra, log=self.log)
+                                   spectra=spectra, lookup_runs=lookup_runs, log=self.log)
         self.tree_capable = method in ("tree", "ngram-tree", "spectra", "hybrid") or (method == "adaspec" and shape == "tree")
         drafter = getattr(self.source, "drafter", None) or self.source
         self.runner.aux_layers = getattr(drafter, "aux_layers", None)
@@ -228,7 +232,7 @@ class Decoder:
                 verify = self._verify_chain if prop.is_chain else self._verify_tree
                 new, v = verify(ctx, prop, temperature, top_p, gen)
                 stat = StepStat(0, v.accepted, len(prop.tokens), prop.lang, prop.vocab_size,
-                                "chain" if prop.is_chain else "tree", draft_s, v.verify_s)
+                                "chain" if prop.is_chain else "tree", draft_s, v.verify_s, prop.origin[0] if prop.origin else "")
             # 4. stopping rules cut the step's tokens; the source learns from the verification
             kept = stopper.push(new)
             stat.new_tokens = kept

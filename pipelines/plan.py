@@ -164,7 +164,7 @@ def _sources(spec: str) -> str:
     return json.dumps(parse_sources(spec))
 
 
-KNOWN_METHODS = {"ar", "hf-generate", "adaspec", "adaspec-tree", "adaspec-fixsize", "eagle-full", "eagle-tree", "fr-spec",
+KNOWN_METHODS = {"ar", "hf-generate", "adaspec", "adaspec-noloop", "adaspec-tree", "adaspec-fixsize", "eagle-full", "eagle-tree", "fr-spec",
                  "spide", "pld", "ngram-tree", "spectra", "hybrid", "hf-pld", "hf-assisted", "chain", "tree"}
 
 

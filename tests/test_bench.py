@@ -205,6 +205,7 @@ def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small
     m = measure(llama, bundle, prompts, [1, 2, 3], max_new_tokens=12, reps=1, log=lambda *_: None, max_k=6)
     assert set(m["verify_s"]) == {1, 2, 3} and set(m["cost_curve"]) == set(range(1, 7))
     assert m["cost_curve"][1] == 1.0 and 1 <= m["tree_budget"] <= 6 and m["curve_context"] == 200
+    assert all(1.0 <= m["tau"][g] <= g + 1 for g in (1, 2, 3)), m["tau"]  # the drafter's steps only: γ governs them
     pick = choose([1, 2, 3], m["verify_s"], m["tau"], m["draft_s_per_token"], m["tok_s"])
     assert pick["g_star"] in (1, 2, 3)  # never 4, the decoder's default without a calibration
     key = device_key(llama.device, llama.dtype)

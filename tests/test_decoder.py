@@ -53,6 +53,7 @@ SHAPES = [
     ("tree", dict(tree_depth=3, tree_topk=2, tree_nodes=6)),
     ("tree", dict(tree_depth=5, tree_topk=4, tree_nodes=16, size="full")),
     ("adaspec", dict(gamma=4)),
+    ("adaspec", dict(gamma=2, lookup_runs=False)),
     ("adaspec", dict(shape="tree", tree_depth=4, tree_topk=3, tree_nodes=10)),
     ("spide", dict(gamma_max=6)),
     ("pld", dict(gamma=5)),
@@ -166,7 +167,7 @@ def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, m
     prompts = random_prompts(llama, 12, seed=5)
     refs = [greedy_generate(llama, p, 32) for p in prompts]
     for method, opts in (("chain", dict(gamma=3)), ("tree", dict(tree_depth=3, tree_topk=2, tree_nodes=6)),
-                         ("adaspec", dict(gamma=4))):
+                         ("adaspec", dict(gamma=4, lookup_runs=False))):  # runs: test_adaspec_copies_running_loops…
         seen.clear()
         check_lossless(Decoder(llama, bundle, method=method, size="full", **opts), prompts, refs, 32)  # drafts kept
         hinted = 0
@@ -181,6 +182,58 @@ def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, m
                     assert tok == hint, (method, prefix, prop.tokens)
                     hinted += 1
         assert hinted > 50, (method, hinted)
+
+
+def test_adaspec_copies_running_loops_with_prompt_lookup(llama, bundles, monkeypatch):
+    """``lookup_runs``: a step whose last three verified tokens occurred earlier proposes prompt lookup's loop-aware
+    chain (origin ``pld``, 10 deep, 20 after a run kept whole) and the drafter does not run; every other step is the
+    drafter's. Lossless, the runs are kept (the tiny target's greedy text loops), and without the option no step
+    is a run."""
+    import decoder.sources
+    from decoder.core import Decoder
+    from decoder.ngram import prompt_lookup
+    from polyspec.lookup import earlier_occurrence
+
+    seen, drafted_at = [], []
+    propose, draft_chain = decoder.sources.DrafterSource.propose, decoder.sources.DrafterSource.draft_chain
+
+    def spy_propose(self, ctx):
+        prop = propose(self, ctx)
+        seen.append((ctx.tokens[: ctx.pend + 1], ctx.max_depth, prop))
+        return prop
+
+    def spy_draft(self, ctx, gamma, threshold=None):
+        drafted_at.append(ctx.pend)
+        return draft_chain(self, ctx, gamma, threshold)
+
+    monkeypatch.setattr(decoder.sources.DrafterSource, "propose", spy_propose)
+    monkeypatch.setattr(decoder.sources.DrafterSource, "draft_chain", spy_draft)
+    prompts = random_prompts(llama, 12, seed=11)
+    refs = [greedy_generate(llama, p, 48) for p in prompts]
+    bundle = bundles[("llama", "noisy")]
+    for runs_on in (True, False):
+        seen.clear(), drafted_at.clear()
+        dec = Decoder(llama, bundle, method="adaspec", gamma=3, size="full", lookup_runs=runs_on)
+        run_kept = drafter_kept = 0
+        for prompt, ref in zip(prompts, refs):
+            out = dec.generate(prompt, 48, stop=[])
+            assert out.tokens == ref
+            run_kept += sum(s.accepted for s in out.steps if s.source == "pld")
+            drafter_kept += sum(s.accepted for s in out.steps if s.source == "adaspec")
+        runs = [(prefix, depth, prop) for prefix, depth, prop in seen if prop.origin[:1] == ["pld"]]
+        assert drafter_kept > 0
+        if not runs_on:
+            assert not runs and run_kept == 0 and len(drafted_at) == len(seen)
+            continue
+        assert run_kept > 20 and len(runs) > 10, (run_kept, len(runs))
+        for prefix, depth, prop in seen:
+            looped = depth >= 1 and earlier_occurrence(prefix, 3, 3) is not None
+            assert (prop in [r[2] for r in runs]) == looped
+        for prefix, depth, prop in runs:
+            assert prop.is_chain and prop.tokens == prompt_lookup(prefix, len(prop.tokens), extend=True)
+            assert len(prop.tokens) in (min(10, depth), min(20, depth))
+        assert max(len(r[2].tokens) for r in runs) == 20  # a run kept whole doubled the next one
+        assert len(drafted_at) == len(seen) - len(runs)  # the drafter ran on every other step only
 
 
 @pytest.mark.parametrize("key", [("gemma3", "eagle"), ("llama", "small-lm"), ("llama", "noisy"), ("gemma3", "eagle3")])
