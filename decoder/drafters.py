@@ -29,14 +29,19 @@ class Head:
     """A drafting head: logits = h @ weight.T over ``ids`` (None = the full vocabulary)."""
 
     weight: torch.Tensor  # [s, H]
-    ids: torch.Tensor | None  # [s] full-vocabulary ids of the rows
+    ids: torch.Tensor | None  # [s (+ extra)] full-vocabulary ids of the rows
     softcap: float | None = None
     pre: object = None  # EAGLE-3: the drafter's final norm, applied before its head
+    extra: torch.Tensor | None = None  # [e, H] rows added after ``weight`` (a request's prompt ids)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.pre is not None:
             h = self.pre(h)
-        out = (h.to(self.weight.dtype) @ self.weight.T).float()
+        h = h.to(self.weight.dtype)
+        out = h @ self.weight.T
+        if self.extra is not None:
+            out = torch.cat([out, h @ self.extra.T], dim=-1)
+        out = out.float()
         if self.softcap:
             out = torch.tanh(out / self.softcap) * self.softcap
         return out
@@ -46,7 +51,7 @@ class Head:
 
     @property
     def size(self) -> int:
-        return int(self.weight.shape[0])
+        return int(self.weight.shape[0]) + (0 if self.extra is None else int(self.extra.shape[0]))
 
 
 class HeadBank:
@@ -67,13 +72,23 @@ class HeadBank:
             ids = ids[:max_size].to(weight.device)
             self.blocks[lang] = Head(weight.index_select(0, ids).contiguous(), ids, softcap)
 
-    def head(self, lang: str, size: int | None) -> Head:
+    def head(self, lang: str, size: int | None, prompt_ids: list[int] | None = None) -> Head:
+        """``prompt_ids``: a request's prompt — its ids that rank below ``size`` replace the lowest-ranked others
+        (``vocab.files.with_prompt_ids``: still at most ``size`` rows; the ranked block stays a view, the added rows
+        are gathered once per request). Not for EAGLE-3 heads, which have rows for their draft vocabulary only."""
         if size is None and self.full is not None:
             return self.full
         if lang not in self.blocks:
             raise PolyspecError(f"this drafter's head has no rows for {lang!r} (EAGLE-3 heads cover their own language)")
         b = self.blocks[lang]
         size = b.size if size is None else min(size, b.size)
+        if prompt_ids and self.full is not None:
+            from vocab.files import with_prompt_ids
+
+            ids, added = with_prompt_ids(b.ids[:size].cpu().numpy(), size, prompt_ids)
+            if added:
+                k, ids = len(ids) - added, torch.as_tensor(ids, device=b.ids.device)
+                return Head(b.weight[:k], ids, b.softcap, b.pre, self.full.weight.index_select(0, ids[k:]))
         return Head(b.weight[:size], b.ids[:size], b.softcap, b.pre)
 
 

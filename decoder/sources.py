@@ -293,6 +293,7 @@ class DrafterSource(DraftSource):
         self.selector_args = dict(mask=mask, languages=langs, sizes=sizes, window=window or a["window"],
                                   step=step or a["step"], offset=a["offset"] if offset is None else offset)
         self.lang = self.size = self.selector = None
+        self.prompt_ids, self._heads = [], {}  # this request's prompt, and its heads per (language, head language, size)
 
     # ADASPEC Alg. 2 -------------------------------------------------------------------------------
     def begin(self, ctx: DecodeState) -> None:
@@ -300,6 +301,7 @@ class DrafterSource(DraftSource):
 
         for rt in self.runtimes.values():
             rt.reset()
+        self.prompt_ids, self._heads = ctx.tokens[: ctx.prompt_len], {}
         if self.runs is not None:
             self.runs.begin(ctx)
         self.selector = LanguageSelector(**self.selector_args, fixed_lang=self.fixed_lang,
@@ -329,7 +331,12 @@ class DrafterSource(DraftSource):
             self.lang, self.size = lang, (None if self.size_opt == "full" else size)
 
     def head(self):
-        return self.banks[self.lang].head(self.vocab_lang or self.lang, self.size)
+        """The drafting head of the current (language, size): the ranked block, with this request's prompt ids
+        among its rows (built once per request and key)."""
+        key = (self.lang, self.vocab_lang or self.lang, self.size)
+        if key not in self._heads:
+            self._heads[key] = self.banks[self.lang].head(key[1], self.size, prompt_ids=self.prompt_ids)
+        return self._heads[key]
 
     # drafting ---------------------------------------------------------------------------------------
     def propose(self, ctx: DecodeState) -> Proposal:

@@ -184,6 +184,29 @@ def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, m
         assert hinted > 50, (method, hinted)
 
 
+def test_the_reduced_head_keeps_the_prompts_ids(llama, bundles):
+    """A request's reduced head: the language's top ranked ids with the prompt's own ids among them (at most the
+    size's rows; ``vocab.files.with_prompt_ids``), and its logits are the full head's at those ids."""
+    from decoder.core import Decoder
+    from vocab.files import load_ranked, with_prompt_ids
+
+    bundle = bundles[("llama", "oracle")]
+    dec = Decoder(llama, bundle, method="chain", gamma=3, size=64, lang="de")
+    prompt = random_prompts(llama, 1, seed=3, max_len=30)[0]
+    ref = greedy_generate(llama, prompt, 16)
+    assert dec.generate(prompt, 16, stop=[]).tokens == ref
+    src = dec.source
+    head = src.head()
+    ranked = load_ranked(bundle / "vocab" / "de.safetensors").ranked_ids
+    want, added = with_prompt_ids(ranked, 64, prompt)
+    assert added > 0 and head.ids.tolist() == want.tolist() and head.size == len(want) <= 64
+    assert set(prompt) <= set(head.ids.tolist())
+    h = torch.randn(llama.model.config.hidden_size, dtype=head.weight.dtype)
+    full = src.banks["de"].head("de", None).logits(h)
+    assert torch.allclose(head.logits(h), full[head.ids], atol=1e-3)
+    assert src.banks["de"].head("de", 64).ids.tolist() == ranked[:64].tolist()  # without a prompt: the block
+
+
 def test_adaspec_copies_running_loops_with_prompt_lookup(llama, bundles, monkeypatch):
     """``lookup_runs``: a step whose last three verified tokens occurred earlier proposes prompt lookup's loop-aware
     chain (origin ``pld``, 10 deep, 20 after a run kept whole) and the drafter does not run; every other step is the

@@ -12,11 +12,11 @@ from polyspec.errors import PolyspecError
 from polyspec.languages import get_language
 from polyspec.targets import load_target
 from vocab.__main__ import parse_sources
-from vocab.analysis import coverage_curve, k_for_coverage, overlap_matrix
+from vocab.analysis import coverage_curve, k_for_coverage, overlap_matrix, prompt_coverage_curve
 from vocab.build import run_vocab
 from vocab.config import SourceConfig, VocabConfig
 from vocab.count import count_documents, rank, structural_ids
-from vocab.files import load_ranked
+from vocab.files import load_ranked, with_prompt_ids
 from vocab.masks import build_masks, load_masks, save_masks, size_offsets
 from vocab.sources import documents
 
@@ -179,6 +179,49 @@ def test_stage_end_to_end_on_local_fineweb_schema(tmp_path, tiny_gemma_dir, corp
     mask, langs, sizes = load_masks(out / "language_masks.safetensors")
     assert langs == ["vi", "de"] and sizes == [64, 128] and mask.shape == (4, target.vocab_size)
     assert set(torch.nonzero(mask[2 + 1]).flatten().tolist()) == set(load_ranked(out / "de.safetensors").top(128).tolist())
+
+
+def test_a_requests_head_keeps_the_prompts_ids_within_its_size():
+    ranked = np.arange(100, 0, -1)  # rank order: 100, 99, …, 1
+    ids, added = with_prompt_ids(ranked, 10, [100, 95, 91])  # all within the top 10: the block as is
+    assert added == 0 and ids.tolist() == list(range(100, 90, -1))
+    ids, added = with_prompt_ids(ranked, 10, [95, 3, 7, 7, 50])  # 3, 7, 50 rank below 10
+    assert added == 3 and len(ids) == 10 and len(set(ids.tolist())) == 10
+    assert ids[:7].tolist() == list(range(100, 93, -1)) and sorted(ids[7:].tolist()) == [3, 7, 50]  # 95 kept in the block
+    ids, added = with_prompt_ids(ranked, 10, [91, 1, 2])  # the block stays a prefix: 91 (its last row) moves behind it
+    assert ids.tolist() == [100, 99, 98, 97, 96, 95, 94, 1, 2, 91] and added == 3
+    ids, added = with_prompt_ids(ranked, 10, list(range(1, 40)))  # at most size // 2 prompt ids
+    assert added == 5 and len(ids) == 10
+    ids, added = with_prompt_ids(np.arange(5, 0, -1), 10, [42, 43])  # a short list has room: nothing dropped
+    assert ids.tolist() == [5, 4, 3, 2, 1, 42, 43] and added == 2
+    docs = [([100, 3, 3, 42], [3, 9]), ([100, 99, 42], [])]  # answer ids, prompt ids
+    assert prompt_coverage_curve(ranked, docs, [2]) == {"2": (1 + 2 + 2) / 7}  # top-2 ∪ {3, 9} / top-2
+    assert coverage_curve(ranked.astype(np.int64), np.bincount([100, 3, 3, 42, 100, 99, 42], minlength=101)[:101],
+                          [2]) == {"2": 3 / 7}
+
+
+def test_coverage_on_held_out_answers_counts_the_prompts_ids_too(tmp_path, tiny_gemma_dir):
+    """heldout=answers: coverage.json also gives the coverage of the head the decoder builds for each request (the
+    top-k ids with the answer's prompt ids among them), never below the plain curve."""
+    target = load_target(str(tiny_gemma_dir))
+    held = tmp_path / "synth" / "vi-heldout"
+    held.mkdir(parents=True)
+    rows = [("Hãy nhắc lại: Zorblax Quintaphor", "Zorblax Quintaphor Zorblax"), ("Xin chào", "Chào bạn")]
+    held.joinpath("data.jsonl").write_text("".join(json.dumps({"conversations": [
+        {"from": "human", "value": q}, {"from": "gpt", "value": a}]}) + "\n" for q, a in rows))
+    summary = run_vocab(validate(VocabConfig, {"langs": ["vi"], "target": str(tiny_gemma_dir), "run": str(tmp_path),
+                                               "mask_sizes": [64], "coverage_ks": [16, 64], "heldout": "answers"}),
+                        log=lambda *_: None)
+    cov = json.loads((tmp_path / "vocab" / "coverage.json").read_text())
+    plain, withp = cov["coverage"]["vi"], cov["coverage_with_prompt_ids"]["vi"]
+    assert summary["coverage_with_prompt_ids"]["vi"] == withp
+    assert all(withp[k] >= plain[k] for k in plain) and withp["16"] > plain["16"]  # the copied name is covered
+    from vocab.build import heldout_answer_docs
+
+    docs = heldout_answer_docs(validate(VocabConfig, {"langs": ["vi"], "run": str(tmp_path)}), get_language("vi"), target)
+    assert [len(a) for a, _ in docs] and all(p for _, p in docs)  # the prompt in the target's format
+    ranked = load_ranked(tmp_path / "vocab" / "vi.safetensors").ranked_ids
+    assert withp == prompt_coverage_curve(ranked, docs, [16, 64])
 
 
 def test_wordfreq_only_measures_coverage_on_other_text(tmp_path, tiny_llama_dir):

@@ -1,6 +1,7 @@
 """Coverage and overlap of ranked vocabularies (ADASPEC Fig. 5), as JSON and PNG.
 
-- coverage(k): share of held-out tokens whose id is among the top-k ranked ids (Fig. 5a);
+- coverage(k): share of held-out tokens whose id is among the top-k ranked ids (Fig. 5a); on held-out answers
+  also with each answer's prompt ids among the k (what the decoder's reduced head keeps for a request);
 - smallest k reaching 90/95/99 % coverage;
 - overlap: |top-k(a) ∩ top-k(b)| / k for every pair of languages (Fig. 5b).
 """
@@ -22,6 +23,22 @@ def coverage_curve(ranked_ids: np.ndarray, heldout: np.ndarray, ks: list[int]) -
     return {str(k): float(cum[min(k, len(cum)) - 1] / total) for k in ks}
 
 
+def prompt_coverage_curve(ranked_ids: np.ndarray, docs: list[tuple[list[int], list[int]]], ks: list[int]) -> dict[str, float]:
+    """coverage(k) when each answer's head also keeps its prompt's ids, as the decoder builds it for a request
+    (:func:`vocab.files.with_prompt_ids`: still k ids). ``docs``: (answer ids, prompt ids) per answer."""
+    from vocab.files import with_prompt_ids
+
+    total = sum(len(a) for a, _ in docs)
+    if total == 0:
+        return {str(k): float("nan") for k in ks}
+    out = {}
+    for k in ks:
+        covered = sum(int(np.isin(np.asarray(a, dtype=np.int64), with_prompt_ids(ranked_ids, k, p)[0]).sum())
+                      for a, p in docs)
+        out[str(k)] = covered / total
+    return out
+
+
 def k_for_coverage(ranked_ids: np.ndarray, heldout: np.ndarray, targets=(0.90, 0.95, 0.99)) -> dict[str, int | None]:
     """Smallest k whose top-k covers each share of held-out tokens (None: not reached by the ranked list)."""
     total = heldout.sum()
@@ -38,8 +55,11 @@ def overlap_matrix(ranked: dict[str, np.ndarray], k: int) -> dict[str, dict[str,
     return {a: {b: len(tops[a] & tops[b]) / k for b in tops} for a in tops}
 
 
-def write_coverage(out_dir: Path, curves: dict[str, dict[str, float]], ks_needed: dict, heldout_info: dict) -> None:
-    atomic_write_json(out_dir / "coverage.json", {"coverage": curves, "k_for_coverage": ks_needed, "heldout": heldout_info})
+def write_coverage(out_dir: Path, curves: dict[str, dict[str, float]], ks_needed: dict, heldout_info: dict,
+                   with_prompt: dict[str, dict[str, float]] | None = None) -> None:
+    """``with_prompt``: the curves of :func:`prompt_coverage_curve` (languages measured on held-out answers)."""
+    atomic_write_json(out_dir / "coverage.json", {"coverage": curves, "coverage_with_prompt_ids": with_prompt or {},
+                                                  "k_for_coverage": ks_needed, "heldout": heldout_info})
     import matplotlib
 
     matplotlib.use("Agg")

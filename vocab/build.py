@@ -16,9 +16,16 @@ from polyspec.errors import PolyspecError
 from polyspec.io import atomic_write_json, read_jsonl
 from polyspec.languages import Language, get_language
 from polyspec.targets import load_target
-from vocab.analysis import coverage_curve, k_for_coverage, overlap_matrix, write_coverage, write_overlap
+from vocab.analysis import (
+    coverage_curve,
+    k_for_coverage,
+    overlap_matrix,
+    prompt_coverage_curve,
+    write_coverage,
+    write_overlap,
+)
 from vocab.config import VocabConfig
-from vocab.count import count_documents, count_weighted, rank, structural_ids, token_counts
+from vocab.count import count_documents, count_weighted, encode_batch, rank, structural_ids, token_counts
 from vocab.files import RankedVocab, save_ranked
 from vocab.masks import build_masks, save_masks
 from vocab.sources import documents, wordfreq_items
@@ -66,6 +73,23 @@ def heldout_counts(kind: str, cfg: VocabConfig, lang: Language, tokenizer, vocab
         texts = [lang.system_prompt] + [t for s in lang.seeds for t in (s.instruction, s.response)]
     counts = token_counts(tokenizer, texts, vocab_size)
     return counts, {"kind": kind, "documents": len(texts), "tokens": int(counts.sum())}
+
+
+def heldout_answer_docs(cfg: VocabConfig, lang: Language, target) -> list[tuple[list[int], list[int]]]:
+    """(answer ids, prompt ids) of each held-out answer; the prompt is the earlier turns in the target's prompt
+    format, as the decoder is given it."""
+    from polyspec.prompts import render
+
+    roles = {"human": "user", "gpt": "assistant", "system": "system"}
+    answers, prompts = [], []
+    for rec in read_jsonl(heldout_answers_path(cfg.run, lang.code)):
+        turns = [t for t in rec.get("conversations", []) if isinstance(t.get("value"), str)]
+        if not turns:
+            continue
+        msgs = [{"role": roles.get(t.get("from"), "user"), "content": t["value"]} for t in turns[:-1]]
+        answers.append(turns[-1]["value"])
+        prompts.append(render(target.spec.prompt_format, target.tokenizer, msgs) if msgs else "")
+    return list(zip(encode_batch(target.tokenizer, answers), encode_batch(target.tokenizer, prompts)))
 
 
 def count_language(cfg: VocabConfig, lang: Language, target, first: list[int]) -> tuple[np.ndarray, np.ndarray, dict, list]:
@@ -119,7 +143,7 @@ def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
     first = structural_ids(target.tokenizer, target.spec.prompt_format.stop)
     counted = {lang.code: count_language(cfg, lang, target, first) for lang in langs}
     shares = {code: c / max(c.sum(), 1) for code, (c, *_) in counted.items()}
-    ranked, curves, ks_needed, held_infos, timings = {}, {}, {}, {}, {}
+    ranked, curves, ks_needed, held_infos, timings, with_prompt = {}, {}, {}, {}, {}, {}
     for lang in langs:
         counts, held, meta, timings[lang.code] = counted[lang.code]
         # ids unseen in this language follow its seen ids, ordered by the other languages' pooled shares
@@ -134,10 +158,15 @@ def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
         ks_needed[lang.code] = k_for_coverage(vocab.ranked_ids, held)
         held_infos[lang.code] = held_info
         c = curves[lang.code]
+        extra = ""
+        if held_info["kind"] == "answers":  # the decoder's head for a request also keeps the prompt's ids
+            w = with_prompt[lang.code] = prompt_coverage_curve(vocab.ranked_ids, heldout_answer_docs(cfg, lang, target),
+                                                               cfg.coverage_ks)
+            extra = f"; with the prompt's ids 16K {w.get('16384', float('nan')):.3f}"
         log(f"[vocab] {lang.code}: {meta['seen_ids']} ids seen in {vocab.meta['tokens']:,} tokens; held-out "
             f"({held_info['kind']}) coverage 8K {c.get('8192', float('nan')):.3f} 16K {c.get('16384', float('nan')):.3f} "
-            f"32K {c.get('32768', float('nan')):.3f}")
-    write_coverage(out, curves, ks_needed, held_infos)
+            f"32K {c.get('32768', float('nan')):.3f}{extra}")
+    write_coverage(out, curves, ks_needed, held_infos, with_prompt)
     write_overlap(out, overlap_matrix(ranked, cfg.overlap_k), cfg.overlap_k)
     sizes = [s for s in cfg.mask_sizes if all(s <= len(r) for r in ranked.values())]
     if sizes != cfg.mask_sizes:
@@ -146,7 +175,7 @@ def run_vocab(cfg: VocabConfig, target=None, log=print) -> dict:
         save_masks(out / "language_masks.safetensors", build_masks(list(ranked.values()), sizes, target.vocab_size),
                    list(ranked), sizes)
     summary = {"languages": list(ranked), "target": target.spec.name, "tokenizer_sha256": target.tokenizer_sha256,
-               "mask_sizes": sizes, "coverage": curves, "k_for_coverage": ks_needed, "heldout": held_infos,
-               "timings": timings}
+               "mask_sizes": sizes, "coverage": curves, "coverage_with_prompt_ids": with_prompt,
+               "k_for_coverage": ks_needed, "heldout": held_infos, "timings": timings}
     atomic_write_json(out / "summary.json", summary)
     return summary

@@ -34,6 +34,23 @@ class RankedVocab:
         return self.ranked_ids[:size]
 
 
+def with_prompt_ids(ranked_ids, size: int, prompt_ids) -> tuple[np.ndarray, int]:
+    """The at most ``size`` ids a reduced head keeps for one request, and how many of them were added for the prompt:
+    the top k ranked ids, then the prompt's ids not among them, k as large as fits (the target copies names and
+    terms from its prompt: on the cpu-full held-out answers 42 of en's 55 and 61 of es's 89 tokens outside the top
+    16K occur in the prompt). At most ``size // 2`` prompt ids are considered. The ranked block stays a prefix,
+    so a decoder keeps its rows as a view and gathers only the added ones."""
+    ranked = np.asarray(ranked_ids[:size], dtype=np.int64)
+    prompt = np.unique(np.asarray(list(prompt_ids), dtype=np.int64))[: size // 2]
+    if not len(prompt) or np.isin(prompt, ranked).all():
+        return ranked, 0
+    # k + |prompt \ ranked[:k]| ≤ size  ⇔  #(ranked[:k] not in the prompt) ≤ size − |prompt|
+    outside = np.cumsum(~np.isin(ranked, prompt))
+    k = int(np.searchsorted(outside, size - len(prompt), side="right"))
+    missing = prompt[~np.isin(prompt, ranked[:k])]
+    return np.concatenate([ranked[:k], missing]), int(len(missing))
+
+
 def save_ranked(out_dir: str | Path, vocab: RankedVocab) -> Path:
     out_dir = Path(out_dir)
     path = out_dir / f"{vocab.lang}.safetensors"
