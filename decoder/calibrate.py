@@ -95,6 +95,7 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     the smaller median kept (``decoder.costs.stable_curve``) — so that one noisy row cannot set the budget."""
     from decoder.core import Decoder
     from decoder.costs import calibration_context, stable_curve, tree_budget
+    from decoder.sources import PromptLookup
 
     curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, max(sizes) + 1) + 1)),
                          reps=reps)
@@ -109,7 +110,7 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
             out = dec.generate(ids, max_new_tokens, stop=[])
             toks += len(out.tokens)
             secs += out.wall_s
-            own = [s for s in out.steps if s.source != "pld"]  # the drafter's steps, not adaspec's loop runs
+            own = [s for s in out.steps if s.source != PromptLookup.name]  # the drafter's steps, not adaspec's loop runs
             kept += sum(s.new_tokens for s in own)
             steps += len(own)
             d_s += sum(s.draft_s for s in own)

@@ -306,12 +306,11 @@ class DrafterSource(DraftSource):
             self.runs.begin(ctx)
         self.selector = LanguageSelector(**self.selector_args, fixed_lang=self.fixed_lang,
                                          fixed_size=self.size_opt if isinstance(self.size_opt, int) else None)
-        prompt = ctx.tokens[: ctx.prompt_len]
         if self.fixed_lang:
             lang = self.fixed_lang
         else:
             probe = LanguageSelector(**{**self.selector_args, "offset": 0.0}, fixed_size=max(self.selector.sizes))
-            lang = probe.choose(prompt)[0]
+            lang = probe.choose(self.prompt_ids)[0]
         size = self.size_opt if isinstance(self.size_opt, int) else min(self.selector.sizes)
         self.lang, self.size = lang, (None if self.size_opt == "full" else size)
 
