@@ -142,12 +142,12 @@ check-speculators: $(STAMP) $(SPEC_STAMP)
 	$(SPEC_VENV)/bin/python export/check_speculators.py --exported $(SPEC_OUT) --reference $(SPEC_OUT)-reference \
 		--tol $(SPEC_TOL)
 
-# make eval BUNDLE=<bundle> [QUESTIONS=question.jsonl] [METHODS=ar,adaspec,...] [MAX_NEW_TOKENS=128] [PER_CELL=1]
+# make eval BUNDLE=<bundle> [QUESTIONS=question.jsonl] [METHODS=ar,adaspec,...] [MAX_NEW_TOKENS=128] [PER_CELL=1] [GAMMA=4]
 eval: $(STAMP)
 	$(PY) -m decoder.bench --target $(TARGET) --bundle $(or $(BUNDLE),$(RUN)/export/bundle) --out $(RUN)/eval \
 		$(if $(QUESTIONS),--questions $(QUESTIONS)) $(if $(METHODS),--methods $(METHODS)) \
 		$(if $(MAX_NEW_TOKENS),--max-new-tokens $(MAX_NEW_TOKENS)) $(if $(PER_CELL),--per-cell $(PER_CELL)) \
-		$(if $(REPEATS),--repeats $(REPEATS)) $(if $(DTYPE),--dtype $(DTYPE))
+		$(if $(REPEATS),--repeats $(REPEATS)) $(if $(DTYPE),--dtype $(DTYPE)) $(if $(GAMMA),--gamma $(GAMMA))
 
 # make pf-study LANG=vi [RECIPE=eagle-cpu] [RUN=…] [PRETRAIN_LANGS=vi,de,ja,zh,fr,es,en] [PRETRAIN_EPOCHS=2]
 #                [TEST_DATA=file.jsonl [TEST_MAX=64]] [DISTILL_ARGS='k=v …'] [STUDY_ARGS='k=v …']

@@ -93,11 +93,12 @@ class ForwardCounter:
         self.n += 1
 
 
-def build_methods(names: list[str], target, bundle, assistant: str | None, log) -> dict:
-    """name → callable(prompt_ids, max_new_tokens) → Answer. Methods that cannot run are skipped (logged)."""
+def build_methods(names: list[str], target, bundle, assistant: str | None, log, gamma: int | None = None) -> dict:
+    """name → callable(prompt_ids, max_new_tokens) → Answer. Methods that cannot run are skipped (logged).
+    ``gamma``: the drafter methods' γ instead of the bundle's calibrated one (``--gamma``)."""
     import torch
 
-    from decoder.core import Decoder
+    from decoder.core import NEEDS_BUNDLE, Decoder
 
     fmt = target.spec.prompt_format
     tok = target.tokenizer
@@ -105,6 +106,8 @@ def build_methods(names: list[str], target, bundle, assistant: str | None, log) 
     methods = {}
 
     def ours(**kw):
+        if gamma is not None and kw["method"] in NEEDS_BUNDLE:  # the methods whose γ calibration sets
+            kw.setdefault("gamma", gamma)
         dec = Decoder(target, bundle, log=log, **kw)
 
         def run(ids, n):
@@ -222,12 +225,12 @@ def answer_question(run, target, q: dict, max_new_tokens: int) -> list[Answer]:
 
 
 def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new_tokens: int, repeats: int,
-              out: Path, assistant: str | None = None, log=print) -> dict:
+              out: Path, assistant: str | None = None, log=print, gamma: int | None = None) -> dict:
     from tqdm.auto import tqdm
 
     from polyspec.io import atomic_write_json, atomic_write_text
 
-    runners = build_methods(methods, target, bundle, assistant, log)
+    runners = build_methods(methods, target, bundle, assistant, log, gamma=gamma)
     if not any(m in runners for m in AR_METHODS):
         raise PolyspecError("the methods must include ar or hf-generate (speedups are relative to them)")
     order = [m for m in AR_METHODS if m in runners] + [m for m in runners if m not in AR_METHODS]
@@ -286,6 +289,7 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
     report["agreement"] = agreement(results, questions, target, log)
     report["trace"] = adaptive_trace(results, questions)
     report["failed"] = failed
+    report["gamma"] = gamma  # None: each drafter method's γ came from the bundle's calibration
     atomic_write_json(out / "report.json", report)
     atomic_write_text(out / "report.md", render_markdown(report))
     charts(report, out)
@@ -441,7 +445,8 @@ def render_markdown(r: dict) -> str:
         "",
         f"{r['questions']} questions, max {r['max_new_tokens']} new tokens, {r['repeats']} repeat(s); bundle "
         f"`{r['bundle']}`. Spd. = tokens/s over the faster of {', '.join(r['ar_baselines'])} on the same questions; "
-        f"τ = tokens per target forward. AR: {ar.get('tok_s', 0):.1f} tokens/s.",
+        f"τ = tokens per target forward. AR: {ar.get('tok_s', 0):.1f} tokens/s. Drafter γ: "
+        + (f"{r['gamma']} (`--gamma`)." if r.get("gamma") else "the bundle's calibration."),
         "",
         "## Speedup and τ per language (mixed = questions switching language)",
         "", head, sep, *rows, "",
@@ -545,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="default: <bundle>/../../eval or runs/default/eval")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--gamma", type=int, default=None,
+                    help="γ of the drafter methods (adaspec, chain, tree, spide) instead of the bundle's calibrated one")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
     from export.bundle import load_bundle
@@ -558,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
                                            else Path("runs/default/eval"))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = run_bench(target, bundle, qs, methods, args.max_new_tokens, args.repeats, out,
-                       assistant=args.assistant, log=lambda m: print(f"note: {m}", file=sys.stderr))
+                       assistant=args.assistant, log=lambda m: print(f"note: {m}", file=sys.stderr), gamma=args.gamma)
     for m, d in report["methods"].items():
         o = d["overall"]
         print(f"{m:16s} speedup {o['speedup']:.2f}×  τ {o['tau']:.2f}  {o['tok_s']:.1f} tok/s  identical {o['identical']}")

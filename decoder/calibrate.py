@@ -90,7 +90,7 @@ def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], 
 def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 12,
             log=print, max_k: int = 16, flat: float = 0.15, context: int = 200) -> dict:
     """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), acceptance τ, draft time and throughput
-    per draft size on this device; the flat-verify tree budget from the curve. The curve is measured as
+    per draft size on this device, τ and throughput over the drafter's steps (adaspec's loop runs left out); the flat-verify tree budget from the curve. The curve is measured as
     ``python -m decoder.costs`` measures it — at ``context`` tokens, medians of ``reps``, two passes with
     the smaller median kept (``decoder.costs.stable_curve``) — so that one noisy row cannot set the budget."""
     from decoder.core import Decoder
@@ -100,12 +100,12 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, max(sizes) + 1) + 1)),
                          reps=reps)
     verify_s = {g: curve["verify_s"][g + 1] for g in sizes}  # g drafts + the pending token
-    tau, draft_tok, tok_s = {}, {}, {}
+    tau, draft_tok, tok_s, tok_s_all, own_s, own_n = {}, {}, {}, {}, {}, {}
     for g in sizes:
         dec = Decoder(target, bundle, method="adaspec", gamma=g)
         dec.generate(prompts[0], 8, stop=[])  # warm-up
         toks = kept = steps = 0
-        secs = d_s = drafted = 0.0
+        secs = d_s = drafted = step_s = 0.0
         for ids in prompts:
             out = dec.generate(ids, max_new_tokens, stop=[])
             toks += len(out.tokens)
@@ -114,13 +114,19 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
             kept += sum(s.new_tokens for s in own)
             steps += len(own)
             d_s += sum(s.draft_s for s in own)
+            step_s += sum(s.draft_s + s.verify_s for s in own)
             drafted += sum(s.drafted for s in own)
-        tau[g], tok_s[g], draft_tok[g] = kept / max(steps, 1), toks / secs, d_s / max(drafted, 1)
-        log(f"g={g}: verify {verify_s[g] * 1e3:.1f} ms, τ {tau[g]:.2f} on {steps} drafter steps, {tok_s[g]:.1f} tok/s")
+        # throughput on the steps γ governs: a loop run's tokens do not depend on γ, and how many of them a short
+        # calibration decode happens to meet would otherwise decide g* (the whole decode's rate is kept as tok_s_all)
+        tau[g], draft_tok[g], own_s[g], own_n[g] = kept / max(steps, 1), d_s / max(drafted, 1), step_s, steps
+        tok_s[g], tok_s_all[g] = kept / max(step_s, 1e-9), toks / secs
+        log(f"g={g}: verify {verify_s[g] * 1e3:.1f} ms, τ {tau[g]:.2f} on {steps} drafter steps, "
+            f"{tok_s[g]:.1f} tok/s on them ({tok_s_all[g]:.1f} tok/s overall)")
     budget = tree_budget(curve["ratio"], flat)
     log("verify(k)/forward(1): " + " ".join(f"{k}:{r:.2f}" for k, r in curve["ratio"].items())
         + f" → tree budget {budget}")
-    return {"sizes": sizes, "verify_s": verify_s, "tau": tau, "tok_s": tok_s,
+    return {"sizes": sizes, "verify_s": verify_s, "tau": tau, "tok_s": tok_s, "tok_s_all": tok_s_all,
+            "drafter_steps": own_n, "drafter_step_s": own_s,
             "verify_s_all": {k - 1: s for k, s in curve["verify_s"].items() if k > 1},  # g drafts → s(g+1)
             "draft_s_per_token": statistics.mean(draft_tok.values()), "cost_curve": curve["ratio"],
             "forward1_s": curve["forward1_s"], "curve_context": curve["context"], "tree_budget": budget}

@@ -131,6 +131,26 @@ def test_cli_reads_any_spec_bench_file(tmp_path, tiny_llama_dir, small_lm_bundle
     assert "report:" in r.stdout and (tmp_path / "eval" / "report.md").is_file()
 
 
+def test_gamma_sets_the_drafter_methods_depth_and_leaves_prompt_lookups(tmp_path, llama, small_lm_bundle):
+    """``--gamma`` (``make eval GAMMA=``): the drafter methods draft that many tokens a step instead of the
+    bundle's calibrated γ; pld keeps transformers' 10; the report says which γ it ran."""
+    from decoder.bench import build_methods, load_questions, render_markdown, run_bench
+    from polyspec.prompts import encode, render
+
+    fmt = llama.spec.prompt_format
+    ids = encode(fmt, llama.tokenizer, render(fmt, llama.tokenizer, [{"role": "user", "content": "Xin chào, bạn"}]))
+    depth = {}
+    for g in (None, 2, 5):
+        runs = build_methods(["ar", "eagle-full", "pld"], llama, small_lm_bundle, None, lambda m: None, gamma=g)
+        depth[g] = {m: max(s.drafted for s in runs[m](ids, 24).steps) for m in ("eagle-full", "pld")}
+    assert depth[2]["eagle-full"] == 2 and depth[5]["eagle-full"] == 5
+    assert depth[None]["eagle-full"] == 4  # the default γ (the tiny bundle has no calibration)
+    assert depth[2]["pld"] == depth[5]["pld"] == depth[None]["pld"]
+    qs = load_questions(None, ["vi"], per_cell=1, categories=["qa"])
+    report = run_bench(llama, small_lm_bundle, qs, ["ar", "eagle-full"], 8, 1, tmp_path, log=lambda m: None, gamma=3)
+    assert report["gamma"] == 3 and "Drafter γ: 3 (`--gamma`)" in render_markdown(report)
+
+
 # ------------------------------------------------------------------------------------ calibration
 
 
@@ -206,6 +226,9 @@ def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small
     assert set(m["verify_s"]) == {1, 2, 3} and set(m["cost_curve"]) == set(range(1, 7))
     assert m["cost_curve"][1] == 1.0 and 1 <= m["tree_budget"] <= 6 and m["curve_context"] == 200
     assert all(1.0 <= m["tau"][g] <= g + 1 for g in (1, 2, 3)), m["tau"]  # the drafter's steps only: γ governs them
+    for g in (1, 2, 3):  # throughput on those steps too: their tokens over their draft + verify time
+        assert m["drafter_steps"][g] > 0 and m["tok_s_all"][g] > 0
+        assert m["tok_s"][g] == pytest.approx(m["tau"][g] * m["drafter_steps"][g] / m["drafter_step_s"][g])
     pick = choose([1, 2, 3], m["verify_s"], m["tau"], m["draft_s_per_token"], m["tok_s"])
     assert pick["g_star"] in (1, 2, 3)  # never 4, the decoder's default without a calibration
     key = device_key(llama.device, llama.dtype)
