@@ -91,8 +91,9 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
             log=print, max_k: int = 16, flat: float = 0.15, context: int = 200) -> dict:
     """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), acceptance τ, draft time and throughput
     per draft size on this device (τ and throughput over the drafter's steps: adaspec's loop runs left out); the
-    flat-verify tree budget from the curve. The curve is measured as ``python -m decoder.costs`` measures it — at ``context`` tokens, medians of ``reps``, two passes with
-    the smaller median kept (``decoder.costs.stable_curve``) — so that one noisy row cannot set the budget."""
+    flat-verify tree budget from the curve. The curve is measured as ``python -m decoder.costs`` measures it — at
+    ``context`` tokens, medians of ``reps``, two passes with the smaller median kept
+    (``decoder.costs.stable_curve``) — so that one noisy row cannot set the budget."""
     from decoder.core import Decoder
     from decoder.costs import calibration_context, stable_curve, tree_budget
     from decoder.sources import PromptLookup
