@@ -38,6 +38,10 @@ class EagleConfig(StrictModel):
         "fused, own draft-vocabulary head (the speculators / vLLM eagle3 form)")
     vocab_size: int | None = Field(8192, ge=1, description="s: top-s ids of the language's ranked list; None = full")
     vocab_file: str = Field("{run}/vocab/{lang}.safetensors")
+    vocab_langs: list[str] | None = Field(
+        None, description="draft vocabulary of a multilingual drafter: these languages' ranked lists (vocab_file with "
+        "{lang} = each) interleaved by rank, duplicates dropped, cut at vocab_size (the EAGLE-3 pretrain an engine "
+        "serves for every language); None: the stage language's own list")
     feature_loss_weight: float = Field(1.0, ge=0.0, description="EAGLE-1: SmoothL1 on the next feature")
     token_loss_weight: float = Field(0.1, ge=0.0, description="EAGLE-1: CE against the target's next-token distribution")
     feature_noise: float = Field(0.1, ge=0.0, description="uniform noise U(-a, a) on input features (EAGLE)")
@@ -102,6 +106,8 @@ class TrainConfig(StrictModel):
     target_dtype: str = Field("float32", description="dtype of the frozen target computing the features online: float32 "
                               "(default; the fp32 drafter trains on exact features) or auto/bfloat16")
     run: str = "runs/default"
+    train_dir: str = Field("train", description="folder under the run the stages write: <run>/<train_dir>/<lang>/ (a "
+                           "second drafter form trained beside the first, e.g. the EAGLE-3 drafters engines load)")
     drafter_type: Literal["eagle", "small-lm"] = "eagle"
     stage: Literal["pretrain", "finetune", "both"] = "both"
     init_from: str | None = Field(None, description="finetune: weights to start from (default: this run's pretrain final)")

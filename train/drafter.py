@@ -65,7 +65,7 @@ class DrafterRecipe:
 
     def __init__(self, cfg: TrainConfig, stage: str):
         self.cfg, self.stage = cfg, stage
-        self.out = Path(cfg.run) / "train" / cfg.lang / stage
+        self.out = Path(cfg.run) / cfg.train_dir / cfg.lang / stage
 
     # ------------------------------------------------------------------------------------- setup
     def setup(self, target=None, timing_only: bool = False) -> None:
@@ -204,8 +204,14 @@ class DrafterRecipe:
             return torch.arange(V, device=self.acc.device), {"size": V, "file": None}
         if s > V:
             raise PolyspecError(f"eagle.vocab_size {s} is larger than the target vocabulary ({V})")
-        from vocab.files import load_ranked
+        from vocab.files import interleave_ranked, load_ranked
 
+        if cfg.eagle.vocab_langs:  # one multilingual draft vocabulary (the pretrain an engine serves for all)
+            paths = [cfg.eagle.vocab_file.format(run=cfg.run, lang=lang) for lang in cfg.eagle.vocab_langs]
+            lists = [load_ranked(p, tokenizer_sha256=self.target.tokenizer_sha256).top(s) for p in paths]
+            ids = torch.as_tensor(interleave_ranked(lists, s), device=self.acc.device)
+            return ids, {"size": s, "file": paths[0], "files": paths, "langs": list(cfg.eagle.vocab_langs),
+                         "sha256": hashlib.sha256("".join(sha256_file(p) for p in paths).encode()).hexdigest()}
         path = cfg.eagle.vocab_file.format(run=cfg.run, lang=cfg.lang)
         ranked = load_ranked(path, tokenizer_sha256=self.target.tokenizer_sha256)
         ids = torch.as_tensor(ranked.top(s).astype(np.int64), device=self.acc.device)
@@ -245,7 +251,12 @@ class DrafterRecipe:
             raise PolyspecError(f"{self.init_from}: eagle.lookup_hint is {cfg.eagle.lookup_hint} in the config, "
                                 f"{not cfg.eagle.lookup_hint} in the drafter it starts from")
         if getattr(model, "arch_name", None) == "eagle3" and not torch.equal(model.draft_ids.cpu(), self.ids_s.cpu()):
-            raise PolyspecError(f"{self.init_from}: its draft vocabulary is not this language's top-{len(self.ids_s)} ids")
+            # a multilingual pretrain's head → this language's draft vocabulary: the rows of ids both hold are
+            # kept, the others start as the target's rows (as a new drafter's head does)
+            kept = model.rehead(self.ids_s.cpu(), self.target.model.get_output_embeddings().weight)
+            if self.acc.is_main_process:
+                print(f"[train] eagle3: draft vocabulary of {self.init_from} → this stage's top-{len(self.ids_s)} ids "
+                      f"({kept} head rows kept, {len(self.ids_s) - kept} from the target's head)", flush=True)
         self.aux_layers = getattr(model, "aux_layers", None)
         return model.to(self.acc.device).train()
 
@@ -528,7 +539,7 @@ def run(cfg: TrainConfig, target=None) -> list[dict]:
         results.append(recipe.train())
         if recipe.acc.is_main_process:
             # what export ships: the stage's best/ by the held-out score (the decoder's chain τ), else its final/
-            final, best = Path(cfg.run) / "train" / cfg.lang / "final", recipe.out / "best"
+            final, best = Path(cfg.run) / cfg.train_dir / cfg.lang / "final", recipe.out / "best"
             with atomic_directory(final, overwrite=True) as tmp:
                 shutil.copytree(best if (best / "model.safetensors").is_file() else recipe.out / "final", tmp,
                                 dirs_exist_ok=True)

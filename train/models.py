@@ -194,6 +194,20 @@ class Eagle3Drafter(nn.Module):
             model.draft_ids.copy_(draft_ids.cpu())
         return model
 
+    @torch.no_grad()
+    def rehead(self, draft_ids: torch.Tensor, target_head: torch.Tensor) -> int:
+        """Another draft vocabulary for this drafter: the head's row of an id both vocabularies hold moves to the
+        id's new place, a new id's row is the target head's (``target_head`` [|V|, H]). Returns the rows kept."""
+        old = {int(t): j for j, t in enumerate(self.draft_ids.tolist())}
+        w = target_head[draft_ids.to(target_head.device)].detach().float().cpu().clone()
+        src = torch.tensor([old.get(int(t), -1) for t in draft_ids.tolist()], dtype=torch.long)
+        hit = src >= 0
+        w[hit] = self.lm_head.weight.detach().float().cpu()[src[hit]]
+        self.lm_head = nn.Linear(self.hidden_size, len(draft_ids), bias=False, dtype=self.lm_head.weight.dtype)
+        self.lm_head.weight.copy_(w)
+        self.draft_ids = draft_ids.detach().cpu().long().clone()
+        return int(hit.sum())
+
     def forward(self, input_embeds, features, position_ids=None, attention_mask=None, past_key_values=None,
                 use_cache=False):
         """features [B, T, 3H] (target layers: fused by fc) or [B, T, H] (own previous outputs) →

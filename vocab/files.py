@@ -51,6 +51,24 @@ def with_prompt_ids(ranked_ids, size: int, prompt_ids) -> tuple[np.ndarray, int]
     return np.concatenate([ranked[:k], missing]), int(len(missing))
 
 
+def interleave_ranked(lists, size: int) -> np.ndarray:
+    """One draft vocabulary for several languages: their ranked lists read rank by rank (each language's rank-r
+    id, in the given order, then rank r + 1), an id kept where it first appears, cut at ``size``. Every language
+    keeps its most frequent ids: with L languages, each one's top ⌊size / L⌋ ids are in."""
+    lists = [np.asarray(x, dtype=np.int64) for x in lists]
+    n = max((len(x) for x in lists), default=0)
+    if not lists or size > len(np.unique(np.concatenate(lists))):
+        raise PolyspecError(f"a draft vocabulary of {size} ids is larger than the union of the ranked lists")
+    width = min(n, size)  # no list needs to be read past rank `size`
+    grid = np.full((width, len(lists)), -1, dtype=np.int64)
+    for j, x in enumerate(lists):
+        grid[: min(width, len(x)), j] = x[:width]
+    flat = grid.reshape(-1)
+    flat = flat[flat >= 0]
+    _, first = np.unique(flat, return_index=True)
+    return flat[np.sort(first)][:size]
+
+
 def save_ranked(out_dir: str | Path, vocab: RankedVocab) -> Path:
     out_dir = Path(out_dir)
     path = out_dir / f"{vocab.lang}.safetensors"
