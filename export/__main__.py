@@ -43,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="speculators: also write polyspec's logits on real target features to DIR/<lang>.safetensors")
     ap.add_argument("--check", default=None, metavar="BUNDLE", help="only validate this bundle")
     ap.add_argument("--bundle", default=None, help="interop formats: the bundle to convert (default <run>/export/bundle)")
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["engines"]:
+        return engines_main(argv[1:])
+    args = ap.parse_args(argv)
     from export.bundle import load_bundle, write_bundle
     from polyspec.targets import load_target
 
@@ -64,18 +67,37 @@ def main(argv: list[str] | None = None) -> int:
         if fmt == "hf-assistant":
             folders = write_hf_assistant(b, target, out)
         else:
+            from export.engines import MULTILINGUAL, multilingual_drafter
+            from export.interop import write_speculators_folder
+
             folders = write_speculators(b, target, out, speculative_tokens=args.speculative_tokens)
+            # an engines export's bundle (python -m export engines): its multilingual drafter too
+            multi = multilingual_drafter(b.root.parent)
+            if multi is not None:
+                folders.append(write_speculators_folder(multi[0], target, out / MULTILINGUAL, args.speculative_tokens,
+                                                        {"lang": MULTILINGUAL, "target": b.manifest["target"]}))
             for f in folders:
                 check_speculators(f, target.vocab_size)
         report = {"format": fmt, "folders": [str(f) for f in folders]}
         if args.reference and fmt == "speculators":
-            report["reference"] = [str(r) for r in write_speculators_reference(b, target, args.reference)]
+            report["reference"] = [str(r) for r in write_speculators_reference(
+                b, target, args.reference, extra={MULTILINGUAL: multi} if multi is not None else None)]
         print(json.dumps(report))
         return 0
     target = load_target(args.target, device="cpu", with_model=False)  # the pin needs tokenizer + config only
     if args.check:
+        from export.engines import describe
+
         b = load_bundle(args.check, target_pin=target.pin())
         print(f"ok: {b.root} — {b.manifest['drafter_type']} drafters for {', '.join(b.languages)}, sizes {b.vocab_sizes}")
+        # which engine loads which drafter: the engines export beside the bundle (or the bundle inside one)
+        for where in (b.root.parent / "engines", b.root.parent):
+            if lines := describe(where):
+                print(f"engines ({where}):")
+                print("\n".join(f"  {line}" for line in lines))
+                break
+        else:
+            print("engines: no engines export beside this bundle (python -m export engines)")
         return 0
     langs = [lang.code for lang in parse_languages(args.langs)]
     try:
@@ -87,6 +109,43 @@ def main(argv: list[str] | None = None) -> int:
                      adaptive={"window": args.window, "step": args.step, "offset": args.offset})
     print(json.dumps({"bundle": str(b.root), "languages": b.languages, "vocab_sizes": b.vocab_sizes,
                       "files": len(b.manifest["files"])}))
+    return 0
+
+
+def engines_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m export engines",
+                                 description="Export a run's EAGLE-3 drafters for vLLM, SGLang and llama.cpp.")
+    ap.add_argument("--langs", default="vi,de,ja")
+    ap.add_argument("--run", default="runs/default")
+    ap.add_argument("--target", default="gemma3-270m")
+    ap.add_argument("--train-dir", default="train", help="where the EAGLE-3 drafters are: <run>/<train-dir>/<lang>/final")
+    ap.add_argument("--out", default=None, help="default: <run>/export/engines")
+    ap.add_argument("--sizes", default="8192,16384,32768", help="vocabulary sizes S of the engines bundle's masks")
+    ap.add_argument("--speculative-tokens", type=int, default=3)
+    args = ap.parse_args(argv)
+    from export.engines import write_engine_exports
+    from export.llamacpp import gguf_converter
+    from polyspec.targets import load_target
+
+    target = load_target(args.target, device="cpu", dtype="float32")
+    langs = [lang.code for lang in parse_languages(args.langs)]
+    try:
+        sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    except ValueError:
+        raise PolyspecError(f"--sizes {args.sizes!r} must be comma-separated integers") from None
+    out = Path(args.out or Path(args.run) / "export" / "engines")
+    convert, why = gguf_converter(target)
+    if convert is None:
+        print(f"note: no GGUF: {why}", file=sys.stderr)
+    rec = write_engine_exports(args.run, langs, target, out, train_dir=args.train_dir, sizes=sizes,
+                               speculative_tokens=args.speculative_tokens, gguf=convert)
+    if convert is None:
+        rec["engines"]["llama.cpp"]["why"] = why
+        from polyspec.io import atomic_write_json
+
+        atomic_write_json(out / "engines.json", rec)
+    print(json.dumps({"engines": str(out), "drafters": {k: v["speculators"] for k, v in rec["drafters"].items()},
+                      "gguf": convert is not None}))
     return 0
 
 

@@ -66,8 +66,9 @@ def safe_join(root: Path, rel: str) -> Path:
 
 
 def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_pin: dict, vocab_sizes: list[int],
-                 adaptive: dict | None = None, overwrite: bool = True) -> Bundle:
-    """Copy the run's per-language drafters and vocabularies, build the masks, write the manifest."""
+                 adaptive: dict | None = None, overwrite: bool = True, train_dir: str = "train") -> Bundle:
+    """Copy the run's per-language drafters (``<run>/<train_dir>/<lang>/final/``) and vocabularies, build the
+    masks, write the manifest."""
     from vocab.files import load_ranked
     from vocab.masks import build_masks, save_masks
 
@@ -77,7 +78,7 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
     with atomic_directory(out, overwrite=overwrite) as tmp:
         ranked = []
         for lang in languages:
-            src = run / "train" / lang / "final"
+            src = run / train_dir / lang / "final"
             cfg = _read_json(src / "config.json", f"drafter of {lang!r} (train stage output)")
             if cfg.get("target", {}).get("tokenizer_sha256") != target_pin["tokenizer_sha256"]:
                 raise PolyspecError(f"drafter {src} was trained for another target tokenizer")

@@ -130,8 +130,6 @@ def write_speculators(bundle, target, out: str | Path, speculative_tokens: int =
     """Each EAGLE-3-form drafter → ``out/<lang>/`` (``config.json``, ``model.safetensors``, the target's
     tokenizer, ``polyspec.json`` provenance): loadable with speculators' ``SpeculatorModel.from_pretrained``
     and by vLLM (``"method": "eagle3", "model": "<out>/<lang>"``)."""
-    from safetensors.torch import save_file
-
     from vocab.files import load_ranked
 
     out = Path(out)
@@ -141,21 +139,31 @@ def write_speculators(bundle, target, out: str | Path, speculative_tokens: int =
                                  .ranked_ids[: model.draft_vocab_size]).long()
         if not torch.equal(ranked, model.draft_ids.cpu()):
             raise PolyspecError(f"drafter {lang}: its draft vocabulary differs from the bundle's ranked list")
-        if model.target_hidden_size != target.hidden_size:
-            raise PolyspecError(f"drafter {lang}: target_hidden_size {model.target_hidden_size} ≠ target's {target.hidden_size}")
-        aux, n = list(model.aux_layers), target.num_layers
-        if len(set(aux)) != len(aux) or min(aux) < 0 or max(aux) > n:  # speculators' own rule (vLLM: distinct too)
-            raise PolyspecError(f"drafter {lang} reads target layers {aux}: speculators and vLLM need distinct ids "
-                                f"in [0, {n}] for this {n}-layer target")
-        with atomic_directory(out / lang, overwrite=True) as tmp:
-            save_file(speculators_tensors(model, target.vocab_size), str(tmp / "model.safetensors"),
-                      metadata={"format": "pt"})
-            atomic_write_json(tmp / "config.json", speculators_config(model, target, speculative_tokens))
-            target.tokenizer.save_pretrained(tmp)
-            atomic_write_json(tmp / "polyspec.json", {"exported_from": str(bundle.root), "lang": lang,
-                                                      "target": bundle.manifest["target"], "format": "speculators"})
-        written.append(out / lang)
+        written.append(write_speculators_folder(model, target, out / lang, speculative_tokens, {
+            "exported_from": str(bundle.root), "lang": lang, "target": bundle.manifest["target"]}))
     return written
+
+
+def write_speculators_folder(model, target, folder: str | Path, speculative_tokens: int = 3,
+                             provenance: dict | None = None) -> Path:
+    """One EAGLE-3-form drafter → ``folder`` (speculators' layout; see :func:`write_speculators`)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    name = folder.name
+    if model.target_hidden_size != target.hidden_size:
+        raise PolyspecError(f"drafter {name}: target_hidden_size {model.target_hidden_size} ≠ target's {target.hidden_size}")
+    aux, n = list(model.aux_layers), target.num_layers
+    if len(set(aux)) != len(aux) or min(aux) < 0 or max(aux) > n:  # speculators' own rule (vLLM: distinct too)
+        raise PolyspecError(f"drafter {name} reads target layers {aux}: speculators and vLLM need distinct ids "
+                            f"in [0, {n}] for this {n}-layer target")
+    with atomic_directory(folder, overwrite=True) as tmp:
+        save_file(speculators_tensors(model, target.vocab_size), str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", speculators_config(model, target, speculative_tokens))
+        target.tokenizer.save_pretrained(tmp)
+        atomic_write_json(tmp / "polyspec.json", {**(provenance or {}), "format": "speculators"})
+    return folder
 
 
 def check_speculators(folder: str | Path, target_vocab_size: int) -> dict:
@@ -218,7 +226,7 @@ def check_speculators(folder: str | Path, target_vocab_size: int) -> dict:
     return cfg
 
 
-def write_speculators_reference(bundle, target, out: str | Path, tokens: int = 32) -> list[Path]:
+def write_speculators_reference(bundle, target, out: str | Path, tokens: int = 32, extra: dict | None = None) -> list[Path]:
     """polyspec's side of ``make check-speculators``: per language, the target's real features on a seed
     text of the language and the logits polyspec's drafter computes from them → ``out/<lang>.safetensors``
     {``hidden_states`` [1, T, 3H] (the aux layers at tokens 0..T-1), ``input_ids`` [1, T] (tokens 1..T),
@@ -230,7 +238,9 @@ def write_speculators_reference(bundle, target, out: str | Path, tokens: int = 3
 
     out = Path(out)
     written = []
-    for lang, model in _eagle3_drafters(bundle, "speculators"):
+    drafters = [(lang, lang, model) for lang, model in _eagle3_drafters(bundle, "speculators")]
+    drafters += [(name, text_lang, model) for name, (model, text_lang) in (extra or {}).items()]
+    for name, lang, model in drafters:  # extra: name → (drafter, the language of its test text)
         try:
             seed = get_language(lang, target.spec.name).seeds[0]
         except PolyspecError:
@@ -247,7 +257,7 @@ def write_speculators_reference(bundle, target, out: str | Path, tokens: int = 3
             logits = model.logits(h)
         ref = {"hidden_states": g, "input_ids": x, "position_ids": pos, "logits": logits,
                "target_ids": model.draft_ids[logits.argmax(-1)]}
-        path = atomic_write_bytes(out / f"{lang}.safetensors", save(
+        path = atomic_write_bytes(out / f"{name}.safetensors", save(
             {k: v.detach().cpu().contiguous() for k, v in ref.items()}, metadata={"lang": lang, "text": text[:200]}))
         written.append(path)
     return written

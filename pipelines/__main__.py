@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  ok: {line}")
         print(f"dry run: {len(stages)} stages validated, nothing was run")
         return 0
+    validate_plan(stages, profile, target, langs)  # every config and the engine drafters, before any heavy work
     if profile.gpu_only:
         import torch
 

@@ -35,6 +35,18 @@ class VocabStage(StrictModel):
     overrides: list[str] = Field(default_factory=list)
 
 
+class EngineTrack(StrictModel):
+    """EAGLE-3 drafters for serving engines (vLLM, SGLang, llama.cpp), trained beside the profile's own drafters when
+    those are of a form no engine loads (EAGLE-1, prompt-lookup hints): a multilingual pretrain over every language's
+    data with one interleaved draft vocabulary, then a finetune per language, written under ``<run>/<train_dir>/``.
+    Its drafters are exported as ``<run>/export/engines/`` (python -m export engines)."""
+
+    recipe: str = "configs/train/eagle3-cpu.yaml"
+    train_dir: str = "train-eagle3"
+    pretrain_overrides: list[str] = Field(default_factory=list)
+    finetune_overrides: list[str] = Field(default_factory=list)
+
+
 class TrainStage(StrictModel):
     recipe: str = "configs/train/eagle-cpu.yaml"
     accelerate_args: list[str] = Field(
@@ -42,6 +54,8 @@ class TrainStage(StrictModel):
                                  "--dynamo_backend", "no"])
     pretrain_overrides: list[str] = Field(default_factory=list, description="the one multilingual pretrain run")
     finetune_overrides: list[str] = Field(default_factory=list, description="each language's finetune")
+    engine: EngineTrack | None = Field(None, description="EAGLE-3 drafters for engines beside these (None: the recipe's "
+                                       "own drafters must be EAGLE-3, which engines load)")
 
 
 class ExportStage(StrictModel):

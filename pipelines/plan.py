@@ -79,7 +79,8 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
             pool_files = [tasks, heldout, repo_path("decoder/data/mini_multispecbench.jsonl")]
             for name, prompts, t, extra, deps, files in (("distill", "pool", temps, lim, [f"synth:{lang}"], pool_files),
                                                          ("heldout", "heldout", "0", [], [], [heldout])):
-                ov = ["capture_features=true", *extra, *dov]
+                # the last layer (EAGLE-1) and the three layers EAGLE-3 reads: every profile trains engine drafters
+                ov = ["capture_features=true", "feature_layers=eagle3", *extra, *dov]
                 stages.append(Stage(f"{name}:{lang}", "distill",
                                     [py, "-m", "synth", "distill", "--config", p.distill.config, "--lang", lang,
                                      "--prompts", prompts, "--out-name", name, "--temperatures", t, "--target", target,
@@ -106,24 +107,32 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
         # otherwise set OMP_NUM_THREADS=1 for a CPU process: half the training speed on 2 cores (measured)
         procs = int(args[args.index("--num_processes") + 1]) if "--num_processes" in args else 1
         args = [*args, "--num_cpu_threads_per_process", str(max(1, (os.cpu_count() or 1) // procs))]
-    launch = [py, "-m", "accelerate.commands.launch", *args, repo_path("train/drafter.py"), "--config",
-              p.train.recipe]
     pre_name = "distill" if on_policy else "pretrain"
     pre_data = "[" + ",".join(f"{r}/synth/{lang}-{pre_name}/data.jsonl" for lang in langs) + "]"
     captured = ["features=captured"] if on_policy else []
-    pre_ov = [f"lang={first}", f"target={target}", f"run={r}", "stage=pretrain", f"seed={p.seed}",
-              f"data.pretrain={pre_data}", *captured, *p.train.pretrain_overrides]
-    stages.append(Stage("train:pretrain", "pretrain", [*launch, *pre_ov], run / "train" / first / "pretrain" / "DONE.json",
-                        deps=["vocab", *(f"distill:{lang}" for lang in langs)],
-                        check=(TrainConfig, p.train.recipe, pre_ov)))
-    for lang in langs:
-        data = [f"data.finetune=[{r}/synth/{lang}-distill/data.jsonl]",  # the held-out answers score it
-                f"data.eval_file=[{r}/synth/{lang}-heldout/data.jsonl]"] if on_policy else []
-        ov = [f"lang={lang}", f"target={target}", f"run={r}", "stage=finetune", f"seed={p.seed}",
-              f"init_from={r}/train/{first}/pretrain/final", *captured, *data, *p.train.finetune_overrides]
-        deps = [f"distill:{lang}", f"heldout:{lang}"] if on_policy else [f"synth:{lang}"]
-        stages.append(Stage(f"train:{lang}", "finetune", [*launch, *ov], run / "train" / lang / "DONE.json",
-                            deps=["train:pretrain", *deps, "vocab"], check=(TrainConfig, p.train.recipe, ov)))
+    # the profile's own drafters (train:*), and the EAGLE-3 drafters engines load beside them (train3:*) where the
+    # own ones are of another form; an EAGLE-3 pretrain reads one draft vocabulary interleaving every language's
+    tracks = [("train", "train", p.train.recipe, p.train.pretrain_overrides, p.train.finetune_overrides)]
+    if p.train.engine is not None:
+        eng = p.train.engine
+        tracks.append(("train3", eng.train_dir, repo_path(eng.recipe), eng.pretrain_overrides, eng.finetune_overrides))
+    for prefix, tdir, recipe, pre_extra, fine_extra in tracks:
+        launch = [py, "-m", "accelerate.commands.launch", *args, repo_path("train/drafter.py"), "--config", recipe]
+        where = [f"train_dir={tdir}"] if tdir != "train" else []
+        multi = [f"eagle.vocab_langs=[{','.join(langs)}]"] if is_eagle3(recipe, pre_extra) else []
+        pre_ov = [f"lang={first}", f"target={target}", f"run={r}", "stage=pretrain", f"seed={p.seed}", *where,
+                  f"data.pretrain={pre_data}", *captured, *multi, *pre_extra]
+        stages.append(Stage(f"{prefix}:pretrain", "pretrain", [*launch, *pre_ov],
+                            run / tdir / first / "pretrain" / "DONE.json",
+                            deps=["vocab", *(f"distill:{lang}" for lang in langs)], check=(TrainConfig, recipe, pre_ov)))
+        for lang in langs:
+            data = [f"data.finetune=[{r}/synth/{lang}-distill/data.jsonl]",  # the held-out answers score it
+                    f"data.eval_file=[{r}/synth/{lang}-heldout/data.jsonl]"] if on_policy else []
+            ov = [f"lang={lang}", f"target={target}", f"run={r}", "stage=finetune", f"seed={p.seed}", *where,
+                  f"init_from={r}/{tdir}/{first}/pretrain/final", *captured, *data, *fine_extra]
+            deps = [f"distill:{lang}", f"heldout:{lang}"] if on_policy else [f"synth:{lang}"]
+            stages.append(Stage(f"{prefix}:{lang}", "finetune", [*launch, *ov], run / tdir / lang / "DONE.json",
+                                deps=[f"{prefix}:pretrain", *deps, "vocab"], check=(TrainConfig, recipe, ov)))
     bundle = run / "export" / "bundle"
     e = p.export
     stages.append(Stage("export", "export",
@@ -131,14 +140,30 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                          "--sizes", ",".join(map(str, e.sizes)), "--window", str(e.window), "--step", str(e.step),
                          "--offset", str(e.offset)],
                         run / "export" / "DONE.json", deps=[f"train:{lang}" for lang in langs] + ["vocab"]))
-    last = "export"
+    # every profile ships drafters an engine loads: speculators folders (vLLM, SGLang) per language and for the
+    # multilingual pretrain, GGUFs where llama.cpp's converter is at hand, and engines.json saying which loads what
+    prefix, tdir = ("train3", p.train.engine.train_dir) if p.train.engine is not None else ("train", "train")
+    engines = run / "export" / "engines"
+    stages.append(Stage("export:engines", "export",
+                        [py, "-m", "export", "engines", "--langs", ",".join(langs), "--run", r, "--target", target,
+                         "--train-dir", tdir, "--out", str(engines), "--sizes", ",".join(map(str, e.sizes))],
+                        engines / "DONE.json",
+                        deps=[f"{prefix}:pretrain", *(f"{prefix}:{lang}" for lang in langs), "vocab"]))
+    last, scored = "export:engines", []
+    if on_policy:  # each language's own engine drafter beside the multilingual one, on the same held-out answers
+        stages.append(Stage("score:engines", "export",
+                            [py, "-m", "pipelines.score_check", "--run", r, "--engines", str(engines), "--target",
+                             target, "--gamma", "4"],
+                            run / "export" / "engines-score" / "DONE.json",
+                            deps=["export:engines", *(f"heldout:{lang}" for lang in langs)]))
+        scored = ["score:engines"]
     if p.calibrate.enabled:
         c = p.calibrate
         stages.append(Stage("calibrate", "calibrate",
                             [py, "-m", "decoder.calibrate", "--bundle", str(bundle), "--target", target,
                              "--sizes", ",".join(map(str, c.sizes)), "--prompts", str(c.prompts),
                              "--max-new-tokens", str(c.max_new_tokens)],
-                            run / "calibrate" / "DONE.json", deps=["export"]))
+                            run / "calibrate" / "DONE.json", deps=["export", "export:engines"]))
         last = "calibrate"
     ev = p.eval
     unknown = set(ev.methods) - KNOWN_METHODS
@@ -148,12 +173,29 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                         [py, "-m", "decoder.bench", "--bundle", str(bundle), "--target", target, "--langs", ",".join(langs),
                          "--methods", ",".join(ev.methods), "--max-new-tokens", str(ev.max_new_tokens),
                          "--repeats", str(ev.repeats), "--out", str(run / "eval"),
+                         *(["--engine-bundle", str(engines / "bundle")] if "eagle3" in ev.methods else []),
                          *(["--per-cell", str(ev.per_cell)] if ev.per_cell else []),
-                         *(["--questions", ev.questions] if ev.questions else [])],
-                        run / "eval" / "DONE.json", deps=[last]))
+                         *(["--questions", repo_path(ev.questions)] if ev.questions else [])],
+                        run / "eval" / "DONE.json", deps=[last] if last == "calibrate" else ["export", last]))
     stages.append(Stage("report", "report", [py, "-m", "pipelines", "report", "--run", r],
-                        run / "report" / "DONE.json", deps=["eval"]))
+                        run / "report" / "DONE.json", deps=["eval", *scored]))
     return stages
+
+
+def is_eagle3(recipe: str, overrides: list[str] | None = None) -> bool:
+    """Whether a train recipe (+ overrides) makes EAGLE-3-form drafters: the form vLLM, SGLang and llama.cpp load."""
+    from train.config import TrainConfig
+
+    cfg = load_config(TrainConfig, recipe, overrides or [])
+    return cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3"
+
+
+def engine_drafters(profile: Profile) -> str | None:
+    """The recipe whose drafters engines load, or None when the profile would export none."""
+    if profile.train.engine is not None:
+        eng = profile.train.engine
+        return eng.recipe if is_eagle3(repo_path(eng.recipe), eng.finetune_overrides) else None
+    return profile.train.recipe if is_eagle3(repo_path(profile.train.recipe), profile.train.finetune_overrides) else None
 
 
 def _sources(spec: str) -> str:
@@ -165,7 +207,7 @@ def _sources(spec: str) -> str:
 
 
 KNOWN_METHODS = {"ar", "hf-generate", "adaspec", "adaspec-noloop", "adaspec-tree", "adaspec-fixsize", "eagle-full", "eagle-tree", "fr-spec",
-                 "spide", "pld", "ngram-tree", "spectra", "hybrid", "hf-pld", "hf-assisted", "chain", "tree"}
+                 "spide", "pld", "ngram-tree", "spectra", "hybrid", "hf-pld", "hf-assisted", "chain", "tree", "eagle3"}
 
 
 def validate_plan(stages: list[Stage], profile: Profile, target: str, langs: list[str]) -> list[str]:
@@ -175,6 +217,11 @@ def validate_plan(stages: list[Stage], profile: Profile, target: str, langs: lis
 
     checked = [f"target {resolve_target(target).name} (registry entry)",
                f"languages {', '.join(lang.code for lang in parse_languages(','.join(langs)))}"]
+    recipe = engine_drafters(profile)
+    if recipe is None:
+        raise PolyspecError(f"profile {profile.name}: its export would hold no drafter an engine loads — the train "
+                            f"recipe makes no EAGLE-3 drafters and train.engine is not set")
+    checked.append(f"engine drafters (EAGLE-3): {recipe}")
     for st in stages:
         if st.check:
             model, path, ov = st.check

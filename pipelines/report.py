@@ -20,8 +20,10 @@ def training_curves(run: Path, out: Path) -> dict:
     import matplotlib.pyplot as plt
 
     curves = {}
-    for metrics in sorted((run / "train").glob("*/*/metrics.jsonl")):
+    for metrics in sorted(run.glob("train*/*/*/metrics.jsonl")):  # train/ and an engine track's (train-eagle3/)
         lang, stage = metrics.parent.parent.name, metrics.parent.name
+        if metrics.parents[2].name != "train":
+            stage = f"{stage} ({metrics.parents[2].name})"
         pts = []
         for rec in read_jsonl(metrics):  # a killed training run can leave a torn last line
             if "eval" in rec and "step" in rec:
@@ -57,7 +59,7 @@ def results_table(run: Path, ev: dict) -> list[str]:
     acceptance α₁ (the held-out score that picked ``best/``), speedups over the fastest AR beside the
     training-free methods (τ), hybrid ÷ pld and the answers identical to ``ar``. Methods the eval did not run
     are left out; a language with no α₁ (mixed, or no best/ recorded) shows –."""
-    methods = [m for m in ("adaspec", "pld", "spectra", "hybrid") if m in ev["methods"]]
+    methods = [m for m in ("adaspec", "eagle3", "pld", "spectra", "hybrid") if m in ev["methods"]]
     if not methods:
         return []
     by = {m: ev["methods"][m]["by_language"] for m in methods}
@@ -98,8 +100,31 @@ def results_table(run: Path, ev: dict) -> list[str]:
     lines += ["", f"{ev['target']}, {ev['dtype']} on {ev['device']} ({ev['cpu']}, {ev['threads']} threads), "
               f"{ev['questions']} questions, {ev['max_new_tokens']} new tokens, greedy. Speedup = tokens/s over the "
               f"fastest AR (`{fastest}`, {ev['methods'][fastest]['overall']['tok_s']:.1f} tok/s); τ = tokens per "
-              "target forward; α₁ = first-draft acceptance of the shipped drafter on the held-out prompts."]
+              "target forward; α₁ = first-draft acceptance of the shipped drafter on the held-out prompts."
+              + (" `eagle3` = the EAGLE-3 drafter engines load (export/engines/), alone: chain γ 4, no prompt lookup."
+                 if "eagle3" in methods else "")]
     return lines
+
+
+def engines_section(run: Path) -> list[str]:
+    """What ``export/engines/engines.json`` says: each engine drafter, its held-out score per language (own vs the
+    multilingual one), and which engine loads it."""
+    rec = read_json_or_none(run / "export" / "engines" / "engines.json")
+    if not rec:
+        return []
+    lines = ["## Drafters for engines (export/engines/)", "",
+             "| drafter | languages | held-out τ (chain γ 4) by language | speculators folder | GGUF |", "|---|---|---|---|---|"]
+    for name, d in rec["drafters"].items():
+        by = d.get("heldout_tau_by_lang") or {}
+        taus = ", ".join(f"{lang} {t:.2f}" for lang, t in by.items()) or (
+            f"{d['heldout_tau']:.2f} (training split)" if d.get("heldout_tau") else "–")
+        lines.append(f"| {name} | {', '.join(d['languages'])} | {taus} | `{d['speculators']}` | "
+                     f"{'`' + d['gguf'] + '`' if d.get('gguf') else '–'} |")
+    lines.append("")
+    for engine, e in rec["engines"].items():
+        lines.append(f"- **{engine}** loads {', '.join(e.get('loads') or []) or 'nothing'}"
+                     + (f" — {e['why']}" if e.get("why") else f": `{e.get('command', '')}`"))
+    return [*lines, ""]
 
 
 def build_report(run: Path) -> tuple[Path, list[str]]:
@@ -148,6 +173,7 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     if coverage:
         lines += ["Coverage of held-out text by the top-k ids: see `coverage.png`; top-8K overlap: `overlap.png`.", "",
                   "```json", json.dumps(coverage, indent=1)[:1500], "```", ""]
+    lines += engines_section(run)
     lines += ["## 3 training (held-out simulated acceptance length)", "", "![training](training.png)", ""]
     lines += [f"- {k}: " + ", ".join(f"step {s}: {a:.3f}" for s, a in pts) for k, pts in curves.items()]
     lines += ["", "## 4 calibration (UNISPEC)", ""]

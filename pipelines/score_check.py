@@ -45,7 +45,10 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     model.eval()
     if meta.get("drafter_type") != "eagle":
         raise PolyspecError(f"{drafter_dir}: score_check compares EAGLE drafters")
-    ids_s = torch.as_tensor(load_ranked(meta["vocab"]["file"]).top(meta["vocab"]["size"]).astype("int64"), device=dev)
+    if getattr(model, "arch_name", "") == "eagle3":  # its own head: row j is target id draft_ids[j]
+        ids_s = model.draft_ids.to(dev)
+    else:
+        ids_s = torch.as_tensor(load_ranked(meta["vocab"]["file"]).top(meta["vocab"]["size"]).astype("int64"), device=dev)
     head_w = target.model.get_output_embeddings().weight[ids_s].detach().float()
     embed = target.model.get_input_embeddings()
     softcap = getattr(target.model.config, "final_logit_softcapping", None)
@@ -58,13 +61,56 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     return score_eagle(model, embed, head_w, ids_s, seqs, gamma, softcap)
 
 
+def heldout_records(run: Path, lang: str) -> list[dict]:
+    from polyspec.io import read_jsonl
+
+    path = run / "synth" / f"{lang}-heldout" / "data.jsonl"
+    if not path.is_file():
+        raise PolyspecError(f"{path}: no captured held-out answers (python -m synth distill --prompts heldout …)")
+    return [{**r, "_path": str(path.parent / r["features_file"])} for r in read_jsonl(path) if r.get("features_file")]
+
+
+def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
+    """Per language: the held-out score (chain γ) of its own EAGLE-3 drafter and of the multilingual one, on the
+    same captured held-out answers — what serving one drafter for every language costs. Written into
+    ``engines.json`` (``drafters.<name>.heldout_tau_by_lang``) and ``scores.json`` beside it."""
+    import torch
+
+    from polyspec.features import FeatureReader
+    from polyspec.io import atomic_write_json
+
+    rec = json.loads((engines / "engines.json").read_text(encoding="utf-8"))
+    reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
+    drafters = rec["drafters"]
+    multi = drafters.get("multilingual")
+    rows = []
+    for lang in [n for n in drafters if n != "multilingual"]:
+        records = heldout_records(run, lang)
+        row = {"lang": lang}
+        for name, folder in ((lang, engines / "bundle" / "drafters" / lang),
+                             ("multilingual", run / rec["train_dir"] / multi["languages"][0] / "pretrain" / "final")
+                             if multi else (None, None)):
+            if name is None:
+                continue
+            with torch.no_grad():
+                sc = score_tau(target, folder, records, reader, gamma)
+            key = "own" if name == lang else "multilingual"
+            row[f"{key}_tau"], row[f"{key}_alpha"] = sc["tau"], sc["alpha"]
+            drafters[name].setdefault("heldout_tau_by_lang", {})[lang] = sc["tau"]
+        rows.append(row)
+    rec["scores"] = {"gamma": gamma, "what": "training score: the decoder's chain procedure replayed on the target's "
+                     "captured greedy answers to the held-out prompts (synth/data/heldout.jsonl)", "rows": rows}
+    atomic_write_json(engines / "engines.json", rec)
+    atomic_write_json(engines / "scores.json", rec["scores"])
+    return rows
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     import torch
 
     from export.bundle import load_bundle
     from polyspec.features import FeatureReader
-    from polyspec.io import read_jsonl
     from polyspec.targets import load_target
 
     ap = argparse.ArgumentParser(prog="python -m pipelines.score_check", description=__doc__.splitlines()[0])
@@ -75,8 +121,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--langs", help="default: the bundle's languages")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--engines", default=None, metavar="DIR",
+                    help="score the engines export's drafters instead (python -m export engines): each language's own "
+                    "EAGLE-3 drafter beside the multilingual one, on the same held-out answers")
     args = ap.parse_args(argv)
     run = Path(args.run)
+    if args.engines:
+        rec = json.loads((Path(args.engines) / "engines.json").read_text(encoding="utf-8"))
+        target = load_target(args.target or rec["target"]["name"], dtype=args.dtype)
+        rows = engines_scores(run, Path(args.engines), target, args.gamma)
+        print(f"engine drafters, held-out score τ (chain γ={args.gamma}), dtype {target.dtype}")
+        print("| lang | own drafter τ | multilingual drafter τ | multilingual / own |")
+        print("|---|---|---|---|")
+        for r in rows:
+            m, own = r.get("multilingual_tau"), r["own_tau"]
+            ratio = f"{m / own:.3f}" if m and own else "–"
+            print(f"| {r['lang']} | {own:.3f} | {'–' if m is None else f'{m:.3f}'} | {ratio} |")
+        return 0
     bundle = load_bundle(args.bundle or run / "export" / "bundle", verify=False)  # the name of its target
     target = load_target(args.target or bundle.manifest["target"]["name"], dtype=args.dtype)
     bundle = load_bundle(bundle.root, target_pin=target.pin())  # --target must be the bundle's (tokenizer, shapes)
@@ -84,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     langs = args.langs.split(",") if args.langs else bundle.languages
     rows = []
     for lang in langs:
-        path = run / "synth" / f"{lang}-heldout" / "data.jsonl"
-        if not path.is_file():
-            raise PolyspecError(f"{path}: no captured held-out answers (python -m synth distill --prompts heldout …)")
-        records = [{**r, "_path": str(path.parent / r["features_file"])} for r in read_jsonl(path) if r.get("features_file")]
+        records = heldout_records(run, lang)
         size = json.loads((bundle.drafter_dir(lang) / "config.json").read_text())["vocab"]["size"]  # as trained
         if size not in bundle.vocab_sizes:
             raise PolyspecError(f"the bundle has vocabulary sizes {bundle.vocab_sizes}, the {lang} drafter was scored with {size}")

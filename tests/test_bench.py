@@ -255,3 +255,32 @@ def test_transformers_peers_stop_at_the_prompt_formats_stop_strings(tmp_path, ti
                        tmp_path / "eval", log=notes.append)
     assert not report["failed"], report["failed"]
     assert all(d["overall"]["identical"] for d in report["methods"].values())
+
+
+def test_heldout_prompts_load_as_questions():
+    from decoder.bench import load_questions
+    from polyspec.paths import REPO_ROOT
+
+    qs = load_questions(REPO_ROOT / "synth" / "data" / "heldout.jsonl", ["en"])
+    assert len(qs) == 24 and all(q["language"] == "en" and q["question_id"].startswith("en-heldout") for q in qs)
+
+
+def test_eagle3_method_runs_the_engine_bundle_losslessly(tmp_path, llama):
+    """``eagle3``: the engines' EAGLE-3 drafter alone (chain γ 4, no prompt lookup) from --engine-bundle, beside a
+    main bundle of another form; identical to ar, and it really drafted with the engine bundle's drafters."""
+    from decoder.bench import load_questions, run_bench
+    from export.bundle import load_bundle
+
+    main = load_bundle(make_tiny_bundle(tmp_path / "b1", llama, langs=("vi",), drafter="eagle"))
+    engines = load_bundle(make_tiny_bundle(tmp_path / "b3", llama, langs=("vi",), drafter="eagle3"))
+    qs = load_questions(None, ["vi"], per_cell=1, categories=["qa"])
+    rep = run_bench(llama, main, qs, ["ar", "eagle3"], 12, 1, tmp_path / "out", log=lambda *_: None,
+                    engine_bundle=engines)
+    assert not rep["failed"] and "eagle3" in rep["methods"]
+    answers = [json.loads(x) for x in (tmp_path / "out" / "answers" / "eagle3.jsonl").read_text().splitlines()]
+    assert all(a["identical"] for a in answers)
+    assert sum(len(a["accept_lengths"]) for a in answers) > 0  # it ran speculative steps
+    # without EAGLE-3 drafters anywhere the method is skipped with the reason, not failed
+    notes = []
+    rep = run_bench(llama, main, qs, ["ar", "eagle3"], 8, 1, tmp_path / "out2", log=notes.append)
+    assert "eagle3" not in rep["methods"] and any("eagle3 skipped" in n for n in notes)

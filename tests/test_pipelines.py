@@ -27,10 +27,17 @@ def tiny_profile(path, target_dir) -> str:
                                          "data.eval_max_examples=1", "eval_depth=2", "report_to=none"],
                   "finetune_overrides": ["finetune.steps=3", "checkpoint_every=2", "eval_every=3", "log_every=1",
                                          "eagle.vocab_size=64", "data.max_length=48", "optim.batch_size=2",
-                                         "data.eval_max_examples=1", "eval_depth=2", "report_to=none"]},
+                                         "data.eval_max_examples=1", "eval_depth=2", "report_to=none"],
+                  # the EAGLE-3 drafters engines load, beside the default recipe's hinted EAGLE-1 ones
+                  "engine": {"pretrain_overrides": ["pretrain.steps=2", "checkpoint_every=2", "eval_every=2",
+                                                    "eagle.vocab_size=64", "data.max_length=48", "optim.batch_size=2",
+                                                    "data.eval_max_examples=1", "eval_depth=2", "report_to=none"],
+                             "finetune_overrides": ["finetune.steps=2", "checkpoint_every=2", "eval_every=2",
+                                                    "eagle.vocab_size=64", "data.max_length=48", "optim.batch_size=2",
+                                                    "data.eval_max_examples=1", "eval_depth=2", "report_to=none"]}},
         "export": {"sizes": [64, 128]},
         "calibrate": {"sizes": [1, 2], "prompts": 1, "max_new_tokens": 8},
-        "eval": {"methods": ["ar", "adaspec", "pld"], "per_cell": 1, "max_new_tokens": 8},
+        "eval": {"methods": ["ar", "adaspec", "eagle3", "pld"], "per_cell": 1, "max_new_tokens": 8},
         "eta_minutes": {"synth": 0.2, "train": 0.2},
     }
     path.write_text(yaml.safe_dump(prof))
@@ -49,14 +56,20 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
     assert "report: " in first.stdout and (run / "report" / "report.md").is_file()
     report = (run / "report" / "report.md").read_text()
     for part in ("## 1 synth", "## 2 vocab", "## 3 training", "## 4 calibration", "## 5 evaluation", "## Provenance",
-                 "adaspec", "| language | adaspec τ | α₁ | adaspec speedup (τ) | pld speedup (τ) |"):
+                 "adaspec", "| language | adaspec τ | α₁ | adaspec speedup (τ) | eagle3 speedup (τ) | pld speedup (τ) |"):
         assert part in report, part
     assert (run / "report" / "training.png").is_file() and (run / "report" / "speedup.png").is_file()
     assert " · languages vi · " in report and "| vi-distill | " in report  # languages, not synth folders
     assert list((run / "report" / "wandb").glob("offline-run-*"))  # the same metrics in an offline wandb run
     for stage in ("synth/vi", "synth/vi-distill", "synth/vi-heldout", "vocab", "train/vi/pretrain", "train/vi", "export",
+                  "train-eagle3/vi/pretrain", "train-eagle3/vi", "export/engines", "export/engines-score",
                   "calibrate", "eval", "report"):
         assert (run / stage / "DONE.json").is_file(), stage
+    engines = json.loads((run / "export" / "engines" / "engines.json").read_text())
+    assert set(engines["drafters"]) == {"vi", "multilingual"} and engines["engines"]["vllm"]["loads"]
+    assert engines["drafters"]["vi"]["heldout_tau_by_lang"]["vi"] >= 1.0  # score:engines, on the held-out answers
+    assert "## Drafters for engines" in report and "**vllm** loads multilingual, vi" in report
+    assert "eagle3" in report  # the engines' drafter alone, beside the decoder's own methods
     assert (run / "logs" / "train-pretrain.log").is_file()
     files = json.loads((run / "export" / "bundle" / "manifest.json").read_text())["files"]
     # the training score recomputed for the bundle's drafter beside the decoder's τ on the same held-out prompts
@@ -69,14 +82,14 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
     assert wrong.returncode != 0 and "bundle" in wrong.stderr and "Traceback" not in wrong.stderr, wrong.stderr[-2000:]
 
     again = pipeline(profile, run)  # nothing changed: every stage is skipped
-    assert again.returncode == 0 and again.stdout.count("skipped") == 10, again.stdout
+    assert again.returncode == 0 and again.stdout.count("skipped") == 14, again.stdout
 
     # a changed eval setting redoes eval (and report) only
     changed = yaml.safe_load(open(profile))
     changed["eval"]["max_new_tokens"] = 6
     (tmp_path / "tiny2.yaml").write_text(yaml.safe_dump(changed))
     third = pipeline(str(tmp_path / "tiny2.yaml"), run)
-    assert third.returncode == 0 and third.stdout.count("skipped") == 8, third.stdout
+    assert third.returncode == 0 and third.stdout.count("skipped") == 12, third.stdout
 
     # same run directory from scratch, killed (kill -9) inside the pretrain stage, then the same command
     shutil.rmtree(run)
@@ -95,7 +108,7 @@ def test_gpu_profile_dry_run_prints_and_validates_the_plan():
     r = run_cli("make", "all", "PROFILE=gpu-paper", "DRY_RUN=1", "LANGS=vi", cwd=REPO)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "target llama-3.1-8b-instruct" in out and "dry run: 10 stages validated" in out
+    assert "target llama-3.1-8b-instruct" in out and "dry run: 12 stages validated" in out
     for piece in ("engine.name=vllm", "fineweb2", "configs/deepspeed/zero2.yaml", "decoder.bench", "ok: accelerate config"):
         assert piece in out, piece
 
@@ -137,7 +150,7 @@ def test_the_results_table_reads_the_eval_and_the_shipped_drafters_score(tmp_pat
     assert results_table(tmp_path, {**ev, "methods": {"ar": ev["methods"]["ar"]}}) == []
 
 
-@pytest.mark.parametrize("name", ["cpu-demo", "cpu-full", "gpu-paper"])
+@pytest.mark.parametrize("name", ["cpu-demo", "cpu-full", "cpu-chat", "gpu-paper"])
 def test_shipped_profiles_validate(name):
     r = run_cli("-m", "pipelines", "run", "--profile", name, "--dry-run")
     assert r.returncode == 0, r.stderr

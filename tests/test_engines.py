@@ -1,0 +1,179 @@
+"""Drafters engines load: the EAGLE-3 track (multilingual pretrain with one interleaved draft vocabulary, per-language
+finetunes that re-head it), ``python -m export engines``, and every profile shipping an engine-loadable drafter."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import prepare_run
+from polyspec.config import apply_overrides, validate
+from polyspec.errors import PolyspecError
+from polyspec.targets import load_target
+from train.config import TrainConfig
+from train.drafter import run as train_run
+
+
+def test_interleave_ranked_keeps_every_languages_top_ids():
+    from vocab.files import interleave_ranked
+
+    a, b = np.array([1, 2, 3, 4, 5, 6]), np.array([2, 7, 8, 1, 9, 10])
+    got = interleave_ranked([a, b], 6)
+    assert got.tolist() == [1, 2, 7, 3, 8, 4]  # rank by rank, first occurrence kept
+    assert set(a[:3]) <= set(got) and set(b[:3]) <= set(got)
+    assert interleave_ranked([a], 4).tolist() == [1, 2, 3, 4]  # one language: its own list
+    with pytest.raises(PolyspecError):
+        interleave_ranked([a[:2], b[:1]], 5)
+
+
+def test_rehead_moves_shared_rows_and_takes_new_ones_from_the_target():
+    from transformers import LlamaConfig
+
+    from train.models import Eagle3Drafter
+
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+                      vocab_size=50)
+    m = Eagle3Drafter(cfg, 16, [1, 2, 3], 5)
+    with torch.no_grad():
+        m.draft_ids.copy_(torch.tensor([3, 4, 5, 6, 7]))
+        m.lm_head.weight.copy_(torch.arange(5.0)[:, None].repeat(1, 16))
+    head = -torch.arange(50.0)[:, None].repeat(1, 16)
+    kept = m.rehead(torch.tensor([7, 3, 10, 11]), head)
+    assert kept == 2 and m.draft_ids.tolist() == [7, 3, 10, 11] and m.draft_vocab_size == 4
+    assert m.lm_head.weight[:, 0].tolist() == [4.0, 0.0, -10.0, -11.0]
+    assert "draft_ids" in dict(m.named_buffers())  # still saved with the weights
+
+
+@pytest.fixture(scope="module")
+def eagle3_run(tmp_path_factory, tiny_llama_dir):
+    """vi + de: an EAGLE-3 multilingual pretrain (interleaved draft vocabulary) and two finetunes from it, written
+    under train-eagle3/ as a profile's engine track does."""
+    from vocab.build import run_vocab
+    from vocab.config import VocabConfig
+
+    run_dir = tmp_path_factory.mktemp("run-engines")
+    for lang in ("vi", "de"):
+        prepare_run(run_dir, tiny_llama_dir, lang)
+    run_vocab(validate(VocabConfig, {"langs": ["vi", "de"], "target": str(tiny_llama_dir), "run": str(run_dir),
+                                     "mask_sizes": [64, 128], "sources": [{"name": "synth"}], "heldout": "seeds"}),
+              log=lambda *_: None)
+    common = [f"run={run_dir}", f"target={tiny_llama_dir}", "train_dir=train-eagle3", "eagle.arch=eagle3",
+              "eagle.vocab_size=128", "report_to=none", "eval_every=2", "checkpoint_every=2", "optim.batch_size=2",
+              "data.max_length=48", "data.eval_max_examples=1", "eval_depth=2", "eagle.ttt_steps=2"]
+    pre = [f"data.pretrain=[{run_dir}/synth/vi/data.jsonl,{run_dir}/synth/de/data.jsonl]", "eagle.vocab_langs=[vi,de]"]
+    train_run(validate(TrainConfig, apply_overrides({}, [*common, *pre, "lang=vi", "stage=pretrain", "pretrain.steps=2"])))
+    for lang in ("vi", "de"):
+        train_run(validate(TrainConfig, apply_overrides({}, [*common, f"lang={lang}", "stage=finetune", "finetune.steps=2",
+                                                             f"init_from={run_dir}/train-eagle3/vi/pretrain/final"])))
+    return run_dir, load_target(str(tiny_llama_dir))
+
+
+def test_engine_track_trains_a_multilingual_pretrain_and_reheaded_finetunes(eagle3_run):
+    from train.models import load_drafter
+    from vocab.files import interleave_ranked, load_ranked
+
+    run_dir, _ = eagle3_run
+    assert not (run_dir / "train").exists()  # the track writes its own folder only
+    multi, meta = load_drafter(run_dir / "train-eagle3" / "vi" / "pretrain" / "final")
+    ranked = {lang: load_ranked(run_dir / "vocab" / f"{lang}.safetensors").top(128) for lang in ("vi", "de")}
+    assert multi.draft_ids.tolist() == interleave_ranked([ranked["vi"], ranked["de"]], 128).tolist()
+    assert meta["vocab"]["langs"] == ["vi", "de"]
+    for lang in ("vi", "de"):
+        own, _ = load_drafter(run_dir / "train-eagle3" / lang / "final")
+        assert own.arch_name == "eagle3" and own.draft_ids.tolist() == ranked[lang].tolist()
+
+
+def test_export_engines_writes_speculators_folders_the_multilingual_drafter_and_engines_json(tmp_path, eagle3_run):
+    from export.bundle import load_bundle
+    from export.engines import describe, write_engine_exports
+    from export.interop import check_speculators
+
+    run_dir, target = eagle3_run
+    out = tmp_path / "engines"
+    rec = write_engine_exports(run_dir, ["vi", "de"], target, out, train_dir="train-eagle3", sizes=[64, 128])
+    assert set(rec["drafters"]) == {"vi", "de", "multilingual"}
+    for d in rec["drafters"].values():
+        cfg = check_speculators(out / d["speculators"], target.vocab_size)
+        assert cfg["speculators_model_type"] == "eagle3" and d["aux_layers"] == cfg["eagle_aux_hidden_state_layer_ids"]
+        assert d["heldout_tau"] is not None and d["heldout_tau"] >= 1.0
+    assert rec["drafters"]["multilingual"]["languages"] == ["vi", "de"]
+    assert rec["drafters"]["multilingual"]["polyspec"] is None and rec["drafters"]["vi"]["polyspec"]
+    assert rec["engines"]["vllm"]["loads"] == ["de", "multilingual", "vi"]
+    assert rec["engines"]["llama.cpp"]["loads"] == [] and rec["engines"]["llama.cpp"]["why"]
+    assert json.loads((out / "engines.json").read_text()) == rec
+    b = load_bundle(out / "bundle", target_pin=target.pin())
+    assert b.languages == ["vi", "de"]
+    lines = describe(out)
+    assert any(line.startswith("vllm: de, multilingual, vi") for line in lines)
+    assert any(line.startswith("llama.cpp: nothing") for line in lines)
+
+
+def test_export_engines_runs_gguf_conversion_for_every_drafter(tmp_path, eagle3_run):
+    from export.engines import write_engine_exports
+
+    run_dir, target = eagle3_run
+    seen = []
+
+    def fake_convert(folder, path):  # the converter's contract: one speculators folder → one GGUF file
+        seen.append(folder.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"GGUF")
+
+    rec = write_engine_exports(run_dir, ["vi", "de"], target, tmp_path / "e", train_dir="train-eagle3",
+                               sizes=[64, 128], gguf=fake_convert)
+    assert sorted(seen) == ["de", "multilingual", "vi"]
+    assert rec["drafters"]["vi"]["gguf"] == "gguf/vi.gguf" and rec["engines"]["llama.cpp"]["loads"]
+
+
+def test_export_engines_refuses_eagle1_drafters(tmp_path, tiny_llama_dir):
+    from conftest import make_tiny_bundle
+    from export.engines import write_engine_exports
+
+    target = load_target(str(tiny_llama_dir))
+    make_tiny_bundle(tmp_path / "b", target, langs=("vi",), drafter="eagle")
+    with pytest.raises(PolyspecError, match="EAGLE-1"):
+        write_engine_exports(tmp_path / "b-run", ["vi"], target, tmp_path / "e", sizes=[64, 256])
+
+
+@pytest.mark.parametrize("profile", ["cpu-demo", "cpu-full", "cpu-chat", "gpu-paper"])
+def test_every_profile_exports_a_drafter_engines_load(tmp_path, profile):
+    from pipelines.__main__ import load_profile
+    from pipelines.plan import build_plan, engine_drafters, is_eagle3, repo_path
+
+    p = load_profile(profile)
+    recipe = engine_drafters(p)
+    assert recipe is not None and is_eagle3(repo_path(recipe))
+    stages = {s.name: s for s in build_plan(p, p.langs[:2], p.target, tmp_path / "run")}
+    eng = stages["export:engines"]
+    assert eng.cmd[eng.cmd.index("-m") + 1:][:2] == ["export", "engines"]
+    tdir = eng.cmd[eng.cmd.index("--train-dir") + 1]
+    for dep in eng.deps[:-1]:  # the EAGLE-3 track's pretrain and finetunes write where the export reads
+        cmd = stages[dep].cmd
+        assert f"configs/train/{recipe.split('/')[-1]}" in cmd[cmd.index("--config") + 1]
+        assert (f"train_dir={tdir}" in cmd) == (tdir != "train")
+    pre = stages[eng.deps[0]].cmd
+    assert f"eagle.vocab_langs=[{','.join(p.langs[:2])}]" in pre  # one draft vocabulary for every language
+    if p.distill.mode == "on-policy":  # the three layers EAGLE-3 reads are captured while distilling
+        assert "feature_layers=eagle3" in stages[f"distill:{p.langs[0]}"].cmd
+
+
+def test_a_profile_without_engine_drafters_is_refused(tmp_path):
+    from pipelines.__main__ import load_profile
+    from pipelines.plan import build_plan, validate_plan
+
+    p = load_profile("cpu-demo")
+    p.train.engine = None  # the hinted EAGLE-1 drafters alone: no engine loads them
+    stages = build_plan(p, ["vi"], p.target, tmp_path / "run")
+    with pytest.raises(PolyspecError, match="no drafter an engine loads"):
+        validate_plan(stages, p, p.target, ["vi"])
+
+
+def test_gpu_paper_dry_run_shows_an_eagle3_recipe(tmp_path):
+    from conftest import run_cli
+
+    r = run_cli("-m", "pipelines", "run", "--profile", "gpu-paper", "--langs", "vi,de", "--dry-run", "--run",
+                str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    assert "engine drafters (EAGLE-3): configs/train/eagle-gpu.yaml" in r.stdout
+    assert "train3:" not in r.stdout  # its own drafters are the engines' drafters
