@@ -177,3 +177,37 @@ def test_gpu_paper_dry_run_shows_an_eagle3_recipe(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "engine drafters (EAGLE-3): configs/train/eagle-gpu.yaml" in r.stdout
     assert "train3:" not in r.stdout  # its own drafters are the engines' drafters
+
+
+def test_training_time_test_sees_what_the_decoders_later_drafts_see():
+    """EAGLE-3's training-time test: step i's output at entry t equals the decoder's (i+1)-th draft after the verified
+    prefix x[..t+1] — a cache of the true-feature entries 0..t, then the chain's own entries one at a time."""
+    from transformers import DynamicCache, LlamaConfig
+
+    from train.models import Eagle3Drafter
+    from train.objectives import ttt_mask
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                      vocab_size=50)
+    m = Eagle3Drafter(cfg, 16, [1, 2, 3], 20).eval()
+    T, B = 7, 2
+    emb, g = torch.randn(B, T, 16), torch.randn(B, T - 1, 48)
+    with torch.no_grad():
+        cache, lengths, preds, inp = DynamicCache(), [], [], g
+        for i in range(3):  # the loss's unrolled steps
+            L = T - 1 - i
+            mask = ttt_mask(lengths, L, B, emb.dtype, emb.device) if lengths else None
+            pred, cache = m(emb[:, 1 + i :], inp[:, :L], position_ids=torch.arange(1 + i, T)[None].expand(B, -1),
+                            attention_mask=mask, past_key_values=cache, use_cache=True)
+            preds.append(pred)
+            lengths.append(L)
+            inp = pred
+        for t in range(T - 3):  # the decoder: prefix entries, then draft after draft
+            _, c = m(emb[:, 1 : t + 2], g[:, : t + 1], position_ids=torch.arange(1, t + 2)[None].expand(B, -1),
+                     use_cache=True)
+            h = preds[0][:, t : t + 1]
+            for i in (1, 2):
+                h, c = m(emb[:, t + 1 + i : t + 2 + i], h, position_ids=torch.tensor([[t + 1 + i]]).expand(B, -1),
+                         past_key_values=c, use_cache=True)
+                assert torch.allclose(h[:, 0], preds[i][:, t], atol=1e-5), (t, i)

@@ -116,11 +116,26 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         noise = torch.rand(g.shape, generator=generator, device="cpu").to(g.device, g.dtype)
         g = g + (noise * 2 - 1) * cfg.feature_noise
     total, metrics = 0.0, {}
+    # EAGLE-3's training-time test: step i's entry t attends as the decoder's (i+1)-th draft does — to the entries
+    # of the verified prefix (step 0, entries ≤ t: true features) and to its own chain (entry t of steps 1..i) —
+    # through one KV cache that keeps every step's keys (``ttt_mask``). EAGLE-1 unrolls without it.
+    ttt = eagle3 and cfg.ttt_steps > 1
+    cache, lengths = None, []
     for i in range(min(cfg.ttt_steps, T - 2)):
         L = T - 1 - i  # positions t = 0..T-2-i
         pos = torch.arange(1 + i, T, device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
         kw = {} if hints is None else {"hints": (hints[0][:, 1 + i :], hints[1][:, 1 + i :])}
-        pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, **kw)
+        if ttt:
+            if cache is None:
+                from transformers import DynamicCache
+
+                cache = DynamicCache()
+            mask4 = ttt_mask(lengths, L, ids.shape[0], emb.dtype, ids.device) if lengths else None
+            pred, cache = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, attention_mask=mask4,
+                                  past_key_values=cache, use_cache=True)
+            lengths.append(L)
+        else:
+            pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, **kw)
         tgt = f[:, 1 + i :]
         m = loss_rows(mask, i)
         denom = m.sum().clamp_min(1.0)
@@ -142,6 +157,18 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         metrics.update({f"feat_loss_{i}": float(feat.detach()), f"ce_{i}": float(ce.detach()), f"top1_{i}": float(acc)})
         g = pred  # next step reads the drafter's own features
     return total, metrics
+
+
+def ttt_mask(lengths: list[int], L: int, batch: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The additive attention mask [B, 1, L, Σlengths + L] of training-time-test step i = len(lengths) ≥ 1 (EAGLE-3):
+    its query t may see step 0's keys 0..t (the verified prefix's entries, causal) and key t of every later step
+    (its own earlier drafts), itself included; the keys are ordered step by step, as the cache holds them."""
+    t = torch.arange(L, device=device)[:, None]
+    blocks = [torch.arange(lengths[0], device=device)[None, :] <= t]
+    blocks += [torch.arange(n, device=device)[None, :] == t for n in (*lengths[1:], L)]
+    allowed = torch.cat(blocks, dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].expand(batch, 1, *allowed.shape)
 
 
 def small_lm_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
