@@ -3,10 +3,10 @@
 # Variables (give them on the command line):
 #   LANG=vi            one language (stage targets). Taken only from the command line: the LANG your
 #                      shell exports is the locale, so it is ignored here and never passed on as LANG.
-#   LANGS=vi,de,ja     several languages (vocab, export, all)
+#   LANGS=vi,de,ja     several languages (vocab, export; all: default the profile's own languages)
 #   TARGET=gemma3-270m registry name (configs/targets/), HF id org/name, or a local model folder
 #   RUN=runs/default   run directory the stages read and write
-#   PROFILE=cpu-demo   pipeline profile (configs/pipelines/): cpu-demo, cpu-full, gpu-paper
+#   PROFILE=cpu-demo   pipeline profile (configs/pipelines/): cpu-demo, cpu-full, cpu-chat (TARGET=smollm2-135m-instruct LANGS=en), gpu-paper
 #   FROM=stage FORCE=1 DRY_RUN=1   all: redo from a stage / redo everything / print and validate the plan only
 #   N=64               synth: pairs to keep;  ENGINE=transformers|vllm
 #   RECIPE=eagle-cpu STAGE=both   train: configs/train/<RECIPE>.yaml, pretrain|finetune|both
@@ -205,7 +205,7 @@ pf-study: check-lang
 # make all LANGS=vi,de,ja [PROFILE=cpu-demo|cpu-full|gpu-paper] [TARGET=…] [RUN=…] [FROM=stage] [FORCE=1] [DRY_RUN=1]
 # (TARGET and RUN default to the profile's target and runs/<profile>-<langs>)
 all: $(STAMP)
-	$(PY) -m pipelines run --profile $(PROFILE) --langs $(LANGS) \
+	$(PY) -m pipelines run --profile $(PROFILE) $(if $(filter command line,$(origin LANGS)),--langs $(LANGS)) \
 		$(if $(filter command line,$(origin TARGET)),--target $(TARGET)) \
 		$(if $(filter command line,$(origin RUN)),--run $(RUN)) \
 		$(if $(FROM),--from $(FROM)) $(if $(FORCE),--force) $(if $(DRY_RUN),--dry-run)
