@@ -138,12 +138,7 @@ def engines_main(argv: list[str]) -> int:
     if convert is None:
         print(f"note: no GGUF: {why}", file=sys.stderr)
     rec = write_engine_exports(args.run, langs, target, out, train_dir=args.train_dir, sizes=sizes,
-                               speculative_tokens=args.speculative_tokens, gguf=convert)
-    if convert is None:
-        rec["engines"]["llama.cpp"]["why"] = why
-        from polyspec.io import atomic_write_json
-
-        atomic_write_json(out / "engines.json", rec)
+                               speculative_tokens=args.speculative_tokens, gguf=convert, gguf_why=why)
     print(json.dumps({"engines": str(out), "drafters": {k: v["speculators"] for k, v in rec["drafters"].items()},
                       "gguf": convert is not None}))
     return 0

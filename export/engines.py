@@ -44,9 +44,10 @@ def heldout_tau(stage_dir: Path) -> float | None:
 
 
 def write_engine_exports(run: str | Path, langs: list[str], target, out: str | Path, train_dir: str = "train",
-                         sizes: list[int] | None = None, speculative_tokens: int = 3, gguf=None) -> dict:
-    """Everything above; ``gguf`` is a callable (speculators folder, gguf path) → None, or None to skip GGUFs with
-    the reason given by ``gguf_reason``. Returns (and writes) the ``engines.json`` record."""
+                         sizes: list[int] | None = None, speculative_tokens: int = 3, gguf=None,
+                         gguf_why: str | None = None) -> dict:
+    """Everything above; ``gguf`` is a callable (speculators folder, gguf path) → None, or None to write no GGUF
+    (``gguf_why`` says why, in ``engines.json``). Returns (and writes) the ``engines.json`` record."""
     from export.bundle import load_bundle, write_bundle
     from export.interop import check_speculators, write_speculators, write_speculators_folder
     from polyspec.targets import model_path
@@ -83,14 +84,14 @@ def write_engine_exports(run: str | Path, langs: list[str], target, out: str | P
         "target": pin, "target_path": model_path(target.spec), "train_dir": train_dir,
         "architecture": list(getattr(target.config, "architectures", None) or []),
         "drafters": drafters,
-        "engines": engine_table(out, drafters, model_path(target.spec), speculative_tokens, gguf is not None),
+        "engines": engine_table(out, drafters, model_path(target.spec), speculative_tokens, gguf is not None, gguf_why),
     }
     atomic_write_json(out / ENGINES_FILE, record)
     load_bundle(out / "bundle", target_pin=pin)
     return record
 
 
-def engine_table(out: Path, drafters: dict, target_path: str, k: int, gguf: bool) -> dict:
+def engine_table(out: Path, drafters: dict, target_path: str, k: int, gguf: bool, gguf_why: str | None = None) -> dict:
     """Per engine: which drafters it loads and the command that serves one (``<name>``: a drafter name)."""
     names = sorted(drafters)
     spec = str(out / "speculators" / "<name>")
@@ -115,8 +116,8 @@ def engine_table(out: Path, drafters: dict, target_path: str, k: int, gguf: bool
                                          f"--spec-type draft-eagle3 --spec-draft-n-max {k} --temp 0",
                               "tested_here": "make check-llamacpp"}
     else:
-        table["llama.cpp"] = {"loads": [], "format": "gguf", "why": "no GGUF written: no llama.cpp source tree at hand "
-                              "(make check-llamacpp builds one and converts the speculators folders)"}
+        table["llama.cpp"] = {"loads": [], "format": "gguf", "why": gguf_why or "no GGUF written: no llama.cpp source "
+                              "tree at hand (make check-llamacpp builds one and converts the speculators folders)"}
     return table
 
 
