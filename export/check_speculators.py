@@ -89,6 +89,11 @@ def check_language(folder: Path, ref_file: Path, tol: float) -> tuple[bool, str]
     agree = int((target_ids == ref["target_ids"])[clear].sum())
     ok = diff <= tol and agree == int(clear.sum())
     T, s = logits.shape[1], logits.shape[2]
+    if "logits_polyspec" in ref:  # the embedding-scale convention (Gemma-3: engines feed the unscaled rows)
+        own = ref["logits_polyspec"]
+        same_top = int((own.argmax(-1) == logits.argmax(-1)).sum())
+        note += (f"; vs polyspec's own embedding scaling: max |Δlogit| {(logits - own).abs().max().item():.3e}, "
+                 f"top-1 {same_top}/{T}")
     return ok, (f"max |Δlogit| = {diff:.3e} (tol {tol:g}) over {T} positions × {s} draft ids; "
                 f"top-1 target ids equal {agree}/{int(clear.sum())} clear positions{note}")
 

@@ -8,6 +8,7 @@ From the run's EAGLE-3-form drafters (``<run>/<train-dir>/<lang>/final/`` and th
 
 - ``bundle/``: a polyspec bundle of those drafters (``python -m decoder.bench --engine-bundle``, method ``eagle3``:
   polyspec's decoder runs the very weights an engine serves);
+- ``drafters/multilingual/``: the multilingual pretrain in polyspec's drafter form (the export is self-contained);
 - ``speculators/<lang>/`` and ``speculators/multilingual/``: vllm-project/speculators' EAGLE-3 layout, what vLLM
   (``--speculative-config '{"method": "eagle3", "model": …}'``) and SGLang (``--speculative-algorithm EAGLE3
   --speculative-draft-model-path …``) load;
@@ -24,10 +25,11 @@ process; a per-language drafter is the better one for a server that sees one lan
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from polyspec.errors import PolyspecError
-from polyspec.io import atomic_write_json, read_jsonl
+from polyspec.io import atomic_directory, atomic_write_json, read_jsonl
 
 ENGINES_FILE = "engines.json"
 MULTILINGUAL = "multilingual"
@@ -59,7 +61,10 @@ def write_engine_exports(run: str | Path, langs: list[str], target, out: str | P
     folders = {f.name: f for f in write_speculators(bundle, target, out / "speculators", speculative_tokens)}
     multi_dir = run / train_dir / langs[0] / "pretrain" / "final"
     if (multi_dir / "model.safetensors").is_file():
-        model, meta = load_drafter(multi_dir)
+        # the export is self-contained: polyspec's own form of the multilingual drafter goes in too
+        with atomic_directory(out / "drafters" / MULTILINGUAL, overwrite=True) as tmp:
+            shutil.copytree(multi_dir, tmp, dirs_exist_ok=True)
+        model, meta = load_drafter(out / "drafters" / MULTILINGUAL)
         if getattr(model, "arch_name", "") != "eagle3":
             raise PolyspecError(f"{multi_dir}: the multilingual pretrain is not an EAGLE-3-form drafter")
         folders[MULTILINGUAL] = write_speculators_folder(model, target, out / "speculators" / MULTILINGUAL,
@@ -71,7 +76,7 @@ def write_engine_exports(run: str | Path, langs: list[str], target, out: str | P
         cfg = check_speculators(folder, target.vocab_size)
         stage = (run / train_dir / langs[0] / "pretrain") if name == MULTILINGUAL else (run / train_dir / name / "finetune")
         entry = {"form": "eagle3", "languages": langs if name == MULTILINGUAL else [name],
-                 "source": str(multi_dir if name == MULTILINGUAL else run / train_dir / name / "final"),
+                 "source": f"drafters/{MULTILINGUAL}" if name == MULTILINGUAL else f"bundle/drafters/{name}",
                  "speculators": str(folder.relative_to(out)), "draft_vocab_size": cfg["draft_vocab_size"],
                  "aux_layers": cfg["eagle_aux_hidden_state_layer_ids"], "heldout_tau": heldout_tau(stage),
                  "polyspec": None if name == MULTILINGUAL else f"bundle/drafters/{name}", "gguf": None}
@@ -123,13 +128,14 @@ def engine_table(out: Path, drafters: dict, target_path: str, k: int, gguf: bool
 
 def multilingual_drafter(engines_dir: Path):
     """(drafter, first language) of an engines export's multilingual drafter, or None when it has none."""
+    from export.bundle import safe_join
     from train.models import load_drafter
 
     rec = read_engines(engines_dir)
     d = (rec or {}).get("drafters", {}).get(MULTILINGUAL)
     if not d:
         return None
-    return load_drafter(d["source"])[0], d["languages"][0]
+    return load_drafter(safe_join(Path(engines_dir), d["source"]))[0], d["languages"][0]
 
 
 def read_engines(engines_dir: Path) -> dict | None:

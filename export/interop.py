@@ -230,7 +230,9 @@ def write_speculators_reference(bundle, target, out: str | Path, tokens: int = 3
     """polyspec's side of ``make check-speculators``: per language, the target's real features on a seed
     text of the language and the logits polyspec's drafter computes from them → ``out/<lang>.safetensors``
     {``hidden_states`` [1, T, 3H] (the aux layers at tokens 0..T-1), ``input_ids`` [1, T] (tokens 1..T),
-    ``position_ids`` [1, T], ``logits`` [1, T, s] (draft rows), ``target_ids`` [1, T] (argmax as target ids)}:
+    ``position_ids`` [1, T], ``logits`` [1, T, s] (draft rows, from the embedding matrix's rows as engines feed them),
+    ``target_ids`` [1, T] (argmax as target ids), ``logits_polyspec`` (from the target's embedding module, as
+    polyspec's decoder feeds them: equal unless the module scales, Gemma-3)}:
     the EAGLE pairing [embed(x_{t+1}) ‖ g_t] at position t+1, as in training."""
     from safetensors.torch import save
 
@@ -253,10 +255,16 @@ def write_speculators_reference(bundle, target, out: str | Path, tokens: int = 3
             g = torch.cat([hs[i] for i in model.aux_layers], dim=-1)[:, :-1].float()
             x = ids[:, 1:]
             pos = torch.arange(1, ids.shape[1], device=ids.device).unsqueeze(0)
-            h, _ = model(target.model.get_input_embeddings()(x).float(), g, position_ids=pos)
+            # engines (speculators, vLLM, llama.cpp) feed the drafter the embedding matrix's rows; polyspec feeds what
+            # the target's embedding module returns, which some families scale (Gemma-3: × √H). The drafter reads it
+            # through an RMSNorm, so the two differ only through the norm's ε: both are recorded
+            module = target.model.get_input_embeddings()
+            h, _ = model(module.weight[x].float(), g, position_ids=pos)
             logits = model.logits(h)
+            h_own, _ = model(module(x).float(), g, position_ids=pos)
+            logits_own = model.logits(h_own)
         ref = {"hidden_states": g, "input_ids": x, "position_ids": pos, "logits": logits,
-               "target_ids": model.draft_ids[logits.argmax(-1)]}
+               "target_ids": model.draft_ids[logits.argmax(-1)], "logits_polyspec": logits_own}
         path = atomic_write_bytes(out / f"{name}.safetensors", save(
             {k: v.detach().cpu().contiguous() for k, v in ref.items()}, metadata={"lang": lang, "text": text[:200]}))
         written.append(path)

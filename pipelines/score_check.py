@@ -87,9 +87,8 @@ def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
     for lang in [n for n in drafters if n != "multilingual"]:
         records = heldout_records(run, lang)
         row = {"lang": lang}
-        for name, folder in ((lang, engines / "bundle" / "drafters" / lang),
-                             ("multilingual", run / rec["train_dir"] / multi["languages"][0] / "pretrain" / "final")
-                             if multi else (None, None)):
+        for name, folder in ((lang, engines / drafters[lang]["source"]),
+                             ("multilingual", engines / multi["source"]) if multi else (None, None)):
             if name is None:
                 continue
             with torch.no_grad():
