@@ -100,16 +100,21 @@ def main(argv: list[str] | None = None) -> int:
             print("engines: no engines export beside this bundle (python -m export engines)")
         return 0
     langs = [lang.code for lang in parse_languages(args.langs)]
-    try:
-        sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    except ValueError:
-        raise PolyspecError(f"--sizes {args.sizes!r} must be comma-separated integers") from None
+    sizes = parse_sizes(args.sizes)
     out = Path(args.out or Path(args.run) / "export" / "bundle")
     b = write_bundle(out, args.run, langs, target.pin(), sizes,
                      adaptive={"window": args.window, "step": args.step, "offset": args.offset})
     print(json.dumps({"bundle": str(b.root), "languages": b.languages, "vocab_sizes": b.vocab_sizes,
                       "files": len(b.manifest["files"])}))
     return 0
+
+
+def parse_sizes(spec: str) -> list[int]:
+    """``--sizes 8192,16384`` → [8192, 16384]; anything else is a one-line error."""
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise PolyspecError(f"--sizes {spec!r} must be comma-separated integers") from None
 
 
 def engines_main(argv: list[str]) -> int:
@@ -129,10 +134,7 @@ def engines_main(argv: list[str]) -> int:
 
     target = load_target(args.target, device="cpu", dtype="float32")
     langs = [lang.code for lang in parse_languages(args.langs)]
-    try:
-        sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    except ValueError:
-        raise PolyspecError(f"--sizes {args.sizes!r} must be comma-separated integers") from None
+    sizes = parse_sizes(args.sizes)
     out = Path(args.out or Path(args.run) / "export" / "engines")
     convert, why = gguf_converter(target)
     if convert is None:
