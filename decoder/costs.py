@@ -51,7 +51,9 @@ def verify_curve(target, context: list[int], ks: list[int], reps: int = 12) -> d
     runner.forward(context, logits_for=slice(-1, None), features=False)
     dev = runner.head.weight.device
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    probe = [int(t) for t in context[-16:]] * 2
+    kmax = max([1, *ks])
+    tail = [int(t) for t in context[-16:]] or [0]
+    probe = (tail * (kmax // len(tail) + 1))[:kmax]  # k tokens for every k asked (a shorter probe would verify fewer)
 
     def step(k):
         def run():
@@ -135,7 +137,7 @@ def tree_budget(ratio: dict, flat: float = 0.15) -> int:
 def random_runtimes(target, draft_rows: int = 8192) -> dict:
     """kind → (runtime, head) of random-weight drafters of every kind, shaped for ``target``."""
     from decoder.drafters import EagleRuntime, HeadBank, SmallLMRuntime
-    from train.models import Eagle3Drafter, EagleDrafter, build_small_lm, eagle_layer_config
+    from polyspec.drafter_models import Eagle3Drafter, EagleDrafter, build_small_lm, eagle_layer_config
 
     dev, dtype = target.device, target.model.get_output_embeddings().weight.dtype
     emb, head_w = target.model.get_input_embeddings(), target.model.get_output_embeddings().weight

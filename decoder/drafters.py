@@ -9,7 +9,7 @@ Both keep their own KV cache and follow one protocol, so chain, tree and ADASPEC
   tree) and returns their hidden states;
 - ``rollback()`` drops every draft entry again (only verified positions stay cached).
 
-Reduced heads (seed 003 "vocabulary simplification"; ADASPEC Alg. 2 lines 5/44): for each language the
+Reduced heads (ADASPEC's "vocabulary simplification"; ADASPEC Alg. 2 lines 5/44): for each language the
 rows of the drafter's head for its ranked ids are gathered once up to the largest size S; size s is the
 view ``rows[:s]`` of that block, so switching size or language reallocates nothing.
 """
@@ -201,9 +201,9 @@ class SmallLMRuntime:
 
 
 def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
-    """Load every drafter of a bundle (safetensors, via ``train.models.load_drafter``) and its head bank."""
+    """Load every drafter of a bundle (safetensors, via ``polyspec.drafter_models.load_drafter``) and its head bank."""
+    from polyspec.drafter_models import load_drafter
     from polyspec.packed import pack_linears
-    from train.models import load_drafter
     from vocab.files import load_ranked
 
     max_size = max(bundle.vocab_sizes)

@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from polyspec.errors import PolyspecError
-from polyspec.io import atomic_directory, atomic_write_json, atomic_write_text, read_json_or_none, sha256_file
+from polyspec.io import (
+    atomic_directory,
+    atomic_write_json,
+    atomic_write_text,
+    read_json_or_none,
+    read_jsonl,
+    sha256_file,
+)
+from polyspec.targets import check_pin
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -82,6 +90,7 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
             cfg = _read_json(src / "config.json", f"drafter of {lang!r} (train stage output)")
             if cfg.get("target", {}).get("tokenizer_sha256") != target_pin["tokenizer_sha256"]:
                 raise PolyspecError(f"drafter {src} was trained for another target tokenizer")
+            check_pin(cfg["target"], target_pin, f"drafter {src}")
             drafter_types.add(cfg["drafter_type"])
             cards[lang] = _training_facts(cfg)
             shutil.copytree(src, tmp / "drafters" / lang)
@@ -118,14 +127,8 @@ def load_bundle(path: str | Path, target_pin: dict | None = None, verify: bool =
         if key not in manifest:
             raise PolyspecError(f"bundle {root}: manifest has no {key!r}")
     bundle = Bundle(root, manifest)
-    if target_pin is not None:
-        mine = manifest["target"]
-        if mine.get("tokenizer_sha256") != target_pin.get("tokenizer_sha256"):
-            raise PolyspecError(f"bundle {root} was built for target {mine.get('name')!r} with another tokenizer; "
-                                f"it cannot serve {target_pin.get('name')!r}")
-        for k in ("vocab_size", "hidden_size"):
-            if mine.get(k) != target_pin.get(k):
-                raise PolyspecError(f"bundle {root}: target {k} {mine.get(k)} ≠ {target_pin.get(k)}")
+    if target_pin is not None:  # tokenizer, vocabulary, width, layer count, architecture
+        check_pin(manifest["target"], target_pin, f"bundle {root}")
     listed = manifest["files"]
     for rel in listed:
         safe_join(root, rel)  # raises for ../ or absolute paths
@@ -154,7 +157,7 @@ def _training_facts(cfg: dict) -> dict:
     for f in cfg.get("data_files", []):
         path = Path(f[0] if isinstance(f, list) else f)
         try:
-            n = sum(1 for line in path.open(encoding="utf-8") if line.strip())
+            n = sum(1 for _ in read_jsonl(path, log=None))  # its JSON records (a torn line is not one)
         except OSError:
             n = None
         files.append((path.name if path.parent.name == "" else f"{path.parent.name}/{path.name}", n))

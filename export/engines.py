@@ -28,8 +28,12 @@ import json
 import shutil
 from pathlib import Path
 
+from export.bundle import load_bundle, safe_join, write_bundle
+from export.interop import check_speculators, write_speculators, write_speculators_folder
+from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError
 from polyspec.io import atomic_directory, atomic_write_json, read_jsonl
+from polyspec.targets import model_path
 
 ENGINES_FILE = "engines.json"
 MULTILINGUAL = "multilingual"
@@ -50,11 +54,6 @@ def write_engine_exports(run: str | Path, langs: list[str], target, out: str | P
                          gguf_why: str | None = None) -> dict:
     """Everything above; ``gguf`` is a callable (speculators folder, gguf path) → None, or None to write no GGUF
     (``gguf_why`` says why, in ``engines.json``). Returns (and writes) the ``engines.json`` record."""
-    from export.bundle import load_bundle, write_bundle
-    from export.interop import check_speculators, write_speculators, write_speculators_folder
-    from polyspec.targets import model_path
-    from train.models import load_drafter
-
     run, out = Path(run), Path(out)
     pin = target.pin()
     bundle = write_bundle(out / "bundle", run, langs, pin, sizes or [8192, 16384, 32768], train_dir=train_dir)
@@ -128,9 +127,6 @@ def engine_table(out: Path, drafters: dict, target_path: str, k: int, gguf: bool
 
 def multilingual_drafter(engines_dir: Path):
     """(drafter, first language) of an engines export's multilingual drafter, or None when it has none."""
-    from export.bundle import safe_join
-    from train.models import load_drafter
-
     rec = read_engines(engines_dir)
     d = (rec or {}).get("drafters", {}).get(MULTILINGUAL)
     if not d:

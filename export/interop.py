@@ -23,14 +23,19 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save, save_file
 
+from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError
 from polyspec.io import atomic_directory, atomic_write_bytes, atomic_write_json
+from polyspec.languages import get_language
+from polyspec.targets import model_path
+from vocab.files import load_ranked
 
 
 def write_hf_assistant(bundle, target, out: str | Path) -> list[Path]:
     """Each small-LM drafter of ``bundle`` → ``out/<lang>/`` (transformers ``save_pretrained`` layout)."""
-    from train.models import load_drafter
 
     if bundle.manifest["drafter_type"] != "small-lm":
         raise PolyspecError(f"--format hf-assistant needs small-LM drafters; bundle {bundle.root} holds "
@@ -58,7 +63,7 @@ _VERIFIER_OWNED = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_h
 
 
 def speculators_tensors(model, target_vocab_size: int) -> dict[str, torch.Tensor]:
-    """An :class:`~train.models.Eagle3Drafter`'s weights in speculators' ``Eagle3DraftModel`` names (the same
+    """An :class:`~polyspec.drafter_models.Eagle3Drafter`'s weights in speculators' ``Eagle3DraftModel`` names (the same
     modules, renamed: its one decoder layer is ``layers.0``), plus the vocabulary maps: ``d2t`` int64 [s]
     (draft row j is target id j + d2t[j]) and ``t2d`` bool [|V|] (target id is in the draft vocabulary).
     A draft vocabulary as large as the target's has no maps: its head rows are put in target-id order."""
@@ -80,7 +85,6 @@ def speculators_tensors(model, target_vocab_size: int) -> dict[str, torch.Tensor
 
 def speculators_config(model, target, speculative_tokens: int = 3) -> dict:
     """``config.json`` of speculators' ``Eagle3SpeculatorConfig`` (what vLLM reads for ``method: eagle3``)."""
-    from polyspec.targets import model_path
 
     layer = {k: v for k, v in model.layer_config.to_dict().items() if not k.startswith("_attn_implementation")}
     # speculators builds its rotary embedding from a copy with hidden_size doubled: head_dim must be explicit
@@ -112,7 +116,6 @@ def speculators_config(model, target, speculative_tokens: int = 3) -> dict:
 
 def _eagle3_drafters(bundle, fmt: str):
     """(lang, drafter) for every language of an EAGLE-3-form bundle; anything else is a one-line refusal."""
-    from train.models import load_drafter
 
     if bundle.manifest["drafter_type"] != "eagle":
         raise PolyspecError(f"--format {fmt} needs EAGLE-3 drafters; bundle {bundle.root} holds "
@@ -130,7 +133,6 @@ def write_speculators(bundle, target, out: str | Path, speculative_tokens: int =
     """Each EAGLE-3-form drafter → ``out/<lang>/`` (``config.json``, ``model.safetensors``, the target's
     tokenizer, ``polyspec.json`` provenance): loadable with speculators' ``SpeculatorModel.from_pretrained``
     and by vLLM (``"method": "eagle3", "model": "<out>/<lang>"``)."""
-    from vocab.files import load_ranked
 
     out = Path(out)
     written = []
@@ -147,7 +149,6 @@ def write_speculators(bundle, target, out: str | Path, speculative_tokens: int =
 def write_speculators_folder(model, target, folder: str | Path, speculative_tokens: int = 3,
                              provenance: dict | None = None) -> Path:
     """One EAGLE-3-form drafter → ``folder`` (speculators' layout; see :func:`write_speculators`)."""
-    from safetensors.torch import save_file
 
     folder = Path(folder)
     name = folder.name
@@ -170,7 +171,6 @@ def check_speculators(folder: str | Path, target_vocab_size: int) -> dict:
     """Structural check of a speculators export without the speculators package: config fields, tensor
     names and shapes, and that d2t/t2d describe the same draft vocabulary. Returns the config. (The check
     with speculators' own classes is ``make check-speculators``.)"""
-    from safetensors import safe_open
 
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -234,10 +234,6 @@ def write_speculators_reference(bundle, target, out: str | Path, tokens: int = 3
     ``target_ids`` [1, T] (argmax as target ids), ``logits_polyspec`` (from the target's embedding module, as
     polyspec's decoder feeds them: equal unless the module scales, Gemma-3)}:
     the EAGLE pairing [embed(x_{t+1}) ‖ g_t] at position t+1, as in training."""
-    from safetensors.torch import save
-
-    from polyspec.languages import get_language
-
     out = Path(out)
     written = []
     drafters = [(lang, lang, model) for lang, model in _eagle3_drafters(bundle, "speculators")]

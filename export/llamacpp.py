@@ -97,6 +97,7 @@ from pathlib import Path
 from typing import Any
 
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.heldout import load_heldout
 from polyspec.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json_or_none
 from polyspec.paths import REPO_ROOT
 
@@ -372,8 +373,6 @@ def bench_plan(folders: dict[str, Path], langs: list[str] | None) -> list[tuple[
     """(drafter, prompt language) pairs: a language's drafter on that language's held-out prompts, a multilingual
     one (``polyspec.json`` ``languages``) on each of its languages; ``langs`` keeps only those languages. Without
     drafters: plain + n-gram on ``langs`` (default en)."""
-    from synth.pool import load_heldout
-
     if not folders:
         return [(None, lang) for lang in (langs or ["en"])]
     plan = []
@@ -638,8 +637,6 @@ def probe_adds_bos(llama: LlamaCpp, target_gguf: Path, bos_id: int | None, s: Se
 
 
 def heldout_prompts(lang: str, k: int) -> list[dict]:
-    from synth.pool import load_heldout
-
     prompts = load_heldout(lang)[:k]
     if not prompts:
         raise PolyspecError(f"synth/data/heldout.jsonl has no prompt in {lang!r}")

@@ -15,12 +15,20 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
+from decoder.core import Decoder
+from export.bundle import load_bundle
+from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.features import FeatureReader
+from polyspec.io import atomic_write_json, read_jsonl
+from polyspec.targets import load_target
+from train.score import score_eagle
+from vocab.files import load_ranked
 
 
 def decoder_tau(target, bundle, lang: str, records: list[dict], reader, gamma: int, size: int) -> dict:
-    from decoder.core import Decoder
-
     dec = Decoder(target, bundle, method="chain", gamma=gamma, size=size, lang=lang)
     tokens = forwards = same = 0
     for rec in records:
@@ -34,12 +42,6 @@ def decoder_tau(target, bundle, lang: str, records: list[dict], reader, gamma: i
 
 
 def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int) -> dict:
-    import torch
-
-    from train.models import load_drafter
-    from train.score import score_eagle
-    from vocab.files import load_ranked
-
     dev = target.device  # everything beside the target (on CUDA too)
     model, meta = load_drafter(drafter_dir, device=dev)
     model.eval()
@@ -62,8 +64,6 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
 
 
 def heldout_records(run: Path, lang: str) -> list[dict]:
-    from polyspec.io import read_jsonl
-
     path = run / "synth" / f"{lang}-heldout" / "data.jsonl"
     if not path.is_file():
         raise PolyspecError(f"{path}: no captured held-out answers (python -m synth distill --prompts heldout …)")
@@ -74,11 +74,6 @@ def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
     """Per language: the held-out score (chain γ) of its own EAGLE-3 drafter and of the multilingual one, on the
     same captured held-out answers — what serving one drafter for every language costs. Written into
     ``engines.json`` (``drafters.<name>.heldout_tau_by_lang``) and ``scores.json`` beside it."""
-    import torch
-
-    from polyspec.features import FeatureReader
-    from polyspec.io import atomic_write_json
-
     rec = json.loads((engines / "engines.json").read_text(encoding="utf-8"))
     reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
     drafters = rec["drafters"]
@@ -106,12 +101,6 @@ def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    from export.bundle import load_bundle
-    from polyspec.features import FeatureReader
-    from polyspec.targets import load_target
-
     ap = argparse.ArgumentParser(prog="python -m pipelines.score_check", description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True)
     ap.add_argument("--bundle", help="default: <run>/export/bundle")

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save
 
-from polyspec.errors import PolyspecError
+from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_write_bytes
 
 
@@ -57,8 +57,12 @@ class FeatureReader:
             if len(self._open) >= 8:
                 self._open.pop(next(iter(self._open)))
             if not Path(path).is_file():
-                raise PolyspecError(f"{path}: captured features missing (re-run synth distill; it resumes)")
-            h = safe_open(path, framework="pt")
+                raise PolyspecError(f"{path}: captured features missing; delete {_distill_dir(path)} and rerun "
+                                    "synth distill")
+            try:
+                h = safe_open(path, framework="pt")
+            except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on a damaged file
+                raise corrupt_shard(path, e) from None
             meta = h.metadata() or {}
             if meta.get("tokenizer") != self.tokenizer or meta.get("target") != self.target:
                 raise PolyspecError(f"{path}: features of target {meta.get('target')!r}, not {self.target!r}")
@@ -70,8 +74,25 @@ class FeatureReader:
         return json.loads(raw) if raw and raw != "None" else None
 
     def ids(self, path: str, rid: str) -> tuple[list[int], int]:
-        h = self._file(path)
-        return h.get_tensor(f"{rid}.ids").tolist(), int(h.get_tensor(f"{rid}.start")[0])
+        return self.get(path, rid, "ids").tolist(), int(self.get(path, rid, "start")[0])
 
     def get(self, path: str, rid: str, name: str = "f") -> torch.Tensor:
-        return self._file(path).get_tensor(f"{rid}.{name}")
+        h, key = self._file(path), f"{rid}.{name}"
+        try:
+            return h.get_tensor(key)
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
+            if key not in h.keys():
+                raise PolyspecError(f"feature shard {path} holds no {key}; delete {_distill_dir(path)} and rerun "
+                                    "synth distill") from None
+            raise corrupt_shard(path, e) from None
+
+
+def corrupt_shard(path: str | Path, e: BaseException) -> PolyspecError:
+    """A captured shard that cannot be read: its records are committed, so a rerun of distill into the same folder
+    would not rewrite it — the whole distill output goes."""
+    return PolyspecError(f"corrupt feature shard {path}: {first_line(e)}; delete {_distill_dir(path)} and rerun "
+                         "synth distill")
+
+
+def _distill_dir(path: str | Path) -> Path:
+    return Path(path).parent.parent  # <run>/synth/<lang>-<name>/features/<shard>

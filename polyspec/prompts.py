@@ -1,17 +1,40 @@
 """Prompt layout shared by synth (writing data), train (masking responses) and decoder (prompting):
-one function turns messages into text with the target's ``prompt_format``.
+:class:`PromptFormat` (a target entry's ``prompt_format``) and the one function that turns messages into
+text with it.
 
 Messages are ``{"role": "system"|"user"|"assistant", "content": str}`` dicts.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
+
+from polyspec.config import StrictModel
 from polyspec.errors import PolyspecError
-from polyspec.targets import PromptFormat
 
 Message = dict[str, str]
+
+
+class PromptFormat(StrictModel):
+    """How instructions and responses are laid out for this target.
+
+    ``chat-template`` uses the tokenizer's chat template. ``completion`` is for base models: each
+    message is rendered with the template of its role (``{content}`` is replaced), and generation
+    stops at any of ``stop`` (the next-turn markers), for every decoding method alike.
+    """
+
+    kind: Literal["chat-template", "completion"] = "chat-template"
+    system: str = Field("{content}\n\n", description="completion: template of the system message")
+    user: str = Field("### Instruction:\n{content}\n\n", description="completion: template of a user turn")
+    assistant: str = Field("### Response:\n{content}\n\n", description="completion: template of an assistant turn")
+    generation_prompt: str = Field("### Response:\n", description="completion: text that opens the answer")
+    stop: list[str] = Field(default_factory=list, description="strings that end a generated turn (besides EOS)")
+
+
+# the next-turn markers of the completion layout: where a base model's answer ends
+BASE_STOP = ("### Instruction:", "### Response:")
 
 
 def render(fmt: PromptFormat, tokenizer: Any, messages: list[Message], add_generation_prompt: bool = True) -> str:

@@ -1,4 +1,4 @@
-"""The prompt pool for on-policy distillation, and the disjoint held-out prompts (issue 14, items 1 and 4).
+"""The prompt pool for on-policy distillation, and the disjoint held-out prompts.
 
 Per language the target answers (``python -m synth distill``) a broad pool of prompts, in this stable,
 interleaved order of kinds (round robin, so that ``limit`` keeps every kind that has prompts):
@@ -29,20 +29,18 @@ import functools
 import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
 
 from polyspec.config import StrictModel, read_yaml, validate
 from polyspec.errors import PolyspecError
+from polyspec.heldout import HELDOUT, HELDOUT_CATEGORIES, HeldoutPrompt, heldout_all, load_heldout  # noqa: F401  (re-exported)
 from polyspec.io import read_jsonl
 from polyspec.languages import builtin_codes, get_language
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TASKS_DIR = DATA_DIR / "tasks"
-HELDOUT = DATA_DIR / "heldout.jsonl"
 KINDS = ("instruction", "seed", "qa", "rag", "summarization", "translation", "math", "code", "multiturn")
-HELDOUT_CATEGORIES = ("qa", "rag", "translation", "summarization", "code", "math", "multiturn")
 
 
 def _needs(template: str, *fields: str) -> str:
@@ -98,13 +96,6 @@ class TaskFile(StrictModel):
         if any(len(p) < 2 or not all(t.strip() for t in p) for p in v):
             raise ValueError("each multiturn item is a list of at least two non-empty turns")
         return v
-
-
-class HeldoutPrompt(StrictModel):
-    id: str = Field(pattern=r"^[a-z]{2}-heldout-\d{2}$")
-    lang: str
-    category: Literal[HELDOUT_CATEGORIES]  # type: ignore[valid-type]
-    turns: list[str] = Field(min_length=1)
 
 
 @dataclass(frozen=True)
@@ -167,24 +158,6 @@ def task_prompts(lang: str) -> dict[str, list[PoolPrompt]]:
     return out
 
 
-def load_heldout(lang: str) -> list[dict]:
-    """The held-out records of ``lang`` (``{id, lang, category, turns}``), in file order; [] for a language
-    without any (a language translated by synth)."""
-    return [r for r in _heldout_all() if r["lang"] == lang]
-
-
-@functools.lru_cache(maxsize=1)
-def _heldout_all() -> tuple[dict, ...]:
-    out, ids = [], set()
-    for n, rec in enumerate(read_jsonl(HELDOUT, strict=True), 1):
-        h = validate(HeldoutPrompt, rec, source=f"{HELDOUT}:{n}")
-        if h.id in ids or not h.id.startswith(h.lang + "-"):
-            raise PolyspecError(f"{HELDOUT}:{n}: id {h.id!r} is repeated or does not start with its lang")
-        ids.add(h.id)
-        out.append(h.model_dump())
-    return tuple(out)
-
-
 def benchmark_turns() -> set[str]:
     """Every turn of the built-in benchmark, whitespace-normalized."""
     path = importlib.resources.files("decoder").joinpath("data/mini_multispecbench.jsonl")
@@ -193,7 +166,7 @@ def benchmark_turns() -> set[str]:
 
 def forbidden_turns() -> set[str]:
     """Texts the pool never contains: the held-out turns (all languages) and the benchmark's turns."""
-    return benchmark_turns() | {_norm(t) for r in _heldout_all() for t in r["turns"]}
+    return benchmark_turns() | {_norm(t) for r in heldout_all() for t in r["turns"]}
 
 
 def _synth_instructions(path: Path) -> list[str]:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from polyspec.errors import PolyspecError
+from polyspec.faults import maybe_kill
 from polyspec.io import atomic_write_json, atomic_write_text, read_jsonl
 
 
@@ -77,7 +77,7 @@ class SynthStore:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-                _maybe_die(self._commits, f)
+                maybe_kill("commit", self._commits, torn=f)  # crash tests: the worst moment for a resume
         self.accepted += accepted
         self.rejected += rejected
         self.tokens += sum(record_tokens(r) for r in accepted + rejected)
@@ -116,13 +116,3 @@ def record_tokens(rec: dict[str, Any]) -> int:
     """Generated tokens of one record (instruction + response)."""
     return sum((rec.get("tokens") or {}).values())
 
-
-def _maybe_die(commit_no: int, f) -> None:
-    """Crash-test hook: ``POLYSPEC_TEST_KILL_AT_COMMIT=k`` SIGKILLs this process during its k-th commit,
-    after ``data.jsonl`` got its lines and half a torn line, before ``rejected.jsonl`` and the commit
-    point: the worst moment for a resume. Unset in normal use."""
-    at = os.environ.get("POLYSPEC_TEST_KILL_AT_COMMIT")
-    if at and int(at) == commit_no:
-        f.write('{"torn": ')
-        f.flush()
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -313,7 +313,7 @@ def captured_run(tmp_path_factory, tiny_llama_dir, llama):
 
 def _batch_losses(cfg, target, out: Path) -> tuple[float, float, float]:
     """(captured, online, online with features rounded to bf16 as the shards store them) on one batch."""
-    import train.drafter
+    import train.recipe
 
     r = DrafterRecipe(cfg, "finetune")
     r.out = out
@@ -328,13 +328,13 @@ def _batch_losses(cfg, target, out: Path) -> tuple[float, float, float]:
     captured = r.loss(batch)[0].item()
     r.reader = None  # the same examples, features from a target forward in the step
     online = r.loss(batch)[0].item()
-    exact = train.drafter.target_features
+    exact = train.recipe.target_features
     bf16 = lambda *a: tuple(x.bfloat16().float() for x in exact(*a)) if len(a) > 3 else exact(*a).bfloat16().float()  # noqa: E731
-    train.drafter.target_features = bf16
+    train.recipe.target_features = bf16
     try:
         rounded = r.loss(batch)[0].item()
     finally:
-        train.drafter.target_features = exact
+        train.recipe.target_features = exact
         r.cleanup()
     return captured, online, rounded
 

@@ -9,6 +9,7 @@ import shutil
 import pytest
 import yaml
 
+from polyspec import heldout
 from polyspec.errors import PolyspecError
 from polyspec.languages import get_language
 from synth import pool
@@ -147,11 +148,11 @@ def test_malformed_task_file_is_a_one_line_error(broken_tasks, breakage):
 def test_malformed_heldout_is_a_one_line_error(tmp_path, monkeypatch):
     bad = tmp_path / "heldout.jsonl"
     bad.write_text(json.dumps({"id": "de-heldout-01", "lang": "de", "category": "poetry", "turns": ["x"]}) + "\n")
-    monkeypatch.setattr(pool, "HELDOUT", bad)
-    pool._heldout_all.cache_clear()
+    monkeypatch.setattr(heldout, "HELDOUT", bad)
+    heldout.heldout_all.cache_clear()
     try:
         with pytest.raises(PolyspecError) as e:
             load_heldout("de")
         assert "\n" not in str(e.value) and "category" in str(e.value)
     finally:
-        pool._heldout_all.cache_clear()
+        heldout.heldout_all.cache_clear()

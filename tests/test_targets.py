@@ -8,6 +8,7 @@ from polyspec.errors import PolyspecError
 from polyspec.targets import (
     CACHE_RECORD,
     DEFAULT_TARGET,
+    check_pin,
     greedy_generate,
     load_target,
     registry_names,
@@ -15,7 +16,7 @@ from polyspec.targets import (
     target_cache_path,
     tokenizer_sha256,
 )
-from polyspec.testing import build_tokenizer
+from polyspec.testing import build_tiny_model, build_tokenizer
 
 
 def test_registry_has_defaults_and_presets():
@@ -53,7 +54,8 @@ def test_local_folder_loads_with_facts(tiny_target_dir):
     assert not t.model.training
     info = t.info()
     assert info["tokenizer_sha256"] == t.tokenizer_sha256 and len(info["tokenizer_sha256"]) == 64
-    assert set(t.pin()) == {"name", "source", "vocab_size", "hidden_size", "tokenizer_sha256"}
+    assert set(t.pin()) == {"name", "source", "vocab_size", "hidden_size", "num_hidden_layers", "architecture",
+                            "tokenizer_sha256"}
 
 
 def test_local_prompt_format_follows_chat_template(tiny_llama_dir, tiny_gemma_dir):
@@ -153,3 +155,46 @@ def test_pad_less_tokenizer_gets_eos_as_pad_and_one_hash(tmp_path, tiny_llama_di
     assert full.tokenizer.pad_token_id == full.tokenizer.eos_token_id
     assert light.tokenizer.pad_token_id == light.tokenizer.eos_token_id
     assert full.tokenizer_sha256 == light.tokenizer_sha256
+
+
+def _same_tokenizer_target(tmp_path, tokenizer_dir, family: str, layers: int):
+    """A tiny target of ``family`` with ``layers`` layers and the tokenizer of ``tokenizer_dir``."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    out = tmp_path / f"{family}-{layers}"
+    build_tiny_model(family, vocab_size=len(tok), layers=layers).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return load_target(str(out))
+
+
+def test_pin_holds_layer_count_and_architecture_and_a_mismatch_is_refused(tmp_path, tiny_llama_dir):
+    from conftest import make_tiny_bundle
+    from export.bundle import load_bundle
+
+    base = load_target(str(tiny_llama_dir))
+    pin = base.pin()
+    assert (pin["num_hidden_layers"], pin["architecture"]) == (2, "llama")
+    deeper = _same_tokenizer_target(tmp_path, tiny_llama_dir, "llama", 3)
+    assert deeper.tokenizer_sha256 == base.tokenizer_sha256 and deeper.hidden_size == base.hidden_size
+    with pytest.raises(PolyspecError) as e:
+        check_pin(pin, deeper.pin(), "bundle b")
+    msg = str(e.value)
+    assert "\n" not in msg and "num_hidden_layers 2" in msg and "num_hidden_layers 3" in msg
+    other = _same_tokenizer_target(tmp_path, tiny_llama_dir, "gemma3", 2)  # same tokenizer, shapes, layer count
+    with pytest.raises(PolyspecError, match="architecture llama; .* has architecture gemma3_text"):
+        check_pin(pin, other.pin(), "bundle b")
+    # a bundle built for the 2-layer target refuses the 3-layer one, naming both counts
+    bundle = make_tiny_bundle(tmp_path / "bundle", base, langs=("vi",))
+    with pytest.raises(PolyspecError, match="num_hidden_layers 2; .* has num_hidden_layers 3"):
+        load_bundle(bundle, target_pin=deeper.pin())
+    assert load_bundle(bundle, target_pin=pin).languages == ["vi"]
+
+
+def test_pins_written_before_layers_and_architecture_were_recorded_still_load(tiny_llama_dir):
+    pin = load_target(str(tiny_llama_dir), with_model=False).pin()
+    old = {k: v for k, v in pin.items() if k not in ("num_hidden_layers", "architecture")}
+    check_pin(old, pin, "bundle b")  # unknown, not a mismatch
+    with pytest.raises(PolyspecError, match="another tokenizer"):
+        check_pin({**old, "tokenizer_sha256": "0" * 64}, pin, "bundle b")
+

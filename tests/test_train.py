@@ -327,8 +327,8 @@ def test_padded_batches_and_bf16_autocast_keep_the_loss(gemma_run, tiny_gemma_di
     autocast (what mixed_precision auto picks on a bf16-native CPU) stays within 2 % of fp32."""
     from accelerate.state import AcceleratorState
 
-    from train.drafter import resolve_mixed_precision
     from train.objectives import reduced_logits
+    from train.recipe import resolve_mixed_precision
 
     losses = {}
     for name, ov in (("fp32", ["data.pad_to_multiple=1"]), ("padded", ["data.pad_to_multiple=64"]),
@@ -353,7 +353,7 @@ def test_padded_batches_and_bf16_autocast_keep_the_loss(gemma_run, tiny_gemma_di
     assert losses["padded"] == pytest.approx(losses["fp32"], rel=1e-4)
     assert losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2) and losses["bf16"] != losses["fp32"]
     monkeypatch.delenv("POLYSPEC_DTYPE", raising=False)
-    monkeypatch.setattr("train.drafter.resolve_dtype", lambda d, dev: torch.bfloat16)  # a bf16-native device
+    monkeypatch.setattr("train.recipe.resolve_dtype", lambda d, dev: torch.bfloat16)  # a bf16-native device
     assert resolve_mixed_precision("auto") == "bf16" and resolve_mixed_precision("no") == "no"
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     assert resolve_mixed_precision("auto") == ("bf16" if torch.cuda.is_available() else "no")
@@ -774,3 +774,76 @@ def test_train_bench_times_the_recipes_step_and_leaves_the_run_alone(tmp_path, l
     assert (got["tokens"], got["loss_tokens"]) == (real, loss)
     assert got["tokens_per_s"] == pytest.approx(real / got["seconds"], rel=0.02)
     assert got["padding"] == pytest.approx(1 - real / padded, abs=1e-3) and 0 < loss < real
+
+
+# ---------------------------------------------------------------------------------- damaged files
+
+
+def _truncate(path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_a_truncated_captured_feature_shard_is_a_one_line_error_naming_it(tmp_path):
+    from polyspec.features import FeatureReader, write_shard
+
+    shard = tmp_path / "synth" / "vi-distill" / "features" / "a0000000.safetensors"
+    shard.parent.mkdir(parents=True)
+    write_shard(shard, {"r0": {"ids": [5, 6, 7], "start": 1, "f": torch.randn(3, 8)}}, {"target": "t", "tokenizer": "s"})
+    assert FeatureReader("t", "s").ids(str(shard), "r0") == ([5, 6, 7], 1)
+    with pytest.raises(PolyspecError, match="holds no r1.f"):
+        FeatureReader("t", "s").get(str(shard), "r1")
+    _truncate(shard)
+    with pytest.raises(PolyspecError) as e:
+        FeatureReader("t", "s").get(str(shard), "r0")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"corrupt feature shard {shard}: ")
+    assert f"delete {tmp_path / 'synth' / 'vi-distill'} and rerun synth distill" in msg
+
+
+def test_a_truncated_offline_feature_shard_is_a_one_line_error_naming_it(tmp_path):
+    from safetensors.torch import save
+
+    from train.features import FeatureStore
+
+    path = tmp_path / "features" / "shard-00000.safetensors"
+    path.parent.mkdir()
+    path.write_bytes(save({f"ex{i}": torch.randn(4, 8) for i in range(3)}))
+    store = FeatureStore(path.parent, [None] * 3, target=None, is_main=False)  # the shard is there: nothing computed
+    assert store.get([0, 2], 5, "cpu").shape == (2, 5, 8)
+    _truncate(path)
+    with pytest.raises(PolyspecError) as e:
+        FeatureStore(path.parent, [None] * 3, target=None, is_main=False).get([1], 5, "cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"corrupt feature shard {path}: ") and msg.endswith("rerun train")
+
+
+def test_a_damaged_checkpoint_is_a_one_line_error_naming_it(tmp_path, llama_run, tiny_llama_dir):
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    common = ["stage=finetune", "checkpoint_every=2", "eval_every=100", "keep_checkpoints=2"]
+    run(tcfg(run_dir, tiny_llama_dir, *common, "finetune.steps=4"))
+    ck = run_dir / "train/vi/finetune/checkpoint-4"
+    weights = ck / "model.safetensors"
+    _truncate(weights)
+    with pytest.raises(PolyspecError) as e:  # a rerun of the finished stage resumes from its last checkpoint
+        run(tcfg(run_dir, tiny_llama_dir, *common, "finetune.steps=4"))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"corrupt checkpoint {weights}: ") and f"delete {ck} and rerun" in msg
+    (ck / "trainer_state.json").write_text("{")
+    with pytest.raises(PolyspecError, match=f"corrupt checkpoint {ck / 'trainer_state.json'}: "):
+        run(tcfg(run_dir, tiny_llama_dir, *common, "finetune.steps=4"))
+    shutil.rmtree(ck)  # as the message says: the stage resumes from the checkpoint before
+    assert run(tcfg(run_dir, tiny_llama_dir, *common, "finetune.steps=4"))[0]["steps"] == 4
+
+
+def test_compare_skips_a_torn_metrics_line(tmp_path):
+    from train.compare import eval_rows
+
+    stage = tmp_path / "train" / "vi" / "finetune"
+    stage.mkdir(parents=True)
+    ev = {"tau": 1.5, "accept_len": 0.5, "alpha": [0.5], "steps": 2, "tokens": 3}
+    (stage / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n"
+                                         + json.dumps({"step": 2, "eval": ev}) + "\n" + '{"step": 3, "ev')
+    assert eval_rows(tmp_path, "vi") == {2: ev}
+

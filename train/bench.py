@@ -20,8 +20,9 @@ import torch
 
 from polyspec.config import load_config
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.io import atomic_write_json
 from train.config import TrainConfig
-from train.drafter import DrafterRecipe
+from train.recipe import DrafterRecipe
 
 
 class _Counting:
@@ -87,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['tokens_per_s']:.0f} tok/s ({result['loss_tokens_per_s']:.0f} loss tok/s), "
               f"{result['ms_per_step']} ms/step over {result['steps']} steps, padding {100 * result['padding']:.0f} %")
         if args.json:
-            from polyspec.io import atomic_write_json
-
             atomic_write_json(args.json, result)
     return 0
 

@@ -1,4 +1,5 @@
-"""Compare training runs by held-out simulated acceptance, step by step (seed 004's P-F vs F-only question).
+"""Compare training runs by held-out simulated acceptance, step by step (pretrain-finetune vs finetune-only, the
+question of Yi et al. 2024, "Towards Fast Multilingual LLM Inference").
 
 ``python -m train.compare --lang vi pretrain-finetune=runs/x/pf finetune-only=runs/x/f untrained=runs/x/u``
 reads each run's ``train/<lang>/<stage>/metrics.jsonl`` evaluation rows (and ``eval_only.json``, written by
@@ -9,10 +10,10 @@ step, and the per-position acceptance α_i of each run's last evaluation.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.io import read_json_or_none, read_jsonl
 
 
 def eval_rows(run: str | Path, lang: str, stage: str = "finetune") -> dict[int, dict]:
@@ -21,11 +22,13 @@ def eval_rows(run: str | Path, lang: str, stage: str = "finetune") -> dict[int, 
     rows: dict[int, dict] = {}
     only = out_dir / "eval_only.json"
     if only.is_file():
-        rows[0] = json.loads(only.read_text(encoding="utf-8"))["eval"]
+        rec = read_json_or_none(only)
+        if not isinstance(rec, dict) or "eval" not in rec:
+            raise PolyspecError(f"{only} is unreadable; rerun that run with eval_only=true")
+        rows[0] = rec["eval"]
     metrics = out_dir / "metrics.jsonl"
     if metrics.is_file():
-        for line in metrics.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line)
+        for rec in read_jsonl(metrics):  # a killed run's torn last line is skipped (and counted)
             if "eval" in rec:  # a resumed run may evaluate a step twice: the last record wins
                 rows[int(rec["step"])] = rec["eval"]
     if not rows:

@@ -85,7 +85,7 @@ class OptimConfig(StrictModel):
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
-    warmup_ratio: float = Field(0.03, ge=0.0, lt=1.0, description="seed 004 Appendix F")
+    warmup_ratio: float = Field(0.03, ge=0.0, lt=1.0, description="Yi et al. 2024 (Towards Fast Multilingual LLM Inference), Appendix F")
     max_grad_norm: float = Field(1.0, gt=0)
     batch_size: int = Field(4, ge=1, description="sequences per device per micro-step")
     grad_accum: int = Field(1, ge=1)

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save
 from tqdm.auto import tqdm
 
+from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_write_bytes
 from train.objectives import target_features
 
@@ -36,8 +37,6 @@ class FeatureStore:
             for i in range(shard * self.shard_size, min(self.n, (shard + 1) * self.shard_size)):
                 ids = torch.tensor([examples[i].input_ids], device=target.device)
                 out[f"ex{i}"] = target_features(target.model, ids, torch.ones_like(ids))[0].float().cpu().contiguous()
-            from safetensors.torch import save
-
             atomic_write_bytes(self._path(shard), save(out))
 
     def get(self, indices: list[int], T: int, device) -> torch.Tensor:
@@ -46,8 +45,16 @@ class FeatureStore:
         for i in indices:
             shard = i // self.shard_size
             if shard not in self._cache:
-                self._cache = {shard: load_file(str(self._path(shard)))}  # keep one shard in memory
-            f = self._cache[shard][f"ex{i}"]
+                self._cache = {shard: self._load(shard)}  # keep one shard in memory
+            f = self._cache[shard].get(f"ex{i}")
+            if f is None:
+                raise PolyspecError(f"feature shard {self._path(shard)} holds no ex{i}; delete it and rerun train")
             rows.append(torch.nn.functional.pad(f, (0, 0, 0, T - f.shape[0])))
         return torch.stack(rows).to(device)
 
+    def _load(self, shard: int) -> dict[str, torch.Tensor]:
+        path = self._path(shard)
+        try:
+            return load_file(str(path))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on a damaged file
+            raise PolyspecError(f"corrupt feature shard {path}: {first_line(e)}; delete it and rerun train") from None

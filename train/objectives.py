@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 from polyspec.lookup import hint_inputs, hint_tensors
 
@@ -127,8 +128,6 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         kw = {} if hints is None else {"hints": (hints[0][:, 1 + i :], hints[1][:, 1 + i :])}
         if ttt:
             if cache is None:
-                from transformers import DynamicCache
-
                 cache = DynamicCache()
             mask4 = ttt_mask(lengths, L, ids.shape[0], emb.dtype, ids.device) if lengths else None
             pred, cache = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, attention_mask=mask4,

@@ -1,0 +1,333 @@
+"""Drafter models and their on-disk form, shared by train (builds and saves them), export and decoder (load
+them) — ``load_drafter`` is the one public way to rebuild one.
+
+- ``eagle`` (:class:`EagleDrafter`): input [embed(x_{t+1}) ‖ f_t] → fc(2H→H) → one decoder layer of the
+  target's own family (``eagle.num_layers``: several; the target's base model cut to that many full-attention
+  layers: Gemma3, Llama, Qwen2, …; rotary, masks and KV cache come with it) → predicted feature f̂_{t+1}. The
+  frozen target embedding and LM head are *not* part of the drafter; at use time the head is restricted to the
+  language's top-s ids.
+  ``eagle.lookup_hint``: the fc output also gets hint_fc(embed(h)) + strength(n) — (h, n) the prompt-lookup hint of
+  the entry's token prefix (``polyspec.lookup``) — and the output gate(n) · hint_out(embed(h)), so the drafter learns
+  when prompt lookup's next token is right instead of learning to copy through attention.
+- ``small-lm``: a tiny Llama-family causal LM with the target's tokenizer and exactly its ``vocab_size``;
+  tied embeddings initialised from the target's embedding, projected onto its top principal directions
+  when the widths differ (PCA keeps the most variance of the target's token geometry), rescaled to the
+  usual init scale.
+
+A drafter folder holds ``config.json`` (``drafter_type`` discriminator, architecture, the target pin
+and the vocabulary it was trained with) and ``model.safetensors`` (drafter weights only).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
+
+from polyspec.errors import PolyspecError, first_line
+from polyspec.io import atomic_directory, atomic_write_json
+from polyspec.lookup import STRENGTHS
+from polyspec.targets import eagle3_layers, text_config
+
+DRAFTER_FORMAT = 1
+
+
+def eagle_layer_config(target_config, num_layers: int = 1) -> Any:
+    """The target's own config cut to ``num_layers`` full-attention decoder layers and a stub vocabulary."""
+    cfg = copy.deepcopy(text_config(target_config))
+    cfg.num_hidden_layers = num_layers
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = ["full_attention"] * num_layers
+    cfg.vocab_size = 8  # the drafter never embeds ids itself: the frozen target embedding does
+    for attr in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        setattr(cfg, attr, None)
+    cfg.tie_word_embeddings = False
+    cfg.use_cache = True
+    for attr in ("quantization_config", "_name_or_path"):
+        if hasattr(cfg, attr):
+            delattr(cfg, attr)
+    return cfg
+
+
+class EagleDrafter(nn.Module):
+    drafter_type = "eagle"
+    arch_name = "eagle1"
+
+    def __init__(self, layer_config, lookup_hint: bool = False):
+        super().__init__()
+        self.layer_config = layer_config
+        h = layer_config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.layer = AutoModel.from_config(layer_config)  # one decoder layer of the target's family
+        self.layer.embed_tokens = None  # inputs arrive as embeddings; an unused parameter would also stall DDP
+        self.lookup_hint = lookup_hint
+        if lookup_hint:  # polyspec.lookup: the token prompt lookup proposes next; its n-gram length, last hit
+            self.hint_fc = nn.Linear(h, h, bias=False)
+            self.hint_strength = nn.Embedding(STRENGTHS, h)
+            nn.init.zeros_(self.hint_strength.weight)
+            # and a copy path past the layer: the output also gets gate(strength) · hint_out(unit-RMS hint embedding),
+            # a direction the head maps onto the hint (identity at the start: a tied head's row of the hint itself)
+            self.hint_out = nn.Linear(h, h, bias=False)
+            nn.init.eye_(self.hint_out.weight)
+            self.hint_gate = nn.Embedding(STRENGTHS, 1)
+            nn.init.zeros_(self.hint_gate.weight)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.fc.out_features
+
+    def forward(self, input_embeds, features, position_ids=None, attention_mask=None, past_key_values=None,
+                use_cache=False, hints=None):
+        """input_embeds, features: [B, T, H] → predicted next features [B, T, H] (and the KV cache).
+        ``hints`` (``lookup_hint`` drafters): (embedded hint ids [B, T, H], zero where there is none; strengths
+        [B, T] long), :func:`polyspec.lookup.hint_inputs` of the entries' prefixes."""
+        x = self.fc(torch.cat([input_embeds, features.to(input_embeds.dtype)], dim=-1))
+        if self.lookup_hint:
+            if hints is None:
+                raise PolyspecError("this EAGLE drafter reads prompt-lookup hints (eagle.lookup_hint): pass hints=")
+            x = x + self.hint_fc(hints[0].to(x.dtype)) + self.hint_strength(hints[1]).to(x.dtype)
+        out = self.layer(inputs_embeds=x, position_ids=position_ids, attention_mask=attention_mask,
+                         past_key_values=past_key_values, use_cache=use_cache)
+        pred = out.last_hidden_state
+        if self.lookup_hint:
+            e = hints[0].to(pred.dtype)
+            unit = e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + 1e-6)  # zero where there is no hint
+            pred = pred + self.hint_gate(hints[1]).to(pred.dtype) * self.hint_out(unit)
+        return pred, out.past_key_values
+
+    def arch(self) -> dict:
+        return {"layer_config": self.layer_config.to_dict(), "lookup_hint": self.lookup_hint}
+
+    @classmethod
+    def from_arch(cls, arch: dict) -> EagleDrafter:
+        d = dict(arch["layer_config"])
+        return cls(AutoConfig.for_model(d.pop("model_type"), **d), lookup_hint=bool(arch.get("lookup_hint", False)))
+
+
+def copy_target_layer(drafter: EagleDrafter, target_model) -> int:
+    """Start an EAGLE-1 drafter's decoder layer and final norm as the target's last full-attention layer and
+    its final norm (same family, same shapes: ``eagle_layer_config``). → the index of the layer copied."""
+    base = target_model.get_decoder()
+    types = getattr(text_config(target_model.config), "layer_types", None) or []
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    idx = full[-1] if full else len(base.layers) - 1
+    for dst, src in ((drafter.layer.layers[0], base.layers[idx]), (drafter.layer.norm, base.norm)):
+        dst.load_state_dict({k: v.float().cpu() for k, v in src.state_dict().items()}, strict=True)
+    return idx
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 form, as speculators' ``Eagle3DraftModel`` and vLLM's eagle3 compute it (``norm_before_residual``
+    false; ``export.interop.write_speculators``): g = fc([h_low ‖ h_mid ‖ h_high]) fuses three distinct target
+    layers (``aux_layers``, indices into ``output_hidden_states``); one Llama layer whose
+    attention reads [input_norm(embed(x)) ‖ hidden_norm(g)] (2H → heads), residual g; ``norm`` → its own
+    ``lm_head`` over the draft vocabulary ``draft_ids`` (the language's top-s ids, initialised from the
+    target head's rows, so row order = rank order and a size s' < s is the first s' rows). Unrolled steps
+    feed the layer's pre-norm output back as g (training-time test)."""
+
+    drafter_type = "eagle"
+    arch_name = "eagle3"
+
+    def __init__(self, layer_config, target_hidden_size: int, aux_layers: list[int], draft_vocab_size: int):
+        super().__init__()
+        c = self.layer_config = layer_config
+        c._attn_implementation = c._attn_implementation or "sdpa"  # a standalone layer: pick the kernel
+        H, eps = c.hidden_size, c.rms_norm_eps
+        self.target_hidden_size, self.aux_layers = target_hidden_size, list(aux_layers)
+        self.fc = nn.Linear(3 * target_hidden_size, H, bias=False)
+        self.input_layernorm, self.hidden_norm = LlamaRMSNorm(H, eps=eps), LlamaRMSNorm(H, eps=eps)
+        self.self_attn = LlamaAttention(c, layer_idx=0)
+        hd = self.self_attn.head_dim
+        self.self_attn.q_proj = nn.Linear(2 * H, c.num_attention_heads * hd, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * H, c.num_key_value_heads * hd, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * H, c.num_key_value_heads * hd, bias=False)
+        self.post_attention_layernorm = LlamaRMSNorm(H, eps=eps)
+        self.mlp = LlamaMLP(c)
+        self.norm = LlamaRMSNorm(H, eps=eps)
+        self.rotary = LlamaRotaryEmbedding(c)
+        self.lm_head = nn.Linear(H, draft_vocab_size, bias=False)
+        self.register_buffer("draft_ids", torch.zeros(draft_vocab_size, dtype=torch.long))
+
+    @property
+    def hidden_size(self) -> int:
+        return self.fc.out_features
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.lm_head.out_features
+
+    @classmethod
+    def for_target(cls, target, draft_ids: torch.Tensor, aux_layers: list[int] | None = None) -> Eagle3Drafter:
+        t = text_config(target.model.config)
+        n = t.num_hidden_layers
+        aux = aux_layers or eagle3_layers(n)  # vLLM's default for EAGLE-3
+        cfg = LlamaConfig(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=1,
+                          num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
+                          head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+                          rms_norm_eps=t.rms_norm_eps, max_position_embeddings=t.max_position_embeddings,
+                          vocab_size=target.vocab_size, tie_word_embeddings=False)
+        model = cls(cfg, t.hidden_size, aux, len(draft_ids))
+        with torch.no_grad():
+            ids = draft_ids.to(target.model.get_output_embeddings().weight.device)
+            model.lm_head.weight.copy_(target.model.get_output_embeddings().weight[ids].float().cpu())
+            model.draft_ids.copy_(draft_ids.cpu())
+        return model
+
+    @torch.no_grad()
+    def rehead(self, draft_ids: torch.Tensor, target_head: torch.Tensor) -> int:
+        """Another draft vocabulary for this drafter: the head's row of an id both vocabularies hold moves to the
+        id's new place, a new id's row is the target head's (``target_head`` [|V|, H]). Returns the rows kept."""
+        old = {int(t): j for j, t in enumerate(self.draft_ids.tolist())}
+        w = target_head[draft_ids.to(target_head.device)].detach().float().cpu().clone()
+        src = torch.tensor([old.get(int(t), -1) for t in draft_ids.tolist()], dtype=torch.long)
+        hit = src >= 0
+        w[hit] = self.lm_head.weight.detach().float().cpu()[src[hit]]
+        self.lm_head = nn.Linear(self.hidden_size, len(draft_ids), bias=False, dtype=self.lm_head.weight.dtype)
+        self.lm_head.weight.copy_(w)
+        self.draft_ids = draft_ids.detach().cpu().long().clone()
+        return int(hit.sum())
+
+    def forward(self, input_embeds, features, position_ids=None, attention_mask=None, past_key_values=None,
+                use_cache=False):
+        """features [B, T, 3H] (target layers: fused by fc) or [B, T, H] (own previous outputs) →
+        pre-norm hidden [B, T, H] (and the KV cache)."""
+        g = features.to(input_embeds.dtype)
+        if g.shape[-1] == 3 * self.target_hidden_size:
+            g = self.fc(g)
+        B, T, _ = input_embeds.shape
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=g.device).unsqueeze(0)
+        if attention_mask is None or attention_mask.dim() == 2:  # causal over cache + new, plus key padding
+            allowed = torch.ones((T, past + T), dtype=torch.bool, device=g.device).tril(diagonal=past)
+            allowed = allowed.view(1, 1, T, past + T).expand(B, 1, T, past + T)
+            if attention_mask is not None:
+                allowed = allowed & attention_mask.bool()[:, None, None, -(past + T):]
+            attention_mask = torch.zeros(allowed.shape, dtype=g.dtype, device=g.device).masked_fill(
+                ~allowed, torch.finfo(g.dtype).min)
+        x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(g)], dim=-1)
+        attn, _ = self.self_attn(x, position_embeddings=self.rotary(g, position_ids), attention_mask=attention_mask,
+                                 past_key_values=past_key_values if use_cache else None)
+        h = g + attn
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, (past_key_values if use_cache else None)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden → logits over the draft vocabulary (row j is target id ``draft_ids[j]``)."""
+        return self.lm_head(self.norm(h)).float()
+
+    def arch(self) -> dict:
+        return {"arch": "eagle3", "layer_config": self.layer_config.to_dict(), "aux_layers": self.aux_layers,
+                "target_hidden_size": self.target_hidden_size, "draft_vocab_size": self.draft_vocab_size}
+
+    @classmethod
+    def from_arch(cls, arch: dict) -> Eagle3Drafter:
+        d = {k: v for k, v in arch["layer_config"].items() if k != "model_type"}
+        return cls(LlamaConfig(**d), arch["target_hidden_size"], arch["aux_layers"], arch["draft_vocab_size"])
+
+
+def build_small_lm(target: Any, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int):
+    """A Llama-family LM over the target's full vocabulary, embeddings initialised from the target's."""
+    tok = target.tokenizer
+    V = target.vocab_size
+    cfg = LlamaConfig(vocab_size=V, hidden_size=hidden_size, num_hidden_layers=num_layers,
+                      num_attention_heads=num_heads, num_key_value_heads=num_heads,
+                      intermediate_size=intermediate_size, max_position_embeddings=4096, tie_word_embeddings=True,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(project_embedding(target.model.get_input_embeddings().weight, hidden_size))
+    model.tie_weights()
+    return model
+
+
+def project_embedding(weight: torch.Tensor, dim: int, init_std: float = 0.02) -> torch.Tensor:
+    """[V, H] → [V, dim]: the top-``dim`` principal directions when dim < H (identity/zero-pad otherwise),
+    rescaled to ``init_std``."""
+    w = weight.detach().float()
+    if dim < w.shape[1]:
+        centered = w - w.mean(0, keepdim=True)
+        cov = centered.T @ centered / w.shape[0]  # [H, H]: cheap even for a 262K vocabulary
+        _, vecs = torch.linalg.eigh(cov)
+        w = centered @ vecs[:, -dim:].flip(-1)
+    elif dim > w.shape[1]:
+        w = torch.cat([w, torch.zeros(w.shape[0], dim - w.shape[1])], dim=1)
+    return w * (init_std / w.std().clamp_min(1e-12))
+
+
+# ------------------------------------------------------------------------------------- save / load
+
+
+def save_drafter(path: str | Path, model: nn.Module, meta: dict, state: dict | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (drafter weights only), atomically. ``state``: the
+    weights when ``model``'s own are not whole (DeepSpeed ZeRO-3 shards: ``accelerator.get_state_dict``)."""
+    if isinstance(model, (EagleDrafter, Eagle3Drafter)):
+        dtype, arch = "eagle", model.arch()
+    else:
+        dtype, arch = "small-lm", {"config": model.config.to_dict()}
+    state = {k: v.detach().cpu().contiguous() for k, v in (model.state_dict() if state is None else state).items()}
+    if dtype == "small-lm" and model.config.tie_word_embeddings:  # tied head: store the shared matrix once
+        state.pop("lm_head.weight", None)
+    with atomic_directory(path, overwrite=True) as tmp:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", {"format_version": DRAFTER_FORMAT, "drafter_type": dtype, **arch, **meta})
+    return Path(path)
+
+
+def load_drafter(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+    """Rebuild a drafter from its folder (safetensors only). Parameters start as NaN, so a tensor the
+    file does not provide fails loudly instead of silently keeping a random init."""
+    path = Path(path)
+    for name in ("config.json", "model.safetensors"):
+        if not (path / name).is_file():
+            raise PolyspecError(f"drafter folder {path} is missing {name}")
+    try:
+        meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        raise PolyspecError(f"cannot read drafter config {path / 'config.json'}: {first_line(e)}") from None
+    try:
+        state = load_file(str(path / "model.safetensors"))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on a damaged file
+        raise PolyspecError(f"corrupt drafter weights {path / 'model.safetensors'}: {first_line(e)}; "
+                            f"rewrite {path} (rerun the stage that wrote it)") from None
+    kind = meta.get("drafter_type")
+    if kind == "eagle":
+        model = (Eagle3Drafter if meta.get("arch") == "eagle3" else EagleDrafter).from_arch(meta)
+    elif kind == "small-lm":  # Llama as built by build_small_lm; any transformers causal-LM family loads
+        cfg = dict(meta["config"])
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type", "llama"), **cfg))
+    else:
+        raise PolyspecError(f"drafter {path}: unknown drafter_type {kind!r}")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if kind == "small-lm" and model.config.tie_word_embeddings:
+        model.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise PolyspecError(f"drafter {path}: weights do not match its config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if any(torch.isnan(p).any() for p in model.parameters()):
+        raise PolyspecError(f"drafter {path}: some weights were not loaded")
+    return model.to(device).eval(), meta
