@@ -1,10 +1,11 @@
 """``python -m decoder run`` — decode one prompt with a bundle and print the text, τ and the step trace.
 
     python -m decoder run --bundle runs/default/export/bundle --prompt "Viết một câu về Hà Nội."
-                          [--lang auto|vi] [--method adaspec|chain|tree|ar] [--size auto|full|8192]
+                          [--lang auto|vi] [--method adaspec|chain|tree|ar|…] [--size auto|full|8192]
                           [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--trace] [--json]
 
-The prompt is a user message, rendered with the target's prompt format (``--raw`` sends it as is).
+The prompt is a user message, rendered with the target's prompt format (``--raw`` sends it as is). The methods
+are the registry's decoder methods (``decoder.methods``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import argparse
 import json
 import sys
 
+from decoder.core import Decoder
+from decoder.methods import DECODER_METHODS, METHODS
 from polyspec.errors import cli_entry
+from polyspec.prompts import encode, render
+from polyspec.targets import load_target
 
 
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m decoder", description="Lossless speculative decoding with a bundle.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="decode one prompt")
@@ -25,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--target", default="gemma3-270m")
     r.add_argument("--prompt", required=True)
     r.add_argument("--raw", action="store_true", help="send the prompt text as is (no prompt format)")
-    r.add_argument("--method", default="adaspec", choices=["ar", "chain", "tree", "adaspec", "spide", "pld", "ngram-tree",
-                                                           "spectra", "hybrid"])
+    r.add_argument("--method", default="adaspec", choices=DECODER_METHODS,
+                   help="; ".join(f"{m}: {METHODS[m].paper}" for m in DECODER_METHODS))
     r.add_argument("--shape", default="chain", choices=["chain", "tree"], help="adaspec: draft shape")
     r.add_argument("--lang", default="auto", help="auto (from the prompt) or a bundle language (fixed)")
     r.add_argument("--size", default="auto", help="auto, full, or one of the bundle's vocabulary sizes (fixed)")
@@ -43,11 +47,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="adaspec: run the drafter every step, also where prompt lookup copies a running loop")
     r.add_argument("--trace", action="store_true", help="print one line per step")
     r.add_argument("--json", action="store_true", help="print the full result as JSON")
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    return ap
 
-    from decoder.core import Decoder
-    from polyspec.prompts import encode, render
-    from polyspec.targets import load_target
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     fmt = target.spec.prompt_format

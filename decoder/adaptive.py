@@ -1,4 +1,4 @@
-"""ADASPEC Alg. 2 (seed 003): choose the drafter language ℓ and vocabulary size s from recent tokens.
+"""ADASPEC Alg. 2: choose the drafter language ℓ and vocabulary size s from recent tokens.
 
 The language mask M_lang [|L|·|S|, |V|] (row s·|L| + l marks V_l[:S[s]], lines 6–16) comes from the
 bundle. Every u generated tokens the last w tokens form the context mask (lines 28–33); the overlap with

@@ -3,227 +3,105 @@ same process; answers per method, ``report.md`` / ``report.json`` and PNG charts
 
     python -m decoder.bench --bundle runs/default/export/bundle [--questions spec_bench/question.jsonl]
         [--langs vi,de,ja] [--per-cell 1] [--methods ar,hf-generate,adaspec,…] [--max-new-tokens 128]
-        [--repeats 1] [--out runs/default/eval]
+        [--repeats 1] [--out runs/default/eval] [--keep-going]
 
-Questions: Spec-Bench ``question.jsonl`` lines {question_id, category, language, turns} (multi-turn: each
-turn is answered by the method itself, then appended). Default: the built-in mini Multi-SpecBench
-(``decoder/data/mini_multispecbench.jsonl``: 7 languages × 7 tasks × 3, plus a mixed-language set).
+Questions: Spec-Bench ``question.jsonl`` lines (``decoder.questions``; multi-turn: each turn is answered by the
+method itself, then appended). Methods: any name of the registry ``decoder.methods`` (the decoder's methods, their
+presets such as ``eagle-full``/``fr-spec``/``eagle3``, and transformers' ``hf-generate``/``hf-pld``/``hf-assisted``).
+A method that cannot run with the inputs given (no bundle, no small-LM drafter, …) is skipped and the report says
+why. The questions file and the method names are checked before any model loads (torch and transformers are
+imported inside the functions that run models, for that reason).
 
-Protocol (issue #7): one warm-up question per method; generation ends at EOS, the prompt format's stop
-strings or max_new_tokens, for every method alike; tokens are the answer's tokens; τ = tokens / target
-forwards (prefill included; counted by a forward hook for transformers' own loops); speedup = tokens/s
-over the faster of ``ar`` and ``hf-generate`` on the same questions; every greedy output is compared
-with ``ar``'s (``identical``); mean ± std over ``--repeats`` passes. Methods are interleaved: each question
-is answered by every method (in alternating order) before the next, so a drift in the machine's speed
-falls on all methods alike.
+Protocol: one warm-up question per method; generation ends at EOS, the prompt format's stop strings or
+max_new_tokens, for every method alike; tokens are the answer's tokens; τ = tokens / target forwards (prefill
+included; counted by a forward hook for transformers' own loops); speedup = tokens/s over the faster of ``ar``
+and ``hf-generate`` on the same questions; every greedy output is compared with ``ar``'s (``identical``); mean ±
+std over ``--repeats`` passes. Methods are interleaved: each question is answered by every method (in alternating
+order) before the next, so a drift in the machine's speed falls on all methods alike.
+
+Failures: a method that raises (while being built or answering) is left out of the tables from then on, and
+``report.json`` (``failed``) and ``report.md`` ("Failed methods") say which method, on which question, with the
+error's first line; its answers until then are kept in ``answers/<method>.jsonl``. The run exits 1 when a method
+failed, unless ``--keep-going``. Only the failure of the sole baseline ends the run at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from polyspec.errors import PolyspecError, cli_entry
+from decoder.bench_report import Answer, adaptive_trace, agreement, charts, render_markdown, summarize
+from decoder.methods import BASELINES, DEFAULT_BENCH, BenchInputs, Method, get_method, parse_methods
+from decoder.questions import BUILTIN, load_questions, read_questions, select_questions
+from polyspec.errors import PolyspecError, cli_entry, first_line
+from polyspec.io import atomic_write_json, atomic_write_text
+from polyspec.prompts import encode, render
 
-BUILTIN = Path(__file__).resolve().parent / "data" / "mini_multispecbench.jsonl"
-AR_METHODS = ("ar", "hf-generate")
-DEFAULT_METHODS = ("ar,hf-generate,adaspec,eagle-full,fr-spec,spide,pld,ngram-tree,spectra,hybrid,hf-pld,hf-assisted")
+__all__ = ["AR_METHODS", "Answer", "BUILTIN", "DEFAULT_METHODS", "agreement", "answer_question", "build_methods",
+           "charts", "load_questions", "main", "render_markdown", "run_bench", "summarize"]
+
+AR_METHODS = BASELINES
+DEFAULT_METHODS = ",".join(DEFAULT_BENCH)
 
 
-def load_questions(path: str | Path | None, langs: list[str] | None = None, per_cell: int | None = None,
-                   categories: list[str] | None = None) -> list[dict]:
-    path = Path(path) if path else BUILTIN
-    rows, seen = [], {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise PolyspecError(f"questions file not found: {path}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            q = json.loads(line)
-            turns = q["turns"]
-            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                raise ValueError("turns must be a non-empty list of strings")
-        except (json.JSONDecodeError, KeyError, ValueError) as e:
-            raise PolyspecError(f"{path}:{n}: not a Spec-Bench question ({e})") from None
-        if "question_id" not in q and "id" in q:  # polyspec's held-out prompts (synth/data/heldout.jsonl)
-            q["question_id"] = q["id"]
-        q.setdefault("category", "unknown")
-        q.setdefault("language", q.get("lang", "en"))
-        if langs and q["language"] not in langs and q.get("prompt_language") not in langs:
-            continue
-        if categories and q["category"] not in categories:
-            continue
-        cell = (q["language"], q["category"])
-        seen[cell] = seen.get(cell, 0) + 1
-        if per_cell and seen[cell] > per_cell:
-            continue
-        rows.append(q)
-    if not rows:
-        raise PolyspecError(f"{path}: no questions left for languages {langs} / categories {categories}")
-    return rows
+def _failure(method: str, question_id, phase: str, e: BaseException, answered: int = 0) -> dict:
+    """A failed method as report.json records it: phase ``build``, ``warm-up`` or ``answer``."""
+    return {"method": method, "question_id": question_id, "phase": phase, "error": f"{type(e).__name__}: {first_line(e)}",
+            "answered": answered}
 
 
 # ------------------------------------------------------------------------------------------ methods
+def _decoder_runner(m: Method, b: BenchInputs):
+    from decoder.core import Decoder  # start-up time: torch loads after the inputs are checked
 
+    opts = m.bench_options(b)
+    dec = Decoder(b.target, opts.pop("bundle", b.bundle), log=b.log, **opts)
 
-@dataclass
-class Answer:
-    tokens: list[int]
-    text: str
-    forwards: int
-    seconds: float
-    accept_lengths: list[int] = field(default_factory=list)
-    steps: list = field(default_factory=list)
-
-
-class ForwardCounter:
-    """Counts the target's forward calls (transformers' own generate loops)."""
-
-    def __init__(self, model):
-        self.n = 0
-        self.handle = model.register_forward_hook(lambda *_: self._inc())
-
-    def _inc(self):
-        self.n += 1
+    def run(ids, n):
+        out = dec.generate(ids, n)
+        return Answer(out.tokens, out.text, out.target_forwards, out.wall_s, out.accept_lengths, out.steps)
+    return run
 
 
 def build_methods(names: list[str], target, bundle, assistant: str | None, log, gamma: int | None = None,
-                  engine_bundle=None) -> dict:
-    """name → callable(prompt_ids, max_new_tokens) → Answer. Methods that cannot run are skipped (logged).
-    ``gamma``: the drafter methods' γ instead of the bundle's calibrated one (``--gamma``). ``engine_bundle``: the
-    EAGLE-3 drafters engines load (``python -m export engines``), which method ``eagle3`` runs."""
-    import torch
-
-    from decoder.core import NEEDS_BUNDLE, Decoder
-
-    fmt = target.spec.prompt_format
-    tok = target.tokenizer
-    counter = ForwardCounter(target.model)
-    methods = {}
-
-    def ours(drafters=None, **kw):
-        if gamma is not None and kw["method"] in NEEDS_BUNDLE:  # the methods whose γ calibration sets
-            kw.setdefault("gamma", gamma)
-        dec = Decoder(target, drafters or bundle, log=log, **kw)
-
-        def run(ids, n):
-            out = dec.generate(ids, n)
-            return Answer(out.tokens, out.text, out.target_forwards, out.wall_s, out.accept_lengths, out.steps)
-        return run
-
-    def hf(**kw):
-        from transformers import StoppingCriteria, StoppingCriteriaList
-
-        from decoder.stopping import Stopper, eos_ids
-
-        class StopText(StoppingCriteria):
-            """The prompt format's stop strings, checked on the decoded tail. (transformers' own
-            ``stop_strings`` cannot be used: assisted generation forwards them to the assistant's
-            ``generate`` without the tokenizer and fails.)"""
-
-            def __init__(self, start: int):
-                self.start = start
-                self.tail = max((len(x) for x in fmt.stop), default=0) + 2
-
-            def __call__(self, input_ids, scores, **_):
-                text = tok.decode(input_ids[0, max(self.start, input_ids.shape[1] - self.tail):])
-                return torch.tensor([any(x in text for x in fmt.stop)], device=input_ids.device)
-
-        def run(ids, n):
-            x = torch.tensor([ids], device=target.device)
-            counter.n = 0
-            stop = StoppingCriteriaList([StopText(len(ids))]) if fmt.stop else None
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                                            pad_token_id=tok.pad_token_id, stopping_criteria=stop, **kw)
-            dt = time.perf_counter() - t0
-            new = out[0, len(ids):].tolist()
-            st = Stopper(tok, eos_ids(target), list(fmt.stop), n)  # the same cut and text as ours
-            st.push(new)
-            return Answer(st.tokens, st.text(), counter.n, dt)
-        return run
-
-    sizes = bundle.vocab_sizes if bundle is not None else []
-    langs = bundle.languages if bundle is not None else []
+                  engine_bundle=None, failed: list[dict] | None = None, skipped: dict[str, str] | None = None) -> dict:
+    """name → callable(prompt_ids, max_new_tokens) → Answer, each built as its registry entry says
+    (``decoder.methods``). A method that cannot run with these inputs is skipped (logged; its reason goes into
+    ``skipped``). ``gamma``: the drafter methods' γ instead of the bundle's calibrated one (``--gamma``).
+    ``engine_bundle``: the EAGLE-3 drafters engines load (``python -m export engines``), which ``eagle3`` runs.
+    ``failed``: where a method that raises while being built is recorded (without it, the error propagates)."""
+    b = BenchInputs(target, bundle, engine_bundle, assistant, gamma, log)
+    counter = None  # the target's forwards in transformers' loops
+    runners = {}
     for name in names:
-        if name == "ar":
-            methods[name] = ours(method="ar")
-        elif name == "hf-generate":
-            methods[name] = hf()
-        elif name == "hf-pld":
-            methods[name] = hf(prompt_lookup_num_tokens=10)
-        elif name == "pld":
-            methods[name] = ours(method="pld", gamma=10)
-        elif name == "ngram-tree":
-            methods[name] = ours(method="ngram-tree")
-        elif name == "spectra":
-            methods[name] = ours(method="spectra")
-        elif name == "hybrid":  # drafter + n-gram sources in one tree (n-gram sources only without a bundle)
-            methods[name] = ours(method="hybrid")
-        elif name == "hf-assisted":
-            folder = assistant
-            if folder is None and bundle is not None and bundle.manifest["drafter_type"] == "small-lm":
-                from export.interop import write_hf_assistant
-
-                folder = str(write_hf_assistant(bundle, target, bundle.root.parent / "hf-assistant")[0])
-            if folder is None:
-                log("hf-assisted skipped: it needs a small-LM drafter (--assistant <hf-assistant folder>, or a "
-                    "small-LM bundle); the bundle holds EAGLE drafters, which transformers cannot use as assistants")
+        m = get_method(name)
+        why = m.unavailable(b)
+        if why is not None:
+            log(f"{name} skipped: {why}")
+            if skipped is not None:
+                skipped[name] = why
+            continue
+        try:
+            if m.kind != "transformers":
+                runners[name] = _decoder_runner(m, b)
                 continue
-            from transformers import AutoModelForCausalLM
+            from decoder import hf_loops  # start-up time: transformers loads after the inputs are checked
 
-            helper = AutoModelForCausalLM.from_pretrained(folder).to(target.device).eval()
-            methods[name] = hf(assistant_model=helper)
-        elif name == "eagle3":  # what an engine serves: the language's EAGLE-3 drafter alone, chain γ 4, no lookup
-            engines = engine_bundle if engine_bundle is not None else bundle
-            if engines is None or not _eagle3_bundle(engines):
-                log("eagle3 skipped: it needs EAGLE-3 drafters (--engine-bundle <run>/export/engines/bundle, or a "
-                    "--bundle of EAGLE-3 drafters)")
-                continue
-            methods[name] = ours(drafters=engines, method="adaspec", lookup_runs=False, gamma=gamma or 4)
-        elif bundle is None:
-            log(f"{name} skipped: it needs --bundle")
-        elif name == "adaspec":
-            methods[name] = ours(method="adaspec")
-        elif name == "adaspec-noloop":  # ablation: the drafter drafts every step, also inside running loops
-            methods[name] = ours(method="adaspec", lookup_runs=False)
-        elif name == "adaspec-tree":
-            methods[name] = ours(method="adaspec", shape="tree")
-        elif name == "adaspec-fixsize":  # ADASPEC Table 2 ablation: adaptive language, fixed smallest size
-            methods[name] = ours(method="adaspec", size=min(sizes))
-        elif name == "eagle-full":  # the language's drafter, full-vocabulary head (EAGLE-2 style, chain)
-            methods[name] = ours(method="chain", size="full")
-        elif name == "eagle-tree":
-            methods[name] = ours(method="tree", size="full")
-        elif name == "fr-spec":  # one static frequency vocabulary for every language (English when available)
-            vl = "en" if "en" in langs else langs[0]
-            if vl != "en":
-                log(f"fr-spec: the bundle has no English vocabulary; using {vl!r} top-{min(sizes)} for every language")
-            methods[name] = ours(method="chain", vocab_lang=vl, size=min(sizes))
-        elif name == "spide":
-            methods[name] = ours(method="spide")
-        elif name in ("chain", "tree"):
-            methods[name] = ours(method=name)
-        else:
-            raise PolyspecError(f"unknown method {name!r}")
-    return methods
+            counter = counter or hf_loops.ForwardCounter(target.model)
+            kw = dict(m.options) | ({"assistant_model": hf_loops.load_assistant(b)} if m.assistant else {})
+            runners[name] = hf_loops.hf_runner(target, counter, **kw)
+        except Exception as e:  # noqa: BLE001 - one broken method must not cost the others' results
+            if failed is None:
+                raise
+            failed.append(_failure(name, None, "build", e))
+            log(f"{name} failed while being built and is left out: {failed[-1]['error']}")
+    return runners
 
 
 # -------------------------------------------------------------------------------------------- runs
-
-
 def answer_question(run, target, q: dict, max_new_tokens: int) -> list[Answer]:
-    from polyspec.prompts import encode, render
-
     fmt = target.spec.prompt_format
     messages, answers = [], []
     for turn in q["turns"]:
@@ -235,44 +113,41 @@ def answer_question(run, target, q: dict, max_new_tokens: int) -> list[Answer]:
     return answers
 
 
-def _eagle3_bundle(bundle) -> bool:
-    """Whether a bundle's drafters are of the EAGLE-3 form (read from their config, no weights loaded)."""
-    cfg = json.loads((bundle.drafter_dir(bundle.languages[0]) / "config.json").read_text(encoding="utf-8"))
-    return cfg.get("drafter_type") == "eagle" and cfg.get("arch") == "eagle3"
-
-
 def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new_tokens: int, repeats: int,
               out: Path, assistant: str | None = None, log=print, gamma: int | None = None,
               engine_bundle=None) -> dict:
-    from tqdm.auto import tqdm
+    """Answer ``questions`` with every method (interleaved, ``repeats`` passes) and write the answers, report.json,
+    report.md and the charts under ``out`` → the report (``failed``: the methods that raised, ``skipped``: those
+    that could not run with these inputs)."""
+    from tqdm.auto import tqdm  # start-up time: loads with torch, after the inputs are checked
 
-    from polyspec.io import atomic_write_json, atomic_write_text
-
-    runners = build_methods(methods, target, bundle, assistant, log, gamma=gamma, engine_bundle=engine_bundle)
-    if not any(m in runners for m in AR_METHODS):
-        raise PolyspecError("the methods must include ar or hf-generate (speedups are relative to them)")
-    order = [m for m in AR_METHODS if m in runners] + [m for m in runners if m not in AR_METHODS]
+    failed: list[dict] = []
+    skipped: dict[str, str] = {}
+    runners = build_methods(methods, target, bundle, assistant, log, gamma=gamma, engine_bundle=engine_bundle,
+                            failed=failed, skipped=skipped)
+    if not any(m in runners for m in BASELINES):
+        broken = "".join(f"; {f['method']} failed: {f['error']}" for f in failed if f["method"] in BASELINES)
+        raise PolyspecError(f"the methods must include {' or '.join(BASELINES)} (speedups are relative to them){broken}")
+    order = [m for m in BASELINES if m in runners] + [m for m in runners if m not in BASELINES]
     # method → repeat → question → turns
     results: dict[str, list[list[list[Answer]]]] = {m: [[] for _ in range(repeats)] for m in order}
-    failed: dict[str, str] = {}
+    live = list(order)  # the methods that have not failed
 
-    def answer(m: str, q: dict, n: int) -> list[Answer] | None:
-        """m's answers to q; None when m failed: it is left out from then on (only the sole AR baseline's
-        failure ends the run, since every speedup is relative to it)."""
+    def answer(m: str, q: dict, n: int, phase: str) -> list[Answer] | None:
+        """m's answers to q; None when m failed: it is left out from then on (only the sole baseline's failure
+        ends the run, since every speedup is relative to it)."""
         try:
             return answer_question(runners[m], target, q, n)
         except Exception as e:  # noqa: BLE001 - one broken peer must not cost the other methods' results
-            if m in AR_METHODS and len([x for x in AR_METHODS if x in results]) == 1:
+            if m in BASELINES and len([x for x in live if x in BASELINES]) == 1:
                 raise
-            from polyspec.errors import first_line
-
-            failed[m] = f"{type(e).__name__}: {first_line(e)}"
-            log(f"{m} failed and is left out of the report: {failed[m]}")
-            results.pop(m)
+            failed.append(_failure(m, q["question_id"], phase, e, answered=len(results[m][0])))
+            log(f"{m} failed on question {q['question_id']} and is left out of the report: {failed[-1]['error']}")
+            live.remove(m)
             return None
 
     for m in order:  # one warm-up question per method
-        answer(m, questions[0], min(16, max_new_tokens))
+        answer(m, questions[0], min(16, max_new_tokens), "warm-up")
     # Interleaved: every question is answered by every method before the next question, in alternating order
     # (AR first, then AR last), so a drift of the machine's speed over the run (thermal, other load) falls on
     # every method alike instead of on whichever method's block it hits. Each method's own state (SPECTRA's
@@ -281,17 +156,31 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
     step = 0
     for r in range(repeats):
         for q in questions:
-            for m in [m for m in (order if step % 2 == 0 else order[::-1]) if m in results]:
-                if (a := answer(m, q, max_new_tokens)) is not None:
+            for m in [m for m in (order if step % 2 == 0 else order[::-1]) if m in live]:
+                if (a := answer(m, q, max_new_tokens, "answer")) is not None:
                     results[m][r].append(a)
                 bar.set_postfix(method=m)
                 bar.update()
             step += 1
     bar.close()
-    report = summarize(results, questions, target, bundle, max_new_tokens, repeats)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "answers").mkdir(exist_ok=True)
-    ref = results["ar"][0] if "ar" in results else None
+    done = {m: results[m] for m in order if m in live}
+    report = summarize(done, questions, target, bundle, max_new_tokens, repeats)
+    write_answers(out, results, questions, ref=done["ar"][0] if "ar" in done else None)
+    report["agreement"] = agreement(done, questions, target, log)
+    report["trace"] = adaptive_trace(done, questions)
+    report["failed"] = failed
+    report["skipped"] = skipped
+    report["gamma"] = gamma  # None: each drafter method's γ came from the bundle's calibration
+    atomic_write_json(out / "report.json", report)
+    atomic_write_text(out / "report.md", render_markdown(report))
+    charts(report, out)
+    return report
+
+
+def write_answers(out: Path, results: dict, questions: list[dict], ref) -> None:
+    """``answers/<method>.jsonl``: each method's answers of the first repeat (a failed method's until it failed),
+    ``identical`` = the same tokens as ``ar``'s (``ref``)."""
+    (out / "answers").mkdir(parents=True, exist_ok=True)
     for m, reps in results.items():
         lines = []
         for i, (q, turns) in enumerate(zip(questions, reps[0])):
@@ -303,255 +192,10 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
                                      "target_forwards": sum(a.forwards for a in turns),
                                      "accept_lengths": [x for a in turns for x in a.accept_lengths],
                                      "identical": same}, ensure_ascii=False))
-        atomic_write_text(out / "answers" / f"{m}.jsonl", "\n".join(lines) + "\n")
-    report["agreement"] = agreement(results, questions, target, log)
-    report["trace"] = adaptive_trace(results, questions)
-    report["failed"] = failed
-    report["gamma"] = gamma  # None: each drafter method's γ came from the bundle's calibration
-    atomic_write_json(out / "report.json", report)
-    atomic_write_text(out / "report.md", render_markdown(report))
-    charts(report, out)
-    return report
+        atomic_write_text(out / "answers" / f"{m}.jsonl", "".join(line + "\n" for line in lines))
 
 
-def summarize(results: dict, questions: list[dict], target, bundle, max_new_tokens: int, repeats: int) -> dict:
-    ar_like = [m for m in AR_METHODS if m in results]
-    ref = results["ar"][0] if "ar" in results else results[ar_like[0]][0]
-
-    def group_key(q, by):
-        if by == "language":
-            return "mixed" if q["category"] == "mixed" else q["language"]
-        return q["category"] if by == "category" else "all"
-
-    def stats(m, by):
-        out = {}
-        keys = sorted({group_key(q, by) for q in questions})
-        for key in keys:
-            idx = [i for i, q in enumerate(questions) if group_key(q, by) == key]
-            tok_s, taus = [], []
-            base = []
-            for r in range(repeats):
-                toks = sum(len(a.tokens) for i in idx for a in results[m][r][i])
-                secs = sum(a.seconds for i in idx for a in results[m][r][i])
-                fwd = sum(a.forwards for i in idx for a in results[m][r][i])
-                tok_s.append(toks / secs if secs else 0.0)
-                taus.append(toks / fwd if fwd else 1.0)
-                base.append(max(sum(len(a.tokens) for i in idx for a in results[b][r][i])
-                                / max(sum(a.seconds for i in idx for a in results[b][r][i]), 1e-9) for b in ar_like))
-            spd = [t / b for t, b in zip(tok_s, base)]
-            same = all([a.tokens for a in results[m][0][i]] == [a.tokens for a in ref[i]] for i in idx)
-            out[key] = {"tok_s": statistics.mean(tok_s), "tau": statistics.mean(taus), "speedup": statistics.mean(spd),
-                        "speedup_std": statistics.stdev(spd) if len(spd) > 1 else 0.0, "identical": same,
-                        "questions": len(idx)}
-        return out
-
-    methods = {}
-    for m in results:
-        hist: dict[int, int] = {}
-        for a in (a for qa in results[m][0] for a in qa):
-            for n in a.accept_lengths:
-                hist[n] = hist.get(n, 0) + 1
-        methods[m] = {"overall": stats(m, "all")["all"], "by_language": stats(m, "language"),
-                      "by_category": stats(m, "category"), "accept_hist": dict(sorted(hist.items()))}
-    import platform
-
-    import torch
-
-    return {"target": target.spec.name, "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
-            "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-            "bundle": str(bundle.root) if bundle is not None else None, "questions": len(questions),
-            "max_new_tokens": max_new_tokens, "repeats": repeats, "ar_baselines": ar_like, "methods": methods}
-
-
-def adaptive_trace(results: dict, questions: list[dict]) -> dict | None:
-    """Per-step (language, vocab size, accepted) of one adaspec answer: the answer with the most switches of
-    drafter language or vocabulary size (mixed-language questions first on ties); ``switches`` = 0 says none
-    switched anywhere."""
-    if "adaspec" not in results:
-        return None
-
-    def switches(a) -> int:
-        keys = [(s.lang, s.vocab_size) for s in a.steps]
-        return sum(x != y for x, y in zip(keys, keys[1:]))
-
-    cands = [(switches(a), q["category"] == "mixed", -i, i, t) for i, q in enumerate(questions)
-             for t, a in enumerate(results["adaspec"][0][i])]
-    n, _, _, pick, turn = max(cands)
-    a = results["adaspec"][0][pick][turn]
-    return {"question_id": questions[pick]["question_id"], "turn": turn, "text": a.text, "switches": n,
-            "steps": [{"lang": s.lang, "vocab_size": s.vocab_size, "new_tokens": s.new_tokens} for s in a.steps]}
-
-
-def agreement(results: dict, questions: list[dict], target, log=print) -> dict:
-    """How each method's greedy answers agree with ``ar``'s, per language: answers identical, tokens before the
-    first divergence (mean over the answers that diverge), and at each divergence the margin of the target's
-    logits between AR's token and the method's token, recomputed by one forward over the prompt and the common
-    prefix in the bench's dtype (rounding-level near-ties have margins near 0; a bug shows large ones).
-    Only the first diverging turn of a question is measured (later turns have different prompts)."""
-    import torch
-
-    from polyspec.prompts import encode, render
-
-    if "ar" not in results:
-        return {}
-    fmt, tok = target.spec.prompt_format, target.tokenizer
-    ref = results["ar"][0]
-    out: dict = {}
-    cache: dict = {}
-    for m, reps in results.items():
-        if m == "ar":
-            continue
-        per: dict = {}
-        for i, q in enumerate(questions):
-            key = "mixed" if q["category"] == "mixed" else q["language"]
-            g = per.setdefault(key, {"answers": 0, "identical": 0, "prefix": [], "margins": []})
-            g["answers"] += 1
-            mine, theirs = reps[0][i], ref[i]
-            turn = next((t for t, (a, b) in enumerate(zip(mine, theirs)) if a.tokens != b.tokens), None)
-            if turn is None:
-                g["identical"] += 1
-                continue
-            a, b = mine[turn].tokens, theirs[turn].tokens
-            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            g["prefix"].append(k)
-            if k >= min(len(a), len(b)):
-                continue  # one answer ended (EOS / stop string) where the other went on: no token pair
-            ck = (i, turn, k)
-            if ck not in cache:
-                messages = []
-                for t in range(turn):
-                    messages += [{"role": "user", "content": q["turns"][t]},
-                                 {"role": "assistant", "content": theirs[t].text.strip() or "…"}]
-                messages.append({"role": "user", "content": q["turns"][turn]})
-                ids = encode(fmt, tok, render(fmt, tok, messages)) + b[:k]
-                with torch.inference_mode():
-                    x = torch.tensor([ids], device=target.device)
-                    cache[ck] = target.model(input_ids=x, logits_to_keep=1).logits[0, -1].float()
-            lg = cache[ck]
-            g["margins"].append(float(lg[b[k]] - lg[a[k]]))
-        out[m] = {}
-        for key, g in per.items():
-            ms = sorted(abs(x) for x in g["margins"])
-            out[m][key] = {"answers": g["answers"], "identical": g["identical"],
-                           "mean_tokens_before_divergence": statistics.mean(g["prefix"]) if g["prefix"] else None,
-                           "margins": g["margins"], "margin_median": statistics.median(ms) if ms else None,
-                           "margin_max": max(ms) if ms else None}
-    return out
-
-
-def render_markdown(r: dict) -> str:
-    langs = sorted({k for m in r["methods"].values() for k in m["by_language"]}, key=lambda x: (x == "mixed", x))
-    head = "| method | " + " | ".join(f"{lang} Spd. | {lang} τ" for lang in langs) + " | all Spd. | all τ | identical |"
-    sep = "|" + "---|" * (2 * len(langs) + 4)
-    rows = []
-    for m, d in r["methods"].items():
-        cells = []
-        for lang in langs:
-            x = d["by_language"].get(lang)
-            cells += [f"{x['speedup']:.2f}×" if x else "–", f"{x['tau']:.2f}" if x else "–"]
-        o = d["overall"]
-        std = f" ± {o['speedup_std']:.2f}" if r["repeats"] > 1 else ""
-        rows.append(f"| {m} | " + " | ".join(cells) + f" | {o['speedup']:.2f}×{std} | {o['tau']:.2f} | "
-                    f"{'yes' if o['identical'] else 'NO'} |")
-    cats = sorted({k for m in r["methods"].values() for k in m["by_category"]})
-    chead = "| method | " + " | ".join(cats) + " |"
-    crows = [f"| {m} | " + " | ".join(f"{d['by_category'][c]['speedup']:.2f}× / {d['by_category'][c]['tau']:.2f}"
-                                     for c in cats) + " |" for m, d in r["methods"].items()]
-    ar = r["methods"].get("ar", {}).get("overall", {})
-    lines = [
-        f"# Evaluation — {r['target']} on {r['device']} ({r['dtype']}, {r['threads']} threads)",
-        "",
-        f"{r['questions']} questions, max {r['max_new_tokens']} new tokens, {r['repeats']} repeat(s); bundle "
-        f"`{r['bundle']}`. Spd. = tokens/s over the faster of {', '.join(r['ar_baselines'])} on the same questions; "
-        f"τ = tokens per target forward. AR: {ar.get('tok_s', 0):.1f} tokens/s. Drafter γ: "
-        + (f"{r['gamma']} (`--gamma`)." if r.get("gamma") else "the bundle's calibration."),
-        "",
-        "## Speedup and τ per language (mixed = questions switching language)",
-        "", head, sep, *rows, "",
-        "## Speedup / τ per task", "", chead, "|" + "---|" * (len(cats) + 1), *crows, "",
-        *agreement_lines(r),
-        "Charts: `speedup.png`, `tau.png`, `accept_hist.png`, `adaptive_trace.png`"
-        + (f" (question {r['trace']['question_id']}: {r['trace']['switches']} switches of drafter language or "
-           "vocabulary size)" if r.get("trace") and r["trace"]["switches"] else
-           " (no adaspec answer switched drafter language or vocabulary size)" if r.get("trace") else "") + ".", "",
-        *(f"Left out (failed): {m} — {why}" for m, why in r.get("failed", {}).items()),
-    ]
-    return "\n".join(lines)
-
-
-def agreement_lines(r: dict) -> list[str]:
-    ag = r.get("agreement") or {}
-    if not ag:
-        return []
-    exact = "fp32: speculative greedy output must equal AR's token for token (tested)" if r["dtype"] == "float32" else (
-        f"{r['dtype']}: a k-token verification and a 1-token forward round differently, so near-ties can flip a "
-        "greedy token; each divergence's AR logit margin says whether it was a near-tie")
-    def f(x, p=2):
-        return "–" if x is None else f"{x:.{p}f}"
-
-    rows = []
-    for m, per in ag.items():
-        for lang in sorted(per, key=lambda x: (x == "mixed", x)):
-            g = per[lang]
-            rows.append(f"| {m} | {lang} | {g['identical']}/{g['answers']} | {f(g['mean_tokens_before_divergence'], 1)} | "
-                        f"{f(g['margin_median'], 3)} | {f(g['margin_max'], 3)} |")
-    return ["## Agreement with `ar` (greedy, same dtype)", "", exact + ".", "",
-            "| method | language | identical answers | tokens before 1st divergence (mean) | |margin| median | |margin| max |",
-            "|---|---|---|---|---|---|", *rows, ""]
-
-
-def charts(r: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = list(r["methods"])
-    langs = sorted({k for m in r["methods"].values() for k in m["by_language"]}, key=lambda x: (x == "mixed", x))
-    for metric, fname, label in (("speedup", "speedup.png", "speedup vs fastest AR"), ("tau", "tau.png", "τ (tokens / target forward)")):
-        fig, ax = plt.subplots(figsize=(max(6, len(langs) * 1.4), 4))
-        w = 0.8 / max(len(methods), 1)
-        for i, m in enumerate(methods):
-            vals = [r["methods"][m]["by_language"].get(lang, {}).get(metric, 0) for lang in langs]
-            ax.bar([j + i * w for j in range(len(langs))], vals, width=w, label=m, color=plt.cm.tab20(i % 20))
-        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(langs))], langs)
-        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-        ax.set_ylabel(label)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m in methods:
-        h = r["methods"][m]["accept_hist"]
-        if h and m not in AR_METHODS:
-            xs = sorted(int(k) for k in h)
-            total = sum(h.values())
-            ax.plot(xs, [h[k] / total for k in xs], marker="o", label=m)
-    ax.set_xlabel("tokens per step")
-    ax.set_ylabel("share of steps")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "accept_hist.png", dpi=110)
-    plt.close(fig)
-    tr = r.get("trace")
-    fig, ax = plt.subplots(figsize=(8, 2.8))
-    if tr and tr["steps"]:
-        lang_ids = {lang: i for i, lang in enumerate(sorted({s["lang"] for s in tr["steps"]}))}
-        xs = list(range(len(tr["steps"])))
-        ax.step(xs, [lang_ids[s["lang"]] for s in tr["steps"]], where="post", label="drafter language")
-        ax.set_yticks(list(lang_ids.values()), list(lang_ids))
-        ax2 = ax.twinx()
-        ax2.plot(xs, [s["vocab_size"] or 0 for s in tr["steps"]], color="tab:orange", lw=0.8, label="vocab size")
-        ax2.set_ylabel("vocab size")
-        ax.set_xlabel(f"step (question {tr['question_id']})")
-    ax.set_title("ADASPEC adaptive trace" + ("" if not tr or tr["switches"] else
-                                              " — no answer switched language or vocabulary size"))
-    fig.tight_layout()
-    fig.savefig(out / "adaptive_trace.png", dpi=110)
-    plt.close(fig)
-
-
+# --------------------------------------------------------------------------------------------- CLI
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m decoder.bench", description=__doc__.split("\n")[0])
@@ -561,10 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--langs", default=None, help="comma-separated; default: the bundle's languages (+ mixed)")
     ap.add_argument("--categories", default=None)
     ap.add_argument("--per-cell", type=int, default=None, help="questions per (language, category)")
-    ap.add_argument("--methods", default=DEFAULT_METHODS)
+    ap.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated names of decoder.methods")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--assistant", default=None, help="hf-assistant folder for hf-assisted")
+    ap.add_argument("--assistant", default=None, help="hf-assistant folder for hf-assisted (default, with a small-LM "
+                    "bundle: its first drafter)")
     ap.add_argument("--out", default=None, help="default: <bundle>/../../eval or runs/default/eval")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
@@ -572,8 +217,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="the EAGLE-3 drafters engines load (<run>/export/engines/bundle): method eagle3 runs them")
     ap.add_argument("--gamma", type=int, default=None,
                     help="γ of the drafter methods (adaspec, chain, tree, spide) instead of the bundle's calibrated one")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="exit 0 even when a method failed (the report lists it either way)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    # the inputs first: a bad questions file or method name fails before any model loads
+    methods = parse_methods(args.methods)
+    rows = read_questions(args.questions)
 
+    # start-up time: torch and transformers load only now, after the inputs are checked
     from export.bundle import load_bundle
     from polyspec.targets import load_target
 
@@ -581,10 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     bundle = load_bundle(args.bundle, target_pin=target.pin()) if args.bundle else None
     engines = load_bundle(args.engine_bundle, target_pin=target.pin()) if args.engine_bundle else None
     langs = args.langs.split(",") if args.langs else (bundle.languages if bundle else None)
-    qs = load_questions(args.questions, langs, args.per_cell, args.categories.split(",") if args.categories else None)
+    qs = select_questions(rows, langs, args.per_cell, args.categories.split(",") if args.categories else None,
+                          args.questions or BUILTIN)
     out = Path(args.out) if args.out else (Path(args.bundle).resolve().parent.parent / "eval" if args.bundle
                                            else Path("runs/default/eval"))
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = run_bench(target, bundle, qs, methods, args.max_new_tokens, args.repeats, out,
                        assistant=args.assistant, log=lambda m: print(f"note: {m}", file=sys.stderr), gamma=args.gamma,
                        engine_bundle=engines)
@@ -592,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         o = d["overall"]
         print(f"{m:16s} speedup {o['speedup']:.2f}×  τ {o['tau']:.2f}  {o['tok_s']:.1f} tok/s  identical {o['identical']}")
     print(f"report: {out / 'report.md'}")
+    if report["failed"]:
+        what = "; ".join(f"{f['method']} (question {f['question_id']}): {f['error']}" if f["question_id"] is not None
+                         else f"{f['method']} (build): {f['error']}" for f in report["failed"])
+        print(f"{'note' if args.keep_going else 'error'}: {len(report['failed'])} method(s) failed and are listed "
+              f"in report.md: {what}", file=sys.stderr)
+        return 0 if args.keep_going else 1
     return 0
 
 

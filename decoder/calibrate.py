@@ -1,4 +1,4 @@
-"""``python -m decoder.calibrate`` — UNISPEC device-aware calibration (seed 000) of the draft length γ.
+"""``python -m decoder.calibrate`` — UNISPEC device-aware calibration of the draft length γ.
 
     python -m decoder.calibrate --bundle runs/default/export/bundle [--sizes 1,2,3,4,6,8] [--prompts 3]
 
@@ -12,39 +12,38 @@ constant, not a line: in bf16 the curve is flat up to ~8 tokens on this CPU). Th
 ``hybrid``/``spectra`` trees) is the largest k whose s(k)/s(1) ≤ 1.15. If the
 fitted pick was measured and its throughput is more than 5 % below the best measured size, the measured
 best wins (the fit smooths noise; measurements overrule it). The result is stored in the bundle's
-``calibration.json`` under this device's key, and ``Decoder`` uses its g* when γ is not given.
+``calibration.json`` under this device's key (``decoder.calibration_file``); ``Decoder`` uses its g* when γ is not
+given and its tree budget when the node budget is not, for the methods whose registry entry reads them
+(``decoder.methods``: ``calibration``; printed as ``used_by``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
+import numpy as np
+
+from decoder.calibration_file import CALIBRATION, device_key, load_entry, load_g_star, save
+from decoder.core import Decoder
+from decoder.costs import calibration_context, stable_curve, tree_budget
+from decoder.methods import METHODS
+from decoder.ngram_sources import PromptLookup
+from export.bundle import load_bundle
 from polyspec.errors import PolyspecError, cli_entry
-from polyspec.io import atomic_write_json, read_json_or_none
+from polyspec.languages import get_language
+from polyspec.prompts import encode, render
+from polyspec.targets import load_target
 
-CALIBRATION = "calibration.json"
-
-
-def device_key(device, dtype=None) -> str:
-    """``cpu:<arch>:<threads>t[:<dtype>]`` / ``cuda:<name>[:<dtype>]`` (a bf16 and an fp32 calibration differ)."""
-    import torch
-
-    tail = f":{str(dtype).replace('torch.', '')}" if dtype is not None else ""
-    if getattr(device, "type", str(device)) == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}{tail}"
-    return f"cpu:{platform.machine()}:{torch.get_num_threads()}t{tail}"
+__all__ = ["CALIBRATION", "choose", "device_key", "fit", "load_entry", "load_g_star", "measure", "save"]
 
 
 def fit(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float]) -> dict:
     """Linear verify cost and geometric acceptance, from measurements at ``sizes``."""
-    import numpy as np
-    from scipy.optimize import minimize_scalar
+    from scipy.optimize import minimize_scalar  # start-up time: scipy (~1 s) loads only for the fit
 
     g = np.array(sizes, dtype=float)
     s = np.array([verify_s[x] for x in sizes])
@@ -65,8 +64,6 @@ def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], 
     s(g) is the measured verification cost, interpolated between the measured g (bf16 on CPU and GPUs verify up
     to ~8–12 tokens for the price of one: a straight line through all sizes would hide that flat region); the
     linear fit a + b·g is kept for the record."""
-    import numpy as np
-
     f = fit(sizes, verify_s, tau)
     al = f["alpha"]
     gs = sorted(verify_s)
@@ -94,10 +91,6 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     flat-verify tree budget from the curve. The curve is measured as ``python -m decoder.costs`` measures it — at
     ``context`` tokens, medians of ``reps``, two passes with the smaller median kept
     (``decoder.costs.stable_curve``) — so that one noisy row cannot set the budget."""
-    from decoder.core import Decoder
-    from decoder.costs import calibration_context, stable_curve, tree_budget
-    from decoder.sources import PromptLookup
-
     curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, max(sizes) + 1) + 1)),
                          reps=reps)
     verify_s = {g: curve["verify_s"][g + 1] for g in sizes}  # g drafts + the pending token
@@ -133,26 +126,6 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
             "forward1_s": curve["forward1_s"], "curve_context": curve["context"], "tree_budget": budget}
 
 
-def save(bundle_root: Path, key: str, result: dict) -> Path:
-    path = Path(bundle_root) / CALIBRATION
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    data[key] = result
-    atomic_write_json(path, data)
-    return path
-
-
-def load_entry(bundle_root: Path, device, dtype=None) -> dict | None:
-    """This device's calibration (g*, tree budget, cost curve) for ``dtype``, or None (calibration.json is per
-    device and dtype, and not part of the bundle's checksums)."""
-    return (read_json_or_none(Path(bundle_root) / CALIBRATION) or {}).get(device_key(device, dtype))
-
-
-def load_g_star(bundle_root: Path, device, dtype=None) -> int | None:
-    """g* stored for this device and dtype, or None."""
-    entry = load_entry(bundle_root, device, dtype)
-    return int(entry["g_star"]) if entry and "g_star" in entry else None
-
-
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m decoder.calibrate", description="UNISPEC draft-size calibration.")
@@ -165,11 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-
-    from export.bundle import load_bundle
-    from polyspec.languages import get_language
-    from polyspec.prompts import encode, render
-    from polyspec.targets import load_target
 
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     bundle = load_bundle(args.bundle, target_pin=target.pin())
@@ -194,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     path = save(bundle.root, device_key(target.device, target.dtype), result)
     print(json.dumps({"device": device_key(target.device, target.dtype), "g_star": pick["g_star"], "chosen_by": pick["chosen_by"],
                       "tree_budget": m["tree_budget"], "dtype": str(target.dtype).replace("torch.", ""),
-                      "fit": pick["fit"], "measured_tok_s": m["tok_s"], "file": str(path)}))
+                      "fit": pick["fit"], "measured_tok_s": m["tok_s"], "file": str(path),
+                      "used_by": {k: [x.name for x in METHODS.values() if k in x.calibration]
+                                  for k in ("g_star", "tree_budget")}}))
     return 0
 
 

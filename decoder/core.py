@@ -15,11 +15,17 @@ Methods
 - ``adaspec``: chain (or tree, ``shape="tree"``) with ADASPEC Alg. 2 choosing drafter language and
   vocabulary size every u tokens from the last w (``decoder.adaptive``); greedy steps whose last three verified
   tokens occurred earlier (a loop or a copy is running) propose prompt lookup's chain instead of running the
-  drafter (``lookup_runs``, on by default; ``decoder.sources.DrafterSource``).
+  drafter (``lookup_runs``, on by default; ``decoder.drafter_source.DrafterSource``).
 - ``spide``: chain drafting whose length is decided token by token from SPIDE's confidence→acceptance
   table (``decoder.ngram.SpideTable``), up to ``gamma_max``.
 - ``pld`` (prompt lookup) and ``ngram-tree`` (Token Recycling / UNISPEC confidence tree): training-free
   draft sources, no bundle needed; verified exactly like the drafter's drafts.
+- ``spectra`` (SPECTRA CORE + RETRIEVAL) and ``hybrid`` (prompt lookup, SPECTRA and the drafter where it pays,
+  in one tree).
+
+Each method is one entry of the registry ``decoder.methods`` (its draft source, whether it needs a bundle,
+which calibrated defaults it reads); what the loop needs while decoding it reads from the built draft source
+(``decoder.draft_types.DraftSource``: features, trees, EAGLE-3 layers, its node bound).
 
 γ (chain draft length) defaults to the bundle's ``calibration.json`` g* for this device
 (``python -m decoder.calibrate``), else 4. Options ``lang`` (``auto`` = from the prompt, or a bundle language: fixed), ``size`` (``auto``, an int of
@@ -36,14 +42,16 @@ from typing import Any
 
 import torch
 
+from decoder.calibration_file import load_entry
+from decoder.draft_types import DecodeState, Proposal, Verified
+from decoder.methods import METHODS, SourceOptions, get_method
 from decoder.runner import TargetRunner
-from decoder.sources import DecodeState, Proposal, Verified, build_source
+from decoder.spectra import Spectra, refined_corpus
 from decoder.stopping import Stopper, eos_ids
 from decoder.verify import accept_greedy, accept_sampled, argmax, sample, warp
+from export.bundle import Bundle, load_bundle
 from polyspec.errors import PolyspecError
 
-METHODS = ("ar", "chain", "tree", "adaspec", "spide", "pld", "ngram-tree", "spectra", "hybrid")
-NEEDS_BUNDLE = ("chain", "tree", "adaspec", "spide")
 _REFINED: dict = {}  # (target, corpus files) → SPECTRA-RETRIEVAL's perplexity-refined sequences
 
 
@@ -74,7 +82,7 @@ class GenerationResult:
 
     @property
     def tau(self) -> float:
-        """Tokens per target forward (seed 003's compression ratio τ)."""
+        """Tokens per target forward (the compression ratio τ)."""
         return len(self.tokens) / max(self.target_forwards, 1)
 
     @property
@@ -95,13 +103,12 @@ class Decoder:
                  spide_threshold: float = 0.35, ngram_k: int = 8, ngram_first_width: int = 8,
                  ngram_threshold: float = 0.02, spectra=None, spectra_corpus: str | Path | None = None,
                  lookup_runs: bool = True, log=None):
-        if method not in METHODS:
-            raise PolyspecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        entry = get_method(method, kind="decoder")
         if shape not in ("chain", "tree"):
             raise PolyspecError(f"shape must be chain or tree, not {shape!r}")
-        if method in NEEDS_BUNDLE and bundle is None:
-            raise PolyspecError(f"method {method!r} needs a bundle (drafters); ar, pld, ngram-tree, spectra and "
-                                "hybrid run without one")
+        if entry.needs_bundle and bundle is None:
+            free = [m.name for m in METHODS.values() if m.kind == "decoder" and not m.needs_bundle]
+            raise PolyspecError(f"method {method!r} needs a bundle (drafters); {', '.join(free)} run without one")
         if (gamma is not None and gamma < 1) or tree_depth < 1 or tree_topk < 1 or (tree_nodes is not None and tree_nodes < 1):
             raise PolyspecError("gamma, tree_depth, tree_topk and tree_nodes must be ≥ 1")
         self.target, self.method = target, method
@@ -113,31 +120,29 @@ class Decoder:
         self.eos = eos_ids(target)
         self.default_stop = list(target.spec.prompt_format.stop)
         self.bundle = None
-        if bundle is not None and method != "ar":
-            from export.bundle import Bundle, load_bundle
-
+        if bundle is not None and entry.source is not None:  # ar drafts nothing: no bundle to load
             self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(Path(bundle), target_pin=target.pin())
         cal = self._calibration()
-        if gamma is None and cal.get("g_star") and method in NEEDS_BUNDLE:
+        if gamma is None and cal.get("g_star") and "g_star" in entry.calibration:
             gamma = int(cal["g_star"])
             self.log(f"γ = {gamma} from the bundle's calibration for this device")
         if tree_nodes is None:
-            tree_nodes = int(cal["tree_budget"]) if cal.get("tree_budget") and method in ("hybrid", "spectra") else 12
-        if method in ("spectra", "hybrid") and spectra is None:
+            tree_nodes = int(cal["tree_budget"]) if cal.get("tree_budget") and "tree_budget" in entry.calibration else 12
+        if entry.spectra and spectra is None:
             spectra = self._spectra(spectra_corpus)
         self.gamma, self.nodes = gamma or 4, tree_nodes
-        self.source = build_source(method, target, self.bundle, gamma=gamma, tree_depth=tree_depth, tree_topk=tree_topk,
-                                   tree_nodes=tree_nodes, shape=shape, lang=lang, size=size, vocab_lang=vocab_lang,
-                                   window=window, step=step, offset=offset, gamma_max=gamma_max,
-                                   spide_threshold=spide_threshold, ngram_k=ngram_k,
-                                   ngram_first_width=ngram_first_width, ngram_threshold=ngram_threshold,
-                                   spectra=spectra, lookup_runs=lookup_runs, log=self.log)
-        self.tree_capable = method in ("tree", "ngram-tree", "spectra", "hybrid") or (method == "adaspec" and shape == "tree")
-        drafter = getattr(self.source, "drafter", None) or self.source
-        self.runner.aux_layers = getattr(drafter, "aux_layers", None)
-        self.needs_feats = bool(self.source is not None and self.source.needs_feats)
-        # the most tokens one verification may carry: a source's own bound, else the budget (+ a PLD-deep chain)
-        self.tree_span = getattr(self.source, "max_nodes", None) or self.nodes + (10 if method == "spectra" else 0)
+        opts = SourceOptions(target, self.bundle, gamma=gamma, tree_depth=tree_depth, tree_topk=tree_topk,
+                             tree_nodes=tree_nodes, shape=shape, lang=lang, size=size, vocab_lang=vocab_lang,
+                             window=window, step=step, offset=offset, gamma_max=gamma_max,
+                             spide_threshold=spide_threshold, ngram_k=ngram_k, ngram_first_width=ngram_first_width,
+                             ngram_threshold=ngram_threshold, spectra=spectra, lookup_runs=lookup_runs, log=self.log)
+        src = self.source = entry.build_source(opts)
+        # what the loop needs, as the source declares it (decoder.draft_types.DraftSource)
+        self.tree_capable = src is not None and src.tree_capable
+        self.runner.aux_layers = src.aux_layers if src is not None else None
+        self.needs_feats = src is not None and src.needs_feats
+        # the most tokens one verification may carry: the source's own bound, else the node budget
+        self.tree_span = (src.max_nodes if src is not None else None) or self.nodes
         self.max_draft = max(self.tree_span, self.gamma, gamma_max, 16) + 2
         self._step_s = 0.0  # running mean of a verification forward, shared with cost-aware sources
 
@@ -145,16 +150,12 @@ class Decoder:
         """This device's entry of the bundle's calibration.json (g*, tree budget), or {}."""
         if self.bundle is None:
             return {}
-        from decoder.calibrate import load_entry
-
         return load_entry(self.bundle.root, self.device, self.runner.head.weight.dtype) or {}
 
     def _spectra(self, corpus):
         """SPECTRA's tables; RETRIEVAL indexes ``corpus`` (a synth JSONL or text file) refined by the target's
         perplexity. Default corpus: the self-distilled text of the bundle's run, when it is on disk. Refining
         is cached on disk (``decoder.spectra.refined_corpus``) and in this process."""
-        from decoder.spectra import Spectra, refined_corpus
-
         sp = Spectra(self.vocab_size)
         files = [Path(corpus)] if corpus else []
         if not files and self.bundle is not None:

@@ -7,7 +7,7 @@
   every verification forward and kept across requests. A draft tree grows best-first from the pending
   token by cumulative confidence: the first level is broadened (``first_width`` children), deeper nodes
   get ``width`` children, nodes under ``threshold`` are pruned, at most ``nodes`` are kept.
-- ``SpideTable``: SPIDE (seed 001): the drafter's top-1 confidence c in 20 intervals → measured
+- ``SpideTable``: SPIDE: the drafter's top-1 confidence c in 20 intervals → measured
   acceptance rate, updated online from verification; chain drafting stops once the estimated
   probability that the next draft survives falls under a threshold (serial dynamic draft length).
 """

@@ -1,4 +1,4 @@
-"""SPECTRA (seed 002): training-free guesses from the target's own predictions and a refined corpus.
+"""SPECTRA: training-free guesses from the target's own predictions and a refined corpus.
 
 ``Spectra`` proposes a guess *tree* (a trie: guesses sharing a prefix share nodes) rooted at the pending
 token and learns from every verification forward; its tables persist across requests.
@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from polyspec.errors import PolyspecError
+from polyspec.io import read_jsonl
 
 
 class Spectra:
@@ -179,7 +180,7 @@ class Spectra:
         """Guess tree rooted at context[-1] (the pending token: emitted, not yet verified).
         → (tokens, parents): node i's parent is parents[i] (an earlier node index) or -1 (child of the root).
         Guesses sharing a prefix share nodes (a trie). CORE's guesses first (forward dictionary keyed by the last
-        token(s), backward dictionary built token by token — seed 002 Alg. 1 lines 7–14), then RETRIEVAL's fill the
+        token(s), backward dictionary built token by token — SPECTRA Alg. 1 lines 7–14), then RETRIEVAL's fill the
         remaining budget (line 16, internal guesses have priority). At most max_nodes nodes, depth ≤ max_depth.
         Empty lists when nothing is known."""
         tokens: list[int] = []
@@ -306,24 +307,17 @@ def refine_by_perplexity(sequences: list[list[int]], nll: list[float], keep: flo
 
 
 def _read_texts(path: Path) -> list[tuple[str, float | None]]:
-    """(text, nll) of a JSONL file (synth records: `conversations` gpt turns, or `text`); torn lines skipped.
-    ``nll``: a gpt turn's recorded NLL (``synth distill`` writes the target's own per-token NLL of the answer it
-    generated, given the prompt), else None."""
+    """(text, nll) of a JSONL file (synth records: `conversations` gpt turns, or `text`); torn lines are skipped
+    and counted (``polyspec.io.read_jsonl``). ``nll``: a gpt turn's recorded NLL (``synth distill`` writes the
+    target's own per-token NLL of the answer it generated, given the prompt), else None."""
     texts = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a torn or malformed line
-                continue
-            if not isinstance(rec, dict):
-                continue
-            conv = rec.get("conversations")
-            if isinstance(conv, list):
-                texts += [(t["value"], _finite(t.get("nll"))) for t in conv if isinstance(t, dict)
-                          and t.get("from") in ("gpt", "assistant") and isinstance(t.get("value"), str)]
-            elif isinstance(rec.get("text"), str):
-                texts.append((rec["text"], None))
+    for rec in read_jsonl(path):
+        conv = rec.get("conversations")
+        if isinstance(conv, list):
+            texts += [(t["value"], _finite(t.get("nll"))) for t in conv if isinstance(t, dict)
+                      and t.get("from") in ("gpt", "assistant") and isinstance(t.get("value"), str)]
+        elif isinstance(rec.get("text"), str):
+            texts.append((rec["text"], None))
     return texts
 
 

@@ -1,11 +1,11 @@
 """Verification rules: what the target keeps of a draft.
 
 - greedy: keep the longest draft prefix equal to the target's argmax, then the target's own argmax
-  (seed 000 Alg. 2) → exactly the target's greedy output;
-- sampling: speculative rejection sampling (Leviathan et al. 2023; seed 004 Appendix Alg. 1): keep draft
-  token d with probability min(1, p(d)/q(d)); at the first rejection sample from norm(max(0, p − q)); if
-  all are kept, sample the bonus token from p. q is the drafter's distribution over its reduced
-  vocabulary, zero elsewhere, so the output distribution is exactly the target's p.
+  (UNISPEC Alg. 2) → exactly the target's greedy output;
+- sampling: speculative rejection sampling (Leviathan et al. 2023; "Towards Fast Multilingual LLM Inference",
+  Appendix Alg. 1): keep draft token d with probability min(1, p(d)/q(d)); at the first rejection sample from
+  norm(max(0, p − q)); if all are kept, sample the bonus token from p. q is the drafter's distribution over its
+  reduced vocabulary, zero elsewhere, so the output distribution is exactly the target's p.
 """
 
 from __future__ import annotations

@@ -12,14 +12,25 @@ the configuration it depends on, the stages it reads from, and where its ``DONE`
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+from decoder.methods import METHODS
 from pipelines.config import Profile
 from polyspec.config import load_config
 from polyspec.errors import PolyspecError
+from polyspec.languages import parse_languages
+from polyspec.paths import REPO_ROOT, repo_file
+from polyspec.target_registry import resolve_target
+from synth.config import DistillConfig, SynthConfig
+from train.config import TrainConfig
+from vocab.__main__ import parse_sources
+from vocab.config import VocabConfig
 
 
 @dataclass
@@ -35,24 +46,28 @@ class Stage:
 
 
 def repo_path(p: str) -> str:
-    """Config paths in profiles are relative to the repository (the commands run from anywhere)."""
-    from polyspec.paths import REPO_ROOT
-
+    """Config paths in profiles are relative to the repository (the commands run from anywhere; in an installed
+    wheel ``configs/…`` is the packaged copy: ``polyspec.paths.repo_file``)."""
     if Path(p).is_absolute() or Path.cwd().resolve() == REPO_ROOT.resolve():
         return p
-    return str(REPO_ROOT / p)
+    return str(repo_file(p))
+
+
+def repo_sources(spec: str) -> str:
+    """Local paths of vocab sources (``name…=path`` items, e.g. ``files=configs/vocab/seed-text/{lang}.jsonl``) are
+    relative to the repository too."""
+    items = [x.strip() for x in spec.split(",") if x.strip()]
+    paths = [parse_sources(x)[0].get("path") for x in items]
+    return ",".join(x[: -len(p)] + repo_path(p) if p else x for x, p in zip(items, paths))
 
 
 def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> list[Stage]:
-    from synth.config import DistillConfig, SynthConfig
-    from train.config import TrainConfig
-    from vocab.config import VocabConfig
-
     py = sys.executable
     run = Path(run)
     profile = profile.model_copy(deep=True)
     for part in (profile.synth, profile.distill, profile.vocab):
         part.config = repo_path(part.config)
+    profile.vocab.sources = repo_sources(profile.vocab.sources)
     profile.train.recipe = repo_path(profile.train.recipe)
     args = profile.train.accelerate_args
     if "--config_file" in args:
@@ -166,9 +181,9 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                             run / "calibrate" / "DONE.json", deps=["export", "export:engines"]))
         last = "calibrate"
     ev = p.eval
-    unknown = set(ev.methods) - KNOWN_METHODS
+    unknown = sorted(set(ev.methods) - set(METHODS))
     if unknown:
-        raise PolyspecError(f"profile {p.name}: unknown eval methods {sorted(unknown)}")
+        raise PolyspecError(f"profile {p.name}: unknown eval methods {unknown}; choose from {', '.join(METHODS)}")
     stages.append(Stage("eval", "eval",
                         [py, "-m", "decoder.bench", "--bundle", str(bundle), "--target", target, "--langs", ",".join(langs),
                          "--methods", ",".join(ev.methods), "--max-new-tokens", str(ev.max_new_tokens),
@@ -184,8 +199,6 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
 
 def is_eagle3(recipe: str, overrides: list[str] | None = None) -> bool:
     """Whether a train recipe (+ overrides) makes EAGLE-3-form drafters: the form vLLM, SGLang and llama.cpp load."""
-    from train.config import TrainConfig
-
     cfg = load_config(TrainConfig, recipe, overrides or [])
     return cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3"
 
@@ -199,22 +212,11 @@ def engine_drafters(profile: Profile) -> str | None:
 
 
 def _sources(spec: str) -> str:
-    import json
-
-    from vocab.__main__ import parse_sources  # the vocab CLI's own parser: same rules as the command
-
-    return json.dumps(parse_sources(spec))
-
-
-KNOWN_METHODS = {"ar", "hf-generate", "adaspec", "adaspec-noloop", "adaspec-tree", "adaspec-fixsize", "eagle-full", "eagle-tree", "fr-spec",
-                 "spide", "pld", "ngram-tree", "spectra", "hybrid", "hf-pld", "hf-assisted", "chain", "tree", "eagle3"}
+    return json.dumps(parse_sources(spec))  # the vocab CLI's own parser: the same rules as the command
 
 
 def validate_plan(stages: list[Stage], profile: Profile, target: str, langs: list[str]) -> list[str]:
     """Everything a dry run can check without weights or GPUs; returns what was checked."""
-    from polyspec.languages import parse_languages
-    from polyspec.targets import resolve_target
-
     checked = [f"target {resolve_target(target).name} (registry entry)",
                f"languages {', '.join(lang.code for lang in parse_languages(','.join(langs)))}"]
     recipe = engine_drafters(profile)
@@ -235,8 +237,6 @@ def validate_plan(stages: list[Stage], profile: Profile, target: str, langs: lis
         if not Path(cfg).is_file():
             raise PolyspecError(f"accelerate config {cfg} not found")
         checked.append(f"accelerate config {cfg}")
-        import yaml
-
         ds = (yaml.safe_load(Path(cfg).read_text()) or {}).get("deepspeed_config", {}).get("deepspeed_config_file")
         if ds:
             if not Path(ds).is_file():

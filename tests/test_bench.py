@@ -114,8 +114,13 @@ def test_methods_are_interleaved_per_question_and_a_failing_one_is_dropped(tmp_p
     assert calls[:3] == [("ar", 16), ("spectra", 16), ("pld", 16)]  # warm-ups, AR first
     # each question answered by every live method before the next, AR first then last
     assert [m for m, _ in calls[3:]] == ["ar", "spectra", "pld", "pld", "spectra", "ar", "ar", "spectra"]
-    assert report["failed"] == {"pld": "RuntimeError: broken on its second question"}
+    assert report["failed"] == [{"method": "pld", "question_id": qs[1]["question_id"], "phase": "answer",
+                                 "error": "RuntimeError: broken on its second question", "answered": 1}]
     assert set(report["methods"]) == {"ar", "spectra"} and any("pld failed" in n for n in notes)
+    # its answer before the failure is kept, and report.md names the method, the question and the error
+    assert len((tmp_path / "answers" / "pld.jsonl").read_text().splitlines()) == 1
+    md = (tmp_path / "report.md").read_text()
+    assert "## Failed methods" in md and f"`pld` failed on question {qs[1]['question_id']}: RuntimeError" in md
     assert report["methods"]["spectra"]["overall"]["identical"]
     assert report["methods"]["spectra"]["overall"]["questions"] == 3
 
@@ -230,7 +235,17 @@ def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small
         assert m["drafter_steps"][g] > 0 and m["tok_s_all"][g] > 0
         assert m["tok_s"][g] == pytest.approx(m["tau"][g] * m["drafter_steps"][g] / m["drafter_step_s"][g])
     pick = choose([1, 2, 3], m["verify_s"], m["tau"], m["draft_s_per_token"], m["tok_s"])
-    assert pick["g_star"] in (1, 2, 3)  # never 4, the decoder's default without a calibration
+    # the pick is the fit's argmax, kept only while its measured throughput is within 5 % of the best measured;
+    # every size searched (1..3) was measured, so a pick that ignored the measurements could fail this
+    predicted = pick["predicted_tok_s"]
+    assert pick["g_fit"] == max(predicted, key=predicted.get) and set(predicted) == {1, 2, 3}
+    fastest = max(m["tok_s"], key=m["tok_s"].get)
+    assert m["tok_s"][pick["g_star"]] >= 0.95 * m["tok_s"][fastest], (pick, m["tok_s"])
+    assert pick["g_star"] == (pick["g_fit"] if m["tok_s"][pick["g_fit"]] >= 0.95 * m["tok_s"][fastest] else fastest)
+    # the same recorded curve and τ with measurements that contradict the fit: the measured best must win
+    other = next(g for g in (3, 1, 2) if g != pick["g_fit"])
+    rigged = {g: (2.0 if g == other else 1.0) for g in (1, 2, 3)}
+    assert choose([1, 2, 3], m["verify_s"], m["tau"], m["draft_s_per_token"], rigged)["g_star"] == other
     key = device_key(llama.device, llama.dtype)
     save(root, key, {**m, **pick})
     assert json.loads((root / CALIBRATION).read_text())[key]["g_star"] == pick["g_star"]
@@ -284,3 +299,129 @@ def test_eagle3_method_runs_the_engine_bundle_losslessly(tmp_path, llama):
     notes = []
     rep = run_bench(llama, main, qs, ["ar", "eagle3"], 8, 1, tmp_path / "out2", log=notes.append)
     assert "eagle3" not in rep["methods"] and any("eagle3 skipped" in n for n in notes)
+
+
+# ------------------------------------------------------------------------------- failures and inputs
+
+
+def bench_args(tmp_path, tiny_llama_dir, methods: str, *extra: str) -> list[str]:
+    return ["--target", str(tiny_llama_dir), "--device", "cpu", "--methods", methods, "--langs", "en", "--per-cell", "1",
+            "--categories", "qa", "--max-new-tokens", "8", "--out", str(tmp_path / "eval"), *extra]
+
+
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_a_failing_method_is_reported_and_fails_the_run_unless_keep_going(tmp_path, monkeypatch, tiny_llama_dir,
+                                                                         keep_going):
+    import decoder.bench as bench
+    from decoder.ngram_sources import PromptLookup
+
+    def broken(self, ctx):
+        raise RuntimeError("prompt lookup broke\nsecond line")
+
+    monkeypatch.setattr(PromptLookup, "propose", broken)
+    rc = bench.main(bench_args(tmp_path, tiny_llama_dir, "ar,pld,ngram-tree", *(["--keep-going"] if keep_going else [])))
+    assert rc == (0 if keep_going else 1)
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert set(report["methods"]) == {"ar", "ngram-tree"}  # the others' results are kept
+    [f] = report["failed"]
+    assert f["method"] == "pld" and f["phase"] == "warm-up" and f["error"] == "RuntimeError: prompt lookup broke"
+    md = (tmp_path / "eval" / "report.md").read_text()
+    assert "## Failed methods" in md and f"`pld` failed on question {f['question_id']} (warm-up): RuntimeError" in md
+
+
+def test_a_method_that_cannot_be_built_is_recorded_and_skipped_ones_are_listed(tmp_path, monkeypatch, llama,
+                                                                               small_lm_bundle):
+    import decoder.bench as bench
+    from decoder.ngram_sources import TokenRecycling
+
+    def broken(self, *a, **kw):
+        raise ValueError("no adjacency matrix")
+
+    monkeypatch.setattr(TokenRecycling, "__init__", broken)
+    qs = bench.load_questions(None, ["vi"], per_cell=1, categories=["qa"])
+    notes = []
+    report = bench.run_bench(llama, None, qs, ["ar", "ngram-tree", "adaspec", "hf-assisted"], 8, 1, tmp_path,
+                             log=notes.append)
+    assert set(report["methods"]) == {"ar"}
+    assert report["failed"] == [{"method": "ngram-tree", "question_id": None, "phase": "build",
+                                 "error": "ValueError: no adjacency matrix", "answered": 0}]
+    assert report["skipped"] == {"adaspec": "it needs --bundle",
+                                 "hf-assisted": report["skipped"]["hf-assisted"]}
+    assert "small-LM drafter" in report["skipped"]["hf-assisted"]
+    md = (tmp_path / "report.md").read_text()
+    assert "`ngram-tree` failed while being built: ValueError: no adjacency matrix" in md
+    assert "## Skipped methods" in md and "- `adaspec`: it needs --bundle" in md
+
+
+def test_a_bad_questions_file_fails_before_any_model_loads(tmp_path, monkeypatch, tiny_llama_dir):
+    """Every problem of the file in one error, before the target loads (the loader must never be called)."""
+    import time
+
+    import decoder.bench as bench
+    import polyspec.targets
+
+    def no_model(*a, **kw):
+        raise AssertionError("a model was loaded before the questions were checked")
+
+    monkeypatch.setattr(polyspec.targets, "load_target", no_model)
+    monkeypatch.setenv("POLYSPEC_TRACEBACK", "1")  # the PolyspecError itself, not cli_entry's exit 2
+    q = tmp_path / "q.jsonl"
+    q.write_text("\n".join([
+        json.dumps({"question_id": 1, "turns": ["ok"]}),
+        json.dumps({"category": "qa", "turns": ["no id"]}),  # line 2
+        json.dumps({"question_id": 1, "turns": ["again"]}),  # line 3: repeats line 1
+        json.dumps({"question_id": 4, "language": "xx", "turns": ["?"]}),  # line 4
+        json.dumps({"question_id": 5, "turns": ["", "second"]}),  # line 5: an empty turn
+        json.dumps({"turns": []}),  # line 6: no id, no turns
+    ]) + "\n")
+    t0 = time.perf_counter()
+    with pytest.raises(PolyspecError) as e:
+        bench.main(["--questions", str(q), "--target", str(tiny_llama_dir), "--methods", "ar"])
+    assert time.perf_counter() - t0 < 5
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{q}:2,6: not a Spec-Bench question (no question_id)")
+    for part in ("line 3: question_id 1 repeats line 1", "line 4: unknown language 'xx'",
+                 "lines 5, 6: turns must be a non-empty list of non-empty strings"):
+        assert part in msg, msg
+    with pytest.raises(PolyspecError, match="unknown method\\(s\\) 'adaspek'"):  # method names: checked first too
+        bench.main(["--target", str(tiny_llama_dir), "--methods", "ar,adaspek"])
+
+
+def test_a_torn_line_in_a_questions_file_is_skipped_and_counted(tmp_path):
+    from decoder.bench import load_questions
+
+    q = tmp_path / "q.jsonl"
+    good = [json.dumps({"question_id": i, "language": "de", "turns": [f"Frage {i}"]}) for i in range(3)]
+    q.write_text(good[0] + "\n\n" + good[1] + "\n" + good[2] + '\n{"question_id": 3, "turns": ["abgeschn')
+    notes = []
+    qs = load_questions(q, log=notes.append)
+    assert [x["question_id"] for x in qs] == [0, 1, 2] and all(x["language"] == "de" for x in qs)
+    assert len(notes) == 1 and "skipped 1 torn or malformed line(s) (line 5)" in notes[0]
+    # line numbers in errors still count blank and torn lines
+    q.write_text(good[0] + "\n\n{torn\n" + json.dumps({"question_id": 0, "turns": ["x"]}) + "\n")
+    with pytest.raises(PolyspecError, match=r"q.jsonl:4: not a Spec-Bench question \(question_id 0 repeats line 1\)"):
+        load_questions(q, log=notes.append)
+
+
+def test_the_verify_curve_feeds_k_tokens_for_every_k_and_leaves_the_cache_as_it_found_it(llama, monkeypatch):
+    from decoder import costs
+    from decoder.runner import TargetRunner
+
+    fed, runners = [], []
+    forward, init = TargetRunner.forward, TargetRunner.__init__
+
+    def spy_init(self, *a, **kw):
+        init(self, *a, **kw)
+        runners.append(self)
+
+    def spy(self, ids, *a, **kw):
+        fed.append(len(ids))
+        return forward(self, ids, *a, **kw)
+
+    monkeypatch.setattr(TargetRunner, "__init__", spy_init)
+    monkeypatch.setattr(TargetRunner, "forward", spy)
+    context = list(range(5, 17))  # 12 tokens: far fewer than the largest k
+    c = costs.verify_curve(llama, context, [1, 8, 40, 64], reps=1)
+    assert set(c["ratio"]) == {1, 8, 40, 64}
+    assert fed[0] == len(context) and {40, 64} <= set(fed[1:])  # each k really verifies k tokens
+    assert runners[0].length == len(context)  # every rollback removed exactly what it added

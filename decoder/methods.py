@@ -1,0 +1,308 @@
+"""The one registry of decoding methods: each name maps to one ``Method`` entry.
+
+    from decoder.methods import METHODS, get_method
+    get_method("pld").build_source(SourceOptions(target))     # → its DraftSource (decoder.sources)
+    [m.name for m in METHODS.values() if m.kind == "decoder"]  # what ``Decoder(method=…)`` accepts
+
+Modelled on transformers' ``candidate_generator.py`` (one factory picks the candidate generator) and the
+speculators registry of proposal types (a proposal kind registers by name with its settings). An entry is one
+of three kinds:
+
+- ``decoder``: a method ``decoder.core.Decoder`` runs (``python -m decoder run --method``): ``source`` builds its
+  draft source from the decoder's options (``SourceOptions``), plus what the decoder must prepare for it — a
+  bundle (``needs_bundle``), calibrated defaults (``calibration``: ``g_star`` → γ, ``tree_budget`` → node
+  budget, from ``calibration.json``), SPECTRA's tables (``spectra``). What the decoding loop needs while it runs
+  (tree-capable, node bound, EAGLE-3 feature layers, features at all) the built source declares itself
+  (``decoder.draft_types.DraftSource``), since it can depend on options and on the bundle's drafter form.
+- ``preset``: a bench column that runs a decoder method (``runs``) with fixed options (``options``: a dict, or a
+  function of the bench's ``BenchInputs``), e.g. the EAGLE-2 and FR-Spec baselines and the ADASPEC ablations.
+- ``transformers``: a bench column that runs transformers' own ``generate`` loop with ``options`` as its
+  arguments (``assistant``: assisted generation with a small-LM drafter).
+
+Adding a method is one entry here (and, for a new kind of drafting, its ``DraftSource``). The CLIs
+(``python -m decoder run``, ``decoder.bench``, ``decoder.speed``, ``decoder.calibrate``) and the decoder read
+their method lists and defaults from this module.
+
+Imports: this module loads no torch, so that CLIs can check method names and their inputs (the bench's questions
+file) before anything heavy loads; each ``source`` factory imports its draft-source class when it is called.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from decoder.spectra import Spectra
+from polyspec.errors import PolyspecError
+
+Kind = Literal["decoder", "preset", "transformers"]
+
+
+@dataclass
+class SourceOptions:
+    """What a draft-source factory reads: the target, the bundle (or None) and the decoder's options
+    (``decoder.core.Decoder`` documents them). ``spectra``: a ``decoder.spectra.Spectra`` to share, or None."""
+
+    target: Any
+    bundle: Any = None
+    gamma: int | None = None
+    tree_depth: int = 4
+    tree_topk: int = 4
+    tree_nodes: int = 12
+    shape: str = "chain"
+    lang: str = "auto"
+    size: str | int = "auto"
+    vocab_lang: str | None = None
+    window: int | None = None
+    step: int | None = None
+    offset: float | None = None
+    gamma_max: int = 8
+    spide_threshold: float = 0.35
+    ngram_k: int = 8
+    ngram_first_width: int = 8
+    ngram_threshold: float = 0.02
+    spectra: Any = None
+    lookup_runs: bool = True
+    log: Callable[[str], Any] | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.target.model.get_output_embeddings().weight.shape[0])
+
+
+@dataclass
+class BenchInputs:
+    """What ``python -m decoder.bench`` has to build a method's runner from."""
+
+    target: Any
+    bundle: Any = None
+    engine_bundle: Any = None  # EAGLE-3 drafters that engines load (``--engine-bundle``)
+    assistant: str | None = None  # a transformers assistant folder (``--assistant``)
+    gamma: int | None = None  # ``--gamma``: γ of the methods whose γ the calibration sets
+    log: Callable[[str], Any] = print
+
+
+@dataclass(frozen=True)
+class Method:
+    """One decoding method (see the module docstring for the three kinds)."""
+
+    name: str
+    title: str  # how reports name it
+    paper: str  # where it comes from
+    kind: Kind = "decoder"
+    # decoder methods
+    source: Callable[[SourceOptions], Any] | None = None  # → its DraftSource; None: no drafting (plain AR)
+    needs_bundle: bool = False  # drafts with the bundle's trained drafters
+    calibration: tuple[str, ...] = ()  # calibration.json values its defaults read (g_star → γ, tree_budget → nodes)
+    spectra: bool = False  # drafts from SPECTRA's tables (the decoder builds them, with the RETRIEVAL corpus)
+    # bench columns
+    runs: str | None = None  # preset: the decoder method it runs
+    options: Mapping[str, Any] | Callable[[BenchInputs], dict] = field(default_factory=dict)
+    requires: Callable[[BenchInputs], str | None] | None = None  # why it cannot run with these inputs, or None
+    assistant: bool = False  # transformers: assisted generation (needs a small-LM drafter)
+    baseline: bool = False  # the bench's speedups are over the faster baseline
+    bench_default: bool = False  # in ``python -m decoder.bench``'s default ``--methods``
+
+    def build_source(self, o: SourceOptions):
+        """A decoder method's draft source for these options (None: ``ar``)."""
+        if self.kind != "decoder":
+            raise PolyspecError(f"{self.name} is a bench {self.kind} method, not one the decoder runs")
+        return self.source(o) if self.source is not None else None
+
+    @property
+    def decoder_method(self) -> Method | None:
+        """The decoder method it runs (itself, or a preset's ``runs``); None for transformers' loops."""
+        return self if self.kind == "decoder" else METHODS[self.runs] if self.kind == "preset" else None
+
+    def unavailable(self, b: BenchInputs) -> str | None:
+        """Why the bench cannot run it with these inputs (it is skipped, and the report says why), or None."""
+        if self.requires is not None:
+            return self.requires(b)
+        run = self.decoder_method
+        return "it needs --bundle" if run is not None and run.needs_bundle and b.bundle is None else None
+
+    def bench_options(self, b: BenchInputs) -> dict:
+        """Decoder keyword options (with ``method``; ``bundle`` when not the bench's) or ``generate`` options."""
+        opts = dict(self.options(b) if callable(self.options) else self.options)
+        run = self.decoder_method
+        if run is None:
+            return opts
+        if b.gamma is not None and "g_star" in run.calibration:  # the methods whose γ calibration sets
+            opts.setdefault("gamma", b.gamma)
+        return {"method": run.name, **opts}
+
+
+# ------------------------------------------------------------------------- draft-source factories
+def _drafter(o: SourceOptions, **kw):
+    from decoder.drafter_source import DrafterSource  # torch loads on first build (module docstring)
+
+    return DrafterSource(o.target, o.bundle, gamma=o.gamma or 4, depth=o.tree_depth, topk=o.tree_topk,
+                         nodes=o.tree_nodes, lang=o.lang, size=o.size, vocab_lang=o.vocab_lang, window=o.window,
+                         step=o.step, offset=o.offset, gamma_max=o.gamma_max, **kw)
+
+
+def _loop_lookup():
+    """The prompt lookup of ``adaspec`` and ``hybrid``: 10 deep, 20 after a chain kept whole."""
+    from decoder.ngram_sources import PromptLookup  # torch loads on first build (module docstring)
+
+    return PromptLookup(10, grow_to=20)
+
+
+def _spectra_tables(o: SourceOptions):
+    return o.spectra if o.spectra is not None else Spectra(o.vocab_size, guess_len=10)
+
+
+def _pld(o: SourceOptions):
+    from decoder.ngram_sources import PromptLookup  # torch loads on first build (module docstring)
+
+    return PromptLookup(o.gamma or 10)  # transformers' prompt_lookup_num_tokens=10
+
+
+def _ngram_tree(o: SourceOptions):
+    from decoder.ngram_sources import TokenRecycling  # torch loads on first build (module docstring)
+
+    return TokenRecycling(o.vocab_size, o.ngram_k, o.tree_nodes, o.ngram_first_width, o.tree_topk, o.tree_depth,
+                          o.ngram_threshold, o.gamma or 4)
+
+
+def _spectra(o: SourceOptions):
+    from decoder.ngram_sources import SpectraSource  # torch loads on first build (module docstring)
+
+    return SpectraSource(_spectra_tables(o), max(o.tree_nodes, 10))  # as deep as PLD: loops repay long guesses
+
+
+def _chain(o: SourceOptions):
+    return _drafter(o, mode="chain", name="chain")
+
+
+def _tree(o: SourceOptions):
+    return _drafter(o, mode="tree", name="tree")
+
+
+def _adaspec(o: SourceOptions):
+    return _drafter(o, mode=o.shape, adaptive=True, name="adaspec", lookup_runs=_loop_lookup() if o.lookup_runs else None)
+
+
+def _spide(o: SourceOptions):
+    from decoder.drafter_source import SpideSource  # torch loads on first build (module docstring)
+
+    return SpideSource(o.target, o.bundle, gamma=o.gamma or 4, lang=o.lang, size=o.size, vocab_lang=o.vocab_lang,
+                       window=o.window, step=o.step, offset=o.offset, gamma_max=o.gamma_max,
+                       spide_threshold=o.spide_threshold, name="spide")
+
+
+def _hybrid(o: SourceOptions):
+    from decoder.hybrid import HybridSource  # torch loads on first build (module docstring)
+    from decoder.ngram_sources import SpectraSource
+
+    d = _drafter(o, mode="chain", adaptive=True, name="drafter") if o.bundle is not None else None
+    # the same node budget as spectra alone: the calibrated flat budget, but at least PLD's depth (measured on the
+    # 2-core CPU: a 5-node flat budget cut the base model's long, looping guesses; spectra at 10 nodes ran 3.8× AR,
+    # hybrid at 5 branch nodes 3.2×)
+    nodes = max(o.tree_nodes, 10)
+    return HybridSource(d, [_loop_lookup(), SpectraSource(_spectra_tables(o), nodes)], nodes=nodes,
+                        gamma_max=o.gamma_max)
+
+
+# ---------------------------------------------------------------------------- bench requirements
+def _eagle3_bundle(bundle) -> bool:
+    """Whether a bundle's drafters are of the EAGLE-3 form (read from their config, no weights loaded)."""
+    cfg = json.loads((bundle.drafter_dir(bundle.languages[0]) / "config.json").read_text(encoding="utf-8"))
+    return cfg.get("drafter_type") == "eagle" and cfg.get("arch") == "eagle3"
+
+
+def _engines(b: BenchInputs):
+    return b.engine_bundle if b.engine_bundle is not None else b.bundle
+
+
+def _needs_eagle3(b: BenchInputs) -> str | None:
+    engines = _engines(b)
+    if engines is None or not _eagle3_bundle(engines):
+        return ("it needs EAGLE-3 drafters (--engine-bundle <run>/export/engines/bundle, or a --bundle of EAGLE-3 "
+                "drafters)")
+    return None
+
+
+def _needs_small_lm(b: BenchInputs) -> str | None:
+    if b.assistant is None and (b.bundle is None or b.bundle.manifest["drafter_type"] != "small-lm"):
+        return ("it needs a small-LM drafter (--assistant <hf-assistant folder>, or a small-LM bundle); EAGLE "
+                "drafters cannot be transformers assistants")
+    return None
+
+
+def _fr_spec(b: BenchInputs) -> dict:
+    """One static frequency vocabulary for every language: English when the bundle has it, at the smallest size."""
+    langs, sizes = b.bundle.languages, b.bundle.vocab_sizes
+    vl = "en" if "en" in langs else langs[0]
+    if vl != "en":
+        b.log(f"fr-spec: the bundle has no English vocabulary; using {vl!r} top-{min(sizes)} for every language")
+    return {"vocab_lang": vl, "size": min(sizes)}
+
+
+# ---------------------------------------------------------------------------------------- registry
+_ENTRIES = (
+    # decoder methods: python -m decoder run --method NAME, Decoder(method=NAME)
+    Method("ar", "AR", "the target's own autoregressive loop (the reference)", baseline=True, bench_default=True),
+    Method("chain", "chain", "EAGLE chain drafting with the bundle's drafters", source=_chain, needs_bundle=True,
+           calibration=("g_star",)),
+    Method("tree", "EAGLE-2 tree", "EAGLE-2 dynamic draft tree", source=_tree, needs_bundle=True,
+           calibration=("g_star",)),
+    Method("adaspec", "ADASPEC", "ADASPEC Alg. 2 (adaptive drafter language and vocabulary size) + prompt lookup "
+           "in running loops", source=_adaspec, needs_bundle=True, calibration=("g_star",), bench_default=True),
+    Method("spide", "SPIDE", "SPIDE (draft length from a confidence → acceptance table)", source=_spide,
+           needs_bundle=True, calibration=("g_star",), bench_default=True),
+    Method("pld", "PLD", "prompt lookup decoding", source=_pld, bench_default=True),
+    Method("ngram-tree", "Token Recycling", "Token Recycling / UNISPEC confidence tree", source=_ngram_tree,
+           bench_default=True),
+    Method("spectra", "SPECTRA", "SPECTRA (CORE + RETRIEVAL)", source=_spectra, calibration=("tree_budget",),
+           spectra=True, bench_default=True),
+    Method("hybrid", "hybrid", "prompt lookup + SPECTRA + the drafter where it pays, in one tree", source=_hybrid,
+           calibration=("tree_budget",), spectra=True, bench_default=True),
+    # presets: a decoder method with fixed options (bench columns)
+    Method("adaspec-noloop", "ADASPEC, no loop runs", "ablation: the drafter drafts every step, also in loops",
+           kind="preset", runs="adaspec", options={"lookup_runs": False}),
+    Method("adaspec-tree", "ADASPEC tree", "ADASPEC Alg. 2 drafting EAGLE-2 trees", kind="preset", runs="adaspec",
+           options={"shape": "tree"}),
+    Method("adaspec-fixsize", "ADASPEC, fixed size", "ADASPEC Table 2 ablation: adaptive language, smallest size",
+           kind="preset", runs="adaspec", options=lambda b: {"size": min(b.bundle.vocab_sizes)}),
+    Method("eagle-full", "EAGLE-2 chain", "EAGLE-2 style: the language's drafter, full-vocabulary head, chain",
+           kind="preset", runs="chain", options={"size": "full"}, bench_default=True),
+    Method("eagle-tree", "EAGLE-2 tree, full vocabulary", "EAGLE-2 dynamic tree, full-vocabulary head",
+           kind="preset", runs="tree", options={"size": "full"}),
+    Method("fr-spec", "FR-Spec", "FR-Spec: one static frequency vocabulary for every language", kind="preset",
+           runs="chain", options=_fr_spec, bench_default=True),
+    Method("eagle3", "EAGLE-3", "EAGLE-3 as engines serve it: the language's drafter alone, chain γ 4, no lookup",
+           kind="preset", runs="adaspec", requires=_needs_eagle3,
+           options=lambda b: {"bundle": _engines(b), "lookup_runs": False, "gamma": b.gamma or 4}),
+    # transformers' own generate loop (bench columns)
+    Method("hf-generate", "transformers generate", "transformers greedy generate", kind="transformers",
+           baseline=True, bench_default=True),
+    Method("hf-pld", "transformers PLD", "prompt lookup decoding in transformers", kind="transformers",
+           options={"prompt_lookup_num_tokens": 10}, bench_default=True),
+    Method("hf-assisted", "transformers assisted", "transformers assisted generation with a small-LM drafter",
+           kind="transformers", assistant=True, requires=_needs_small_lm, bench_default=True),
+)
+METHODS: dict[str, Method] = {m.name: m for m in _ENTRIES}
+DECODER_METHODS = tuple(m.name for m in _ENTRIES if m.kind == "decoder")
+BASELINES = tuple(m.name for m in _ENTRIES if m.baseline)
+DEFAULT_BENCH = tuple(m.name for m in _ENTRIES if m.bench_default)
+
+
+def get_method(name: str, kind: Kind | None = None) -> Method:
+    """The registry entry of ``name`` (of ``kind`` when given); a one-line error naming the choices."""
+    m = METHODS.get(name)
+    if m is None or (kind is not None and m.kind != kind):
+        names = [x.name for x in _ENTRIES if kind is None or x.kind == kind]
+        raise PolyspecError(f"unknown method {name!r}; choose one of {', '.join(names)}")
+    return m
+
+
+def parse_methods(spec: str | list[str]) -> list[str]:
+    """``"ar,adaspec"`` → names, every one checked (all unknown names in one error), duplicates dropped."""
+    names = [x.strip() for x in (spec.split(",") if isinstance(spec, str) else spec) if x.strip()]
+    unknown = [x for x in names if x not in METHODS]
+    if unknown:
+        raise PolyspecError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from {', '.join(METHODS)}")
+    return list(dict.fromkeys(names))

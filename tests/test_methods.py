@@ -1,0 +1,110 @@
+"""decoder/methods.py: the one registry of decoding methods — every entry builds and runs losslessly on a tiny
+target, and the CLIs offer exactly the registry's names."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, make_tiny_bundle
+from polyspec.errors import PolyspecError
+from polyspec.targets import load_target
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama_dir):
+    return load_target(str(tiny_llama_dir))
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, llama):
+    """A small-LM bundle (hf-assisted runs with it) and an EAGLE-3 one (what ``eagle3`` runs)."""
+    from export.bundle import load_bundle
+
+    root = tmp_path_factory.mktemp("methods")
+    return {kind: load_bundle(make_tiny_bundle(root / kind, llama, drafter=kind)) for kind in ("small-lm", "eagle3")}
+
+
+def test_every_decoder_method_builds_its_source_and_declares_what_the_loop_needs(llama, bundles):
+    from decoder.core import Decoder
+    from decoder.methods import DECODER_METHODS, METHODS
+    from decoder.sources import DraftSource, build_source
+
+    for name in DECODER_METHODS:
+        m = METHODS[name]
+        bundle = bundles["eagle3"] if m.needs_bundle else None
+        src = build_source(name, llama, bundle)
+        assert (src is None) == (name == "ar"), name
+        if src is None:
+            continue
+        assert isinstance(src, DraftSource), name
+        assert src.needs_feats == m.needs_bundle or name == "hybrid", name
+        if m.needs_bundle:  # the bundle's EAGLE-3 drafters read three target layers
+            assert src.aux_layers and len(src.aux_layers) == 3, name
+            assert Decoder(llama, bundle, method=name).runner.aux_layers == src.aux_layers, name
+        else:
+            assert src.aux_layers is None and Decoder(llama, method=name).source is not None, name
+    assert build_source("tree", llama, bundles["eagle3"]).tree_capable
+    assert not build_source("chain", llama, bundles["eagle3"]).tree_capable
+    assert build_source("adaspec", llama, bundles["eagle3"], shape="tree").tree_capable
+    for name in ("chain", "tree", "adaspec", "spide"):
+        with pytest.raises(PolyspecError, match="needs a bundle"):
+            Decoder(llama, method=name)
+    with pytest.raises(PolyspecError, match="unknown method 'eagle-full'; choose one of ar, chain"):
+        Decoder(llama, method="eagle-full")  # a bench preset, not a decoder method
+
+
+def test_every_registry_entry_runs_in_the_bench_and_is_lossless(tmp_path, llama, bundles):
+    """Every name of the registry, decoder methods, presets and transformers' loops alike, builds on the tiny target
+    (a small-LM bundle; the EAGLE-3 one as the engine bundle) and answers a prompt with ar's tokens."""
+    from decoder.bench import build_methods
+    from decoder.methods import METHODS
+    from polyspec.prompts import encode, render
+
+    small = bundles["small-lm"]
+    failed, skipped, notes = [], {}, []
+    runs = build_methods(list(METHODS), llama, small, None, notes.append, engine_bundle=bundles["eagle3"],
+                         failed=failed, skipped=skipped)
+    assert not failed and not skipped, (failed, skipped)
+    assert list(runs) == list(METHODS)
+    fmt = llama.spec.prompt_format
+    ids = encode(fmt, llama.tokenizer, render(fmt, llama.tokenizer, [{"role": "user", "content": "Xin chào, bạn"}]))
+    ref = runs["ar"](ids, 12).tokens
+    for name, run in runs.items():
+        assert run(ids, 12).tokens == ref, name
+    assert not (small.root.parent / "hf-assistant").exists()  # hf-assisted wrote nothing beside the bundle
+
+
+def test_cli_choices_are_the_registry_names():
+    from decoder.__main__ import build_parser
+    from decoder.methods import DECODER_METHODS, METHODS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    method = next(a for a in sub.choices["run"]._actions if a.dest == "method")
+    assert tuple(method.choices) == DECODER_METHODS
+    assert set(DECODER_METHODS) == {m.name for m in METHODS.values() if m.kind == "decoder"}
+    assert set(DECODER_METHODS) >= {"ar", "chain", "tree", "adaspec", "spide", "pld", "ngram-tree", "spectra", "hybrid"}
+    for m in METHODS.values():  # presets run a decoder method; transformers' loops run none
+        assert (m.runs in DECODER_METHODS) if m.kind == "preset" else m.runs is None, m.name
+
+
+def test_method_lists_are_checked_against_the_registry():
+    from decoder.methods import DEFAULT_BENCH, get_method, parse_methods
+
+    assert parse_methods("ar, pld,ar") == ["ar", "pld"]
+    with pytest.raises(PolyspecError, match="unknown method\\(s\\) 'adaspek', 'nope'"):
+        parse_methods("ar,adaspek,pld,nope")
+    assert get_method("pld").title == "PLD"
+    assert set(DEFAULT_BENCH) == {"ar", "hf-generate", "adaspec", "eagle-full", "fr-spec", "spide", "pld", "ngram-tree",
+                                  "spectra", "hybrid", "hf-pld", "hf-assisted"}
+
+
+def test_the_registry_and_the_bench_cli_load_no_torch():
+    """The bench checks its questions file and method names before any model: importing it must not load torch."""
+    code = "import sys, decoder.bench, decoder.methods; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
