@@ -1,0 +1,154 @@
+"""The decoder's cost figures on one target, one load, one JSON (scripts/gpu-check.sh's last step).
+
+    python scripts/gpu_figures.py --target /tmp/gpu-check/target [--bundle <engines bundle>] [--max-k 64] --out f.json
+
+- verify(k)/forward(1) for k = 1…max-k at a 200-token context (decoder.costs' protocol: a KV-cached forward of k
+  tokens, rolled back after each; medians of --reps), and tree_budget (the flat region UNISPEC-style calibration uses);
+- the draft cost per drafted token of every drafter kind shaped for the target (random weights: cost does not depend
+  on them) and of the bundle's EAGLE-3 drafter when given (EAGLE-3, Li et al. 2025);
+- autoregressive tokens/s of polyspec's own loop (``Decoder(method="ar")``) and of transformers' ``generate``, greedy,
+  on the built-in English seed instructions, no stop strings (both produce the same tokens; checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def median_time(fn, reps: int, sync) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def verify_curve(target, context: list[int], ks: list[int], reps: int) -> dict:
+    """decoder.costs.verify_curve with a probe as long as the largest k (its own holds 32 tokens)."""
+    from decoder.runner import TargetRunner
+
+    runner = TargetRunner(target)
+    runner.reset()
+    runner.forward(context, logits_for=slice(-1, None), features=False)
+    dev = runner.head.weight.device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    probe = (context[-16:] * (max(ks) // 16 + 1))[: max(ks)]
+
+    def step(k):
+        def run():
+            runner.forward(probe[:k], features=False)
+            runner.rollback(k)
+        return run
+
+    verify = {k: median_time(step(k), reps, sync) for k in sorted(set(ks) | {1})}
+    return {"context": len(context), "forward1_s": verify[1], "verify_s": verify,
+            "ratio": {k: v / verify[1] for k, v in verify.items()}}
+
+
+def draft_costs(target, context: list[int], bundle: str | None) -> dict:
+    from decoder.costs import draft_cost, random_runtimes
+
+    kinds = random_runtimes(target)
+    if bundle:
+        from decoder.drafters import build_runtimes
+        from export.bundle import load_bundle
+
+        b = load_bundle(bundle, target_pin=target.pin())
+        rts, banks = build_runtimes(b, target, target.device)
+        lang = b.languages[0]
+        kinds[f"bundle:{lang}"] = (rts[lang], banks[lang].head(lang, min(b.vocab_sizes)))
+    return {kind: draft_cost(target, rt, head, context) for kind, (rt, head) in kinds.items()}
+
+
+def ar_speed(target, max_new_tokens: int, prompts: int) -> dict:
+    from decoder.core import Decoder
+    from polyspec.languages import get_language
+    from polyspec.prompts import encode, render
+    from polyspec.targets import greedy_generate
+
+    fmt = target.spec.prompt_format
+    ids = [encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": s.instruction}]))
+           for s in get_language("en").seeds[:prompts]]
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    dec = Decoder(target, None, method="ar")
+    runs = {"polyspec-ar": lambda p: dec.generate(p, max_new_tokens, stop=[]).tokens,
+            "hf-generate": lambda p: greedy_generate(target, p, max_new_tokens)}
+    out, outputs = {}, {}
+    for name, fn in runs.items():
+        fn(ids[0][:16])  # warm-up
+        sync()
+        t0, toks = time.perf_counter(), []
+        for p in ids:
+            toks.append(fn(p))
+        sync()
+        dt = time.perf_counter() - t0
+        outputs[name] = toks
+        out[name] = {"tok_s": sum(map(len, toks)) / dt, "tokens": sum(map(len, toks)), "seconds": dt}
+    out["identical"] = outputs["polyspec-ar"] == [t[: len(a)] for t, a in zip(outputs["hf-generate"], outputs["polyspec-ar"])]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--bundle", default=None, help="also time this bundle's drafter (the smoke run's engines bundle)")
+    ap.add_argument("--max-k", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    from decoder.costs import calibration_context, tree_budget
+    from polyspec.io import atomic_write_json
+    from polyspec.targets import load_target
+
+    t0 = time.time()
+    target = load_target(args.target)
+    result = {"target": target.spec.name, "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+              "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,
+              "layers": target.num_layers, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
+              "load_s": round(time.time() - t0, 1)}
+    ctx = calibration_context(target, args.context)
+    for name, fn in (("verify", lambda: verify_curve(target, ctx, list(range(1, args.max_k + 1)), args.reps)),
+                     ("draft_s_per_token", lambda: draft_costs(target, ctx, args.bundle)),
+                     ("ar", lambda: ar_speed(target, args.max_new_tokens, args.prompts))):
+        t1 = time.time()
+        try:  # one failing figure must not lose the others
+            result[name] = fn()
+        except Exception as e:  # noqa: BLE001 - recorded, the next figure is still measured
+            result[name] = {"error": f"{type(e).__name__}: {e}"}
+        result[f"{name}_seconds"] = round(time.time() - t1, 1)
+        atomic_write_json(args.out, result)
+        print(f"{name}: {time.time() - t1:.1f}s", flush=True)
+    if "ratio" in result["verify"]:
+        result["tree_budget"] = tree_budget(result["verify"]["ratio"])
+        f1 = result["verify"]["forward1_s"]
+        if "error" not in result["draft_s_per_token"]:
+            result["draft_share_of_forward1"] = {k: v / f1 for k, v in result["draft_s_per_token"].items()}
+        print(f"forward(1) {f1 * 1e3:.2f} ms; verify(k)/forward(1): "
+              + " ".join(f"{k}:{r:.2f}" for k, r in result["verify"]["ratio"].items() if k in (1, 2, 4, 8, 16, 32, 64)))
+    if torch.cuda.is_available():
+        result["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    atomic_write_json(args.out, result)
+    print(json.dumps({k: v for k, v in result.items() if k in ("tree_budget", "ar", "draft_s_per_token")}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

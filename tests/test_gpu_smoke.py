@@ -1,0 +1,105 @@
+"""The GPU path rehearsed on CPU: a target from a configuration (polyspec.random_target) loads like any local target
+and is drawn deterministically from its seed; the gpu-smoke profile runs every stage on its tiny preset."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO
+from polyspec.random_target import PRESETS, build_random_target
+from polyspec.targets import eagle3_layers, greedy_generate, load_target
+
+
+def shards(folder) -> dict[str, torch.Tensor]:
+    return {k: v for f in sorted(folder.glob("model-*.safetensors")) for k, v in load_file(f).items()}
+
+
+def test_random_target_loads_like_any_target_and_follows_its_seed(tmp_path, tiny_llama_dir):
+    quiet = dict(preset="tiny", tokenizer=str(tiny_llama_dir), device="cpu", log=lambda *_: None)
+    a = build_random_target(tmp_path / "a", seed=0, **quiet)
+    b = build_random_target(tmp_path / "b", seed=0, **quiet)
+    c = build_random_target(tmp_path / "c", seed=1, **quiet)
+    wa, wb, wc = shards(a), shards(b), shards(c)
+    assert wa.keys() == wb.keys() == wc.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "the same seed draws the same weights"
+    assert not torch.equal(wa["model.layers.0.mlp.up_proj.weight"], wc["model.layers.0.mlp.up_proj.weight"])
+    assert all(v.dtype == torch.bfloat16 for v in wa.values())
+    assert wa["model.layers.0.mlp.up_proj.weight"].float().std().item() == pytest.approx(0.02, rel=0.05)
+    assert torch.all(wa["model.norm.weight"] == 1)
+
+    t = load_target(str(a))
+    source = load_target(str(tiny_llama_dir), with_model=False)
+    shape = PRESETS["tiny"]
+    assert t.vocab_size == len(t.tokenizer) == len(source.tokenizer)
+    assert t.tokenizer_sha256 == source.tokenizer_sha256  # the tokenizer is copied, not changed
+    assert t.spec.prompt_format.kind == "chat-template"  # its chat template kept
+    assert (t.hidden_size, t.num_layers) == (shape.hidden, shape.layers)
+    assert len(set(eagle3_layers(t.num_layers))) == 3, "EAGLE-3 reads three distinct layers"
+    loaded = dict(t.model.named_parameters())
+    assert all(torch.equal(loaded[k], v.float()) for k, v in wa.items()), "every stored tensor is loaded (none re-drawn)"
+    ids = t.tokenizer("Hello, how are you?")["input_ids"]
+    first = greedy_generate(t, ids, 8)
+    assert len(first) == 8 and first == greedy_generate(load_target(str(b)), ids, 8)
+    with torch.no_grad():  # logits spread as an H = 4096 model's do (std ≈ 1.3): greedy picks are no near-ties
+        std = t.model(torch.tensor([ids])).logits[0, -1].std().item()
+    assert 0.8 < std < 2.0
+
+
+def test_seed_text_corpus_is_the_language_seeds():
+    """configs/vocab/seed-text (the gpu-smoke profile's ``files`` vocab source) is scripts/seed_text.py's output."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from seed_text import seed_texts
+
+    from polyspec.languages import builtin_codes
+
+    for code in builtin_codes():
+        path = REPO / "configs" / "vocab" / "seed-text" / f"{code}.jsonl"
+        assert [json.loads(x)["text"] for x in path.read_text(encoding="utf-8").splitlines()] == seed_texts(code), \
+            f"{path} is stale: rerun python scripts/seed_text.py"
+
+
+def test_gpu_smoke_profile_validates_and_exports_eagle3_drafters():
+    from pipelines.__main__ import load_profile
+    from pipelines.plan import build_plan, validate_plan
+
+    p = load_profile("gpu-smoke")
+    assert not p.gpu_only, "it runs on CPU too (tests, rehearsals)"
+    stages = build_plan(p, p.langs, p.target, REPO / "runs" / "never-run")
+    checked = validate_plan(stages, p, p.target, p.langs)
+    assert "engine drafters (EAGLE-3): configs/train/eagle-gpu.yaml" in checked
+    vocab = next(s for s in stages if s.name == "vocab").cmd
+    sources = vocab[vocab.index("--sources") + 1]
+    assert "files@0.5=" in sources and "wordfreq" not in sources and "fineweb2" not in sources  # local files only
+
+
+@pytest.mark.slow
+def test_gpu_smoke_profile_runs_every_stage_on_cpu_with_the_tiny_preset(tmp_path):
+    """The profile scripts/gpu-check.sh runs on an 8B-shaped target, here on the tiny preset (SmolLM2's tokenizer,
+    as there). Random weights: acceptance means nothing; the stages' records, the speculators export and, in fp32,
+    every method's identity with the target's own greedy decoding do."""
+    target = build_random_target(tmp_path / "random-tiny", "tiny", "smollm2-135m-instruct", device="cpu",
+                                 log=lambda *_: None)
+    run = tmp_path / "run"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "POLYSPEC_DTYPE": "float32"}
+    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--profile", "gpu-smoke", "--target", str(target),
+                        "--run", str(run)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "all 12 stages done" in r.stdout
+    done = {json.loads(p.read_text())["stage"] for p in run.rglob("DONE.json")}
+    assert done == {"synth:en", "distill:en", "heldout:en", "vocab", "train:pretrain", "train:en", "export",
+                    "export:engines", "score:engines", "calibrate", "eval", "report"}
+    for name in ("en", "multilingual"):
+        cfg = json.loads((run / "export" / "engines" / "speculators" / name / "config.json").read_text())
+        assert cfg["speculators_model_type"] == "eagle3" and cfg["target_hidden_size"] == PRESETS["tiny"].hidden
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == eagle3_layers(PRESETS["tiny"].layers)
+    report = json.loads((run / "eval" / "report.json").read_text())
+    assert set(report["methods"]) == {"ar", "hf-generate", "eagle3", "adaspec", "pld"} and not report["failed"]
+    assert all(m["overall"]["identical"] for m in report["methods"].values()), "lossless in fp32"
+    assert (run / "export" / "bundle" / "calibration.json").is_file() and (run / "report" / "report.md").is_file()
