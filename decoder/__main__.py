@@ -70,7 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         for i, s in enumerate(out.steps):
             size = "full" if s.vocab_size is None else s.vocab_size
             print(f"step {i:3d}  +{s.new_tokens}  accepted {s.accepted}/{s.drafted} ({s.source or '-'})  lang {s.lang}  vocab {size}  "
-                  f"draft {s.draft_s * 1e3:.1f} ms  verify {s.verify_s * 1e3:.1f} ms", file=sys.stderr)
+                  f"draft {s.draft_s * 1e3:.1f} ms  verify {s.verify_s * 1e3:.1f} ms"
+                  + (f"  beside it: {s.spec_s * 1e3:.1f} ms drafted ({s.hidden_s * 1e3:.1f} hidden), {s.parallel}"
+                     if s.parallel else ""), file=sys.stderr)
+    if out.parallel_hits or out.parallel_drops:
+        print(f"[{args.method}] continuations drafted beside verification: {out.parallel_hits} used, "
+              f"{out.parallel_drops} dropped; {out.overlap_s * 1e3:.0f} of {out.spec_s * 1e3:.0f} ms hidden",
+              file=sys.stderr)
     print(f"[{args.method}] {len(out.tokens)} tokens, {out.target_forwards} target forwards, τ = {out.tau:.2f}, "
           f"{len(out.tokens) / out.wall_s:.1f} tok/s, finish: {out.finish_reason}", file=sys.stderr)
     return 0

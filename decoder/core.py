@@ -18,6 +18,9 @@ Methods
   drafter (``lookup_runs``, on by default; ``decoder.drafter_source.DrafterSource``).
 - ``spide``: chain drafting whose length is decided token by token from SPIDE's confidence→acceptance
   table (``decoder.ngram.SpideTable``), up to ``gamma_max``.
+- ``spide-parallel``: ``spide`` plus SPIDE's parallel draft verification (``decoder.spide_parallel``): while the
+  target verifies a chain, a second thread (CUDA: stream) drafts its continuation; when the chain is kept whole and
+  the target's next token is the continuation's first, the rest is the next chain, with no drafting pass.
 - ``pld`` (prompt lookup) and ``ngram-tree`` (Token Recycling / UNISPEC confidence tree): training-free
   draft sources, no bundle needed; verified exactly like the drafter's drafts.
 - ``spectra`` (SPECTRA CORE + RETRIEVAL) and ``hybrid`` (prompt lookup, SPECTRA and the drafter where it pays,
@@ -68,6 +71,10 @@ class StepStat:
     draft_s: float
     verify_s: float
     source: str = ""  # who proposed the step's first draft ("adaspec", "pld": adaspec's loop run, "a+b": merged)
+    # drafting beside the verification (spide-parallel; decoder.draft_types.Verified)
+    parallel: str = ""  # "hit": its continuation is the next step's draft; "drop": discarded; "": none
+    spec_s: float = 0.0  # seconds that drafting took
+    hidden_s: float = 0.0  # of which hidden behind the verification
 
 
 @dataclass
@@ -89,10 +96,30 @@ class GenerationResult:
     def accept_lengths(self) -> list[int]:
         return [s.new_tokens for s in self.steps]
 
+    @property
+    def parallel_hits(self) -> int:
+        """Steps whose draft was drafted beside the previous verification (spide-parallel's continuations used)."""
+        return sum(s.parallel == "hit" for s in self.steps)
+
+    @property
+    def parallel_drops(self) -> int:
+        return sum(s.parallel == "drop" for s in self.steps)
+
+    @property
+    def spec_s(self) -> float:
+        """Seconds of drafting beside verifications."""
+        return sum(s.spec_s for s in self.steps)
+
+    @property
+    def overlap_s(self) -> float:
+        """Of ``spec_s``, the seconds hidden behind verifications."""
+        return sum(s.hidden_s for s in self.steps)
+
     def to_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "text": self.text, "finish_reason": self.finish_reason, "tau": self.tau,
                 "target_forwards": self.target_forwards, "prefill_s": self.prefill_s, "wall_s": self.wall_s,
-                "steps": [asdict(s) for s in self.steps]}
+                "parallel_hits": self.parallel_hits, "parallel_drops": self.parallel_drops, "spec_s": self.spec_s,
+                "overlap_s": self.overlap_s, "steps": [asdict(s) for s in self.steps]}
 
 
 class Decoder:
@@ -244,6 +271,7 @@ class Decoder:
                 self._step_s = v.verify_s if not self._step_s else 0.9 * self._step_s + 0.1 * v.verify_s
                 ctx.step_s = self._step_s
                 src.update(ctx, v)
+                stat.parallel, stat.spec_s, stat.hidden_s = v.parallel, v.spec_s, v.hidden_s
         self._sync()
         return GenerationResult(tokens=stopper.tokens, text=stopper.text(), finish_reason=stopper.reason, steps=steps,
                                 target_forwards=self.runner.forwards, prefill_s=prefill_s,
@@ -265,8 +293,9 @@ class Decoder:
         self._sync()
         t1 = time.perf_counter()
         h, logits = self.runner.forward([tokens[pend], *drafts], features=self.needs_feats)
-        if temperature > 0:
-            n, nxt = accept_sampled(drafts, prop.q, warp(logits, temperature, top_p), gen)
+        if temperature > 0:  # a source that guesses the target's next token has it judged as one more draft
+            guess = {"guess": self.source.bonus_guess} if getattr(self.source, "guesses_bonus", False) else {}
+            n, nxt = accept_sampled(drafts, prop.q, warp(logits, temperature, top_p), gen, **guess)
         else:
             n, nxt = accept_greedy(drafts, logits)
         self.runner.rollback(len(drafts) - n)
@@ -305,5 +334,6 @@ class Decoder:
         return [tok[i - 1] for i in path[1:]] + [best[cur]], v
 
     def _sync(self) -> None:
+        """Wait for the loop's own CUDA stream (not the device: a source may draft on a stream of its own meanwhile)."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()

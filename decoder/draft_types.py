@@ -86,6 +86,10 @@ class Verified:
     origin: list[str]
     kept: int = 0
     verify_s: float = 0.0
+    # drafting beside this verification (SPIDE's parallel half, decoder.spide_parallel), set by the source's update:
+    parallel: str = ""  # "hit": its continuation is the next proposal; "drop": discarded; "": none drafted
+    spec_s: float = 0.0  # seconds the drafting beside the verification took
+    hidden_s: float = 0.0  # of which done before the loop needed its result (hidden behind the verification)
     _top: tuple | None = None
 
     @property
@@ -119,19 +123,26 @@ class DraftSource:
     ``needs_feats`` (the target's features are kept for it: EAGLE drafters read them), ``tree_capable`` (it may
     propose trees; where the loop must ask for chains it says so once), ``aux_layers`` (the target layers whose
     hidden states form its features: EAGLE-3; None: the last layer) and ``max_nodes`` (the most nodes one proposal
-    may hold; None: the decoder's node budget ``tree_nodes``)."""
+    may hold; None: the decoder's node budget ``tree_nodes``) and ``guesses_bonus`` (sampling: when a chain is kept
+    whole, the loop judges ``bonus_guess()`` as one more draft instead of drawing the target's next token directly)."""
 
     name = "source"
     needs_feats = False
     tree_capable = False
     aux_layers: list[int] | None = None
     max_nodes: int | None = None
+    guesses_bonus = False
 
     def begin(self, ctx: DecodeState) -> None:
         """A new request; ``ctx.tokens`` is the prompt plus the first pending token."""
 
     def propose(self, ctx: DecodeState) -> Proposal:
         raise NotImplementedError
+
+    def bonus_guess(self) -> tuple[int, torch.Tensor] | None:
+        """(token, q [V] it was drawn from): a guess of the target's token after a chain kept whole, which the
+        loop keeps with probability min(1, p/q) like a draft (``guesses_bonus``, sampling only); None: no guess."""
+        return None
 
     def update(self, ctx: DecodeState, v: Verified) -> None:
         """After the step: ``ctx.tokens`` already holds the kept tokens (the new pending one last)."""

@@ -193,6 +193,14 @@ def _spide(o: SourceOptions):
                        spide_threshold=o.spide_threshold, name="spide")
 
 
+def _spide_parallel(o: SourceOptions):
+    from decoder.spide_parallel import SpideParallelSource  # torch loads on first build (module docstring)
+
+    return SpideParallelSource(o.target, o.bundle, lang=o.lang, size=o.size, vocab_lang=o.vocab_lang, window=o.window,
+                               step=o.step, offset=o.offset, gamma_max=o.gamma_max,
+                               spide_threshold=o.spide_threshold, name="spide-parallel")
+
+
 def _hybrid(o: SourceOptions):
     from decoder.hybrid import HybridSource  # torch loads on first build (module docstring)
     from decoder.ngram_sources import SpectraSource
@@ -253,6 +261,8 @@ _ENTRIES = (
            "in running loops", source=_adaspec, needs_bundle=True, calibration=("g_star",), bench_default=True),
     Method("spide", "SPIDE", "SPIDE (draft length from a confidence → acceptance table)", source=_spide,
            needs_bundle=True, calibration=("g_star",), bench_default=True),
+    Method("spide-parallel", "SPIDE parallel", "SPIDE with parallel draft verification (the drafter drafts a "
+           "chain's continuation while the target verifies it)", source=_spide_parallel, needs_bundle=True),
     Method("pld", "PLD", "prompt lookup decoding", source=_pld, bench_default=True),
     Method("ngram-tree", "Token Recycling", "Token Recycling / UNISPEC confidence tree", source=_ngram_tree,
            bench_default=True),

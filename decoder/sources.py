@@ -12,6 +12,7 @@ This module gathers the pieces; each lives in a module named for what it does:
   (``ngram-tree``, Token Recycling / UNISPEC), ``SpectraSource`` (``spectra``, SPECTRA);
 - ``decoder.drafter_source``: ``DrafterSource`` (``chain``, ``tree``, ``adaspec``: the bundle's drafters, EAGLE-2
   trees, ADASPEC Alg. 2) and ``SpideSource`` (``spide``, SPIDE);
+- ``decoder.spide_parallel``: ``SpideParallelSource`` (``spide-parallel``, SPIDE's parallel draft verification);
 - ``decoder.hybrid``: ``HybridSource`` (``hybrid``) and ``merge``;
 - ``decoder.methods``: the registry of method names, whose entries build these (``build_source`` below).
 """
@@ -23,9 +24,10 @@ from decoder.drafter_source import DrafterSource, SpideSource
 from decoder.hybrid import HybridSource, _Arm, merge
 from decoder.methods import SourceOptions, get_method
 from decoder.ngram_sources import PromptLookup, SpectraSource, TokenRecycling
+from decoder.spide_parallel import SpideParallelSource
 
 __all__ = ["DecodeState", "DraftSource", "DrafterSource", "HybridSource", "PromptLookup", "Proposal", "SpectraSource",
-           "SpideSource", "TokenRecycling", "Verified", "_Arm", "build_source", "merge"]
+           "SpideParallelSource", "SpideSource", "TokenRecycling", "Verified", "_Arm", "build_source", "merge"]
 
 
 def build_source(method: str, target, bundle=None, **options) -> DraftSource | None:

@@ -63,18 +63,32 @@ def accept_greedy(drafts: list[int], target_logits: torch.Tensor) -> tuple[int, 
     return n, best[n]
 
 
-def accept_sampled(drafts: list[int], q: list[torch.Tensor], p: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
+def accept_sampled(drafts: list[int], q: list[torch.Tensor], p: torch.Tensor, gen: torch.Generator,
+                   guess=None) -> tuple[int, int]:
     """drafts [γ]; q[i] the drafter's full-vocabulary distribution d_i was sampled from; p [γ+1, V] the
-    target's (warped) distributions → (number kept, next token)."""
+    target's (warped) distributions → (number kept, next token). ``guess``: a callable → (token, q [V]) or None,
+    asked only when every draft was kept: the guess is judged by the same rule as one more draft (SPIDE Alg. 1
+    line 28), so the next token is still distributed as p[γ]."""
     for i, d in enumerate(drafts):
-        r = torch.rand((), generator=gen).item()
-        if r * float(q[i][d]) < float(p[i, d]):  # r < p/q without dividing by a tiny q
-            continue
-        residual = (p[i] - q[i]).clamp_min(0.0)
-        total = residual.sum()
-        dist = residual / total if total > 0 else p[i]
-        return i, sample(dist, gen)
+        replacement = _judge(d, q[i], p[i], gen)
+        if replacement is not None:
+            return i, replacement
+    g = guess() if guess is not None else None
+    if g is not None:
+        replacement = _judge(g[0], g[1], p[len(drafts)], gen)
+        return len(drafts), g[0] if replacement is None else replacement
     return len(drafts), sample(p[len(drafts)], gen)
+
+
+def _judge(d: int, q: torch.Tensor, p: torch.Tensor, gen: torch.Generator) -> int | None:
+    """Keep draft d (q [V] the distribution it was drawn from, p [V] the target's) with probability min(1, p/q):
+    None when kept, else the replacement drawn from norm(max(0, p − q))."""
+    r = torch.rand((), generator=gen).item()
+    if r * float(q[d]) < float(p[d]):  # r < p/q without dividing by a tiny q
+        return None
+    residual = (p - q).clamp_min(0.0)
+    total = residual.sum()
+    return sample(residual / total if total > 0 else p, gen)
 
 
 def sample(probs: torch.Tensor, gen: torch.Generator) -> int:

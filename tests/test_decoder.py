@@ -56,6 +56,7 @@ SHAPES = [
     ("adaspec", dict(gamma=2, lookup_runs=False)),
     ("adaspec", dict(shape="tree", tree_depth=4, tree_topk=3, tree_nodes=10)),
     ("spide", dict(gamma_max=6)),
+    ("spide-parallel", dict(gamma_max=6)),
     ("pld", dict(gamma=5)),
     ("ngram-tree", dict(tree_nodes=10, tree_depth=4, tree_topk=2)),
     ("spectra", dict(tree_nodes=10)),
