@@ -52,7 +52,7 @@ help:
 	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
 	@echo "  make demo                 the main job on the default target (offline)"
 	@echo "  make test                 all tests (unit + integration on the real default target)"
-	@echo "  make test-unit            fast unit tests only"
+	@echo "  make test-unit            unit tests without the real target and the end-to-end runs (< 5 min)"
 	@echo "  make setup | lint"
 	@echo "  make synth LANG=vi [N=64] [TARGET=...] [RUN=...]"
 	@echo "  make vocab LANGS=vi,de,ja | make train LANG=vi | make export LANGS=... | make eval"
@@ -77,11 +77,13 @@ setup: $(STAMP)
 PYTEST_RUN = rc=0; $(PY) -m pytest $(1) $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; fi; exit $$rc
 
+# test: everything, the 25 slowest listed at the end; test-unit: without the real target and the end-to-end runs
+# (`@pytest.mark.integration`, `@pytest.mark.slow`), under 5 minutes on 2 cores.
 test: $(STAMP)
-	@$(call PYTEST_RUN,)
+	@$(call PYTEST_RUN,--durations=25)
 
 test-unit: $(STAMP)
-	@$(call PYTEST_RUN,-m "not integration")
+	@$(call PYTEST_RUN,-m "not integration and not slow")
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -212,3 +214,13 @@ all: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# make gpu-check [GPU_CHECK_PRESET=llama-3.1-8b] [DEVICE=auto|cpu] [OUT=dir] [BUDGET_S=480]
+# On a machine with one GPU (≤ 8 min on an H100): pytest -m cuda, a random 8B-shaped target (python -m
+# polyspec.random_target), the gpu-smoke profile on it, the decoder's cost figures → $(OUT)/gpu-check.json + logs.
+# Machines without PyPI: scripts/gpu-wheels.sh fetches the missing wheels into .gpu-wheels/ beforehand.
+# Rehearsal here: make gpu-check GPU_CHECK_PRESET=tiny DEVICE=cpu OUT=/tmp/gpucheck
+.PHONY: gpu-check
+gpu-check:
+	GPU_CHECK_PRESET=$(or $(GPU_CHECK_PRESET),llama-3.1-8b) DEVICE=$(or $(DEVICE),auto) \
+		OUT=$(or $(OUT),/tmp/gpu-check-out) bash scripts/gpu-check.sh

@@ -91,8 +91,14 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
     import torch
 
     from export.bundle import write_bundle
+    from polyspec.drafter_models import (
+        Eagle3Drafter,
+        EagleDrafter,
+        build_small_lm,
+        eagle_layer_config,
+        save_drafter,
+    )
     from polyspec.languages import get_language
-    from train.models import Eagle3Drafter, EagleDrafter, build_small_lm, eagle_layer_config, save_drafter
     from vocab.files import RankedVocab, save_ranked
 
     run = out.parent / f"{out.name}-run"

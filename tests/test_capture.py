@@ -165,6 +165,7 @@ def test_distill_captures_a_shard_for_every_accepted_record(tmp_path, tiny_llama
     assert [r.get("features_file") for r in kept] == [r["features_file"] if r["attempt"] < 4 else None for r in data]
 
 
+@pytest.mark.slow
 def test_distill_capture_kill_9_then_resume_equals_uninterrupted(tmp_path, tiny_llama_dir, llama):
     prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:5])
     run_distill(dcfg(tmp_path / "ref", tiny_llama_dir, prompts), target=llama)

@@ -1,4 +1,7 @@
-"""Bad input at the command line: one line on stderr, a non-zero exit, no traceback."""
+"""The command line: every `python -m` command answers --help; bad input is one line on stderr, a non-zero exit
+(2 from the CLIs themselves), no traceback."""
+
+import re
 
 import pytest
 
@@ -87,3 +90,74 @@ def test_repo_layout():
     for pkg in ("synth", "vocab", "train", "export", "decoder", "pipelines", "polyspec"):
         doc = importlib.import_module(pkg).__doc__
         assert doc and len(doc.split()) > 20, f"{pkg} needs a module docstring saying what it reads and writes"
+
+
+# -- every command's --help, in this process (no interpreter start-up per command) ------------------------------
+
+PACKAGES = ("polyspec", "synth", "vocab", "train", "export", "decoder", "pipelines")
+
+
+def cli_modules() -> list[str]:
+    """What ``python -m`` runs: each package with a ``__main__.py`` and each module with a ``__main__`` guard."""
+    found = set()
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            if path.name == "__main__.py":
+                found.add(name.rpartition(".")[0])
+            elif 'if __name__ == "__main__"' in path.read_text(encoding="utf-8"):
+                found.add(name)
+    return sorted(found)
+
+
+def run_module(module: str, *args: str, capsys) -> tuple[object, str, str]:
+    """``python -m module args…`` in this process → (exit code, stdout, stderr)."""
+    import runpy
+    import sys
+    import warnings
+
+    saved = sys.argv
+    sys.argv = [module, *args]
+    code = None
+    try:
+        with warnings.catch_warnings():  # runpy: "found in sys.modules … prior to execution" for imported modules
+            warnings.simplefilter("ignore", RuntimeWarning)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = saved
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_every_documented_command_is_a_cli():
+    docs = [REPO / "README.md", REPO / "DEVELOPERS.md", REPO / "Makefile", *sorted((REPO / "docs").glob("*.md"))]
+    named = {m for f in docs for m in re.findall(r"(?:python|\$\(PY\)) -m ([A-Za-z_][\w.]*)", f.read_text())
+             if m.split(".")[0] in PACKAGES}
+    assert {"synth", "vocab", "export", "decoder", "pipelines", "polyspec.targets"} <= named  # the scan works
+    missing = sorted(named - set(cli_modules()))
+    assert not missing, f"documented but not runnable with python -m: {missing}"
+
+
+@pytest.mark.parametrize("module", cli_modules())
+def test_every_cli_answers_help(module, capsys):
+    code, out, err = run_module(module, "--help", capsys=capsys)
+    assert code == 0 and out.startswith("usage: "), (module, code, out[-500:], err[-500:])
+    subcommands = re.search(r" \{([\w,-]+)\} \.\.\.", out.splitlines()[0])  # argparse's subparsers, not choices
+    for sub in subcommands.group(1).split(",") if subcommands else []:  # and each subcommand's own --help
+        code, out, err = run_module(module, sub, "--help", capsys=capsys)
+        assert code == 0 and out.startswith("usage: ") and f" {sub} " in out.splitlines()[0], (module, sub, err)
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["pipelines", "run", "--profile", "nope", "--dry-run"], ["'nope'", "cpu-demo"]),
+    (["polyspec.languages", "check", "vi,xx"], ["'xx'", "vi"]),
+    (["pipelines", "run", "--langs", "vi,qq", "--dry-run"], ["'qq'"]),
+])
+def test_a_bad_argument_is_one_error_line_and_exit_2(args, needles, capsys):
+    code, out, err = run_module(*args, capsys=capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
+    for n in needles:
+        assert n in lines[0], (n, lines[0])

@@ -260,6 +260,7 @@ def test_adaspec_copies_running_loops_with_prompt_lookup(llama, bundles, monkeyp
         assert len(drafted_at) == len(seen) - len(runs)  # the drafter ran on every other step only
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", [("gemma3", "eagle"), ("llama", "small-lm"), ("llama", "noisy"), ("gemma3", "eagle3")])
 def test_weak_drafters_are_lossless_too(key, llama, gemma, bundles):
     """Random EAGLE-1 / EAGLE-3 / small-LM drafters (mostly rejected) and a noisy one over a reduced vocabulary."""

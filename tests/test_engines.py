@@ -69,6 +69,7 @@ def eagle3_run(tmp_path_factory, tiny_llama_dir):
     return run_dir, load_target(str(tiny_llama_dir))
 
 
+@pytest.mark.slow
 def test_engine_track_trains_a_multilingual_pretrain_and_reheaded_finetunes(eagle3_run):
     from train.models import load_drafter
     from vocab.files import interleave_ranked, load_ranked
@@ -84,6 +85,7 @@ def test_engine_track_trains_a_multilingual_pretrain_and_reheaded_finetunes(eagl
         assert own.arch_name == "eagle3" and own.draft_ids.tolist() == ranked[lang].tolist()
 
 
+@pytest.mark.slow
 def test_export_engines_writes_speculators_folders_the_multilingual_drafter_and_engines_json(tmp_path, eagle3_run):
     from export.bundle import load_bundle
     from export.engines import describe, write_engine_exports
@@ -109,6 +111,7 @@ def test_export_engines_writes_speculators_folders_the_multilingual_drafter_and_
     assert any(line.startswith("llama.cpp: nothing") for line in lines)
 
 
+@pytest.mark.slow
 def test_export_engines_runs_gguf_conversion_for_every_drafter(tmp_path, eagle3_run):
     from export.engines import write_engine_exports
 

@@ -246,6 +246,7 @@ def test_speculators_refuses_eagle1_drafters_with_the_reason(tmp_path, trained, 
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_make_check_speculators_loads_exports_with_speculators_and_fails_on_a_wrong_one(tmp_path, tiny_llama_dir):
     """`make check-speculators` on a tiny EAGLE-3 bundle: builds .venv-speculators once (measured 1 min 20 s with
     a warm pip cache), exports both languages, loads each with speculators' own Eagle3DraftModel and compares its

@@ -302,6 +302,7 @@ _CANDIDATE = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+) \(")
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_random_eagle3_drafter_runs_in_llamacpp_losslessly_and_drafts_what_polyspec_drafts(tmp_path):
     """SmolLM2-135M (a Llama) + a random EAGLE-3 drafter: export, convert both with llama.cpp's converter, run plain
     / draft-eagle3 / ngram-simple on one prompt × 16 tokens: outputs identical, counts parsed. Then llama.cpp's

@@ -48,6 +48,25 @@ def pipeline(profile, run, *extra, env=None):
     return run_cli("-m", "pipelines", "run", "--profile", profile, "--langs", "vi", "--run", str(run), *extra, env=env)
 
 
+def assert_eval_is_its_answers(eval_dir):
+    """The eval's τ is recomputed from the per-answer counts it wrote (answers/<method>.jsonl), those counts agree
+    with the per-step accept lengths, every method is identical to ar, and prompt lookup's drafts were kept: the
+    tiny target's answers to the eval questions repeat themselves, so pld and adaspec (whose loop runs are prompt
+    lookup's) must reach τ > 1 — a decoder that never keeps a draft, or miscounts, fails here."""
+    ev = json.loads((eval_dir / "report.json").read_text())
+    for m, res in ev["methods"].items():
+        answers = [json.loads(line) for line in (eval_dir / "answers" / f"{m}.jsonl").read_text().splitlines()]
+        assert answers and all(a["identical"] for a in answers) and res["overall"]["identical"], m
+        tokens, forwards = sum(a["new_tokens"] for a in answers), sum(a["target_forwards"] for a in answers)
+        assert res["overall"]["tau"] == pytest.approx(tokens / forwards), m
+        for a in answers:  # each turn: a prefill forward that gives one token, then one forward per step
+            turns = len(a["turns"])
+            assert (len(a["accept_lengths"]) + turns, sum(a["accept_lengths"]) + turns) == \
+                (a["target_forwards"], a["new_tokens"]), (m, a)
+    assert ev["methods"]["pld"]["overall"]["tau"] > 1.0 and ev["methods"]["adaspec"]["overall"]["tau"] > 1.0, ev
+
+
+@pytest.mark.slow
 def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, tiny_llama_dir, tiny_gemma_dir):
     profile = tiny_profile(tmp_path / "tiny.yaml", tiny_llama_dir)
     run = tmp_path / "run"
@@ -59,6 +78,7 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
                  "adaspec", "| language | adaspec τ | α₁ | adaspec speedup (τ) | eagle3 speedup (τ) | pld speedup (τ) |"):
         assert part in report, part
     assert (run / "report" / "training.png").is_file() and (run / "report" / "speedup.png").is_file()
+    assert_eval_is_its_answers(run / "eval")
     assert " · languages vi · " in report and "| vi-distill | " in report  # languages, not synth folders
     assert list((run / "report" / "wandb").glob("offline-run-*"))  # the same metrics in an offline wandb run
     for stage in ("synth/vi", "synth/vi-distill", "synth/vi-heldout", "vocab", "train/vi/pretrain", "train/vi", "export",
@@ -76,7 +96,12 @@ def test_pipeline_end_to_end_skips_done_stages_and_resumes_after_kill(tmp_path, 
     check = run_cli("-m", "pipelines.score_check", "--run", str(run), "--gamma", "2", "--target", str(tiny_llama_dir))
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
     [row] = json.loads((run / "score_check.json").read_text())
-    assert row["lang"] == "vi" and "| vi | " in check.stdout and row["decoder_tau"] >= 1.0
+    heldout = [r for r in map(json.loads, (run / "synth" / "vi-heldout" / "data.jsonl").read_text().splitlines())
+               if r.get("features_file")]
+    assert row["lang"] == "vi" and "| vi | " in check.stdout
+    # the decoder reproduced every captured greedy answer, and its τ is its own tokens over its own forwards
+    assert len(heldout) > 0 and row["answers_identical_to_captured"] == f"{len(heldout)}/{len(heldout)}", row
+    assert row["decoder_tau"] == pytest.approx(row["tokens"] / row["forwards"], abs=1e-4), row
     assert row["score_tau"] == pytest.approx(row["decoder_tau"], rel=0.1), row
     wrong = run_cli("-m", "pipelines.score_check", "--run", str(run), "--target", str(tiny_gemma_dir))
     assert wrong.returncode != 0 and "bundle" in wrong.stderr and "Traceback" not in wrong.stderr, wrong.stderr[-2000:]

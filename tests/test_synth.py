@@ -260,6 +260,7 @@ def test_rerun_with_other_arguments_is_refused(tmp_path, tiny_gemma_dir):
         run_selfsynth(synth_cfg(tmp_path, tiny_gemma_dir, "seed=1", n=2), log=lambda *_: None)
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_equals_uninterrupted_run(tmp_path, tiny_llama_dir):
     args = lambda run: ["-m", "synth", "--lang", "de", "--n", "10", "--target", str(tiny_llama_dir),  # noqa: E731
                         "--run", str(run), "--batch-size", "2", *TINY]

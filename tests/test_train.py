@@ -550,6 +550,7 @@ def test_training_reduces_the_loss(tmp_path, llama_run, tiny_llama_dir):
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_reaches_the_same_final_loss(tmp_path, llama_run, tiny_llama_dir):
     import shutil
 
@@ -575,6 +576,7 @@ def test_kill_9_then_resume_reaches_the_same_final_loss(tmp_path, llama_run, tin
     assert a[8] == pytest.approx(b[8], rel=1e-5) and a[6] == pytest.approx(b[6], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_on_cpu_follow_the_single_process_trend(tmp_path, llama_run, tiny_llama_dir):
     import shutil
 
@@ -678,6 +680,7 @@ def test_compare_tables_untrained_and_trained_runs(tmp_path, llama_run, tiny_lla
         compare_main(["--lang", "vi", f"x={tmp_path / 'missing'}"])
 
 
+@pytest.mark.slow
 def test_make_pf_study_trains_the_three_arms_and_tables_them(tmp_path, llama_run, tiny_llama_dir):
     import shutil
 

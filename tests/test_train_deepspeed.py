@@ -40,6 +40,7 @@ def losses(run_dir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
+@pytest.mark.slow
 @needs_deepspeed
 def test_zero2_kill_then_resume_reaches_the_loss_of_an_uninterrupted_run(tmp_path, llama_run, tiny_llama_dir):
     for name in ("ref", "crash"):
@@ -61,6 +62,7 @@ def test_zero2_kill_then_resume_reaches_the_loss_of_an_uninterrupted_run(tmp_pat
     assert a[1] != a[8]  # it trained
 
 
+@pytest.mark.slow
 @needs_deepspeed
 def test_zero3_trains_and_saves_gathered_weights(tmp_path, llama_run, tiny_llama_dir):
     shutil.copytree(llama_run, tmp_path / "run")

@@ -150,6 +150,7 @@ def corpus(tmp_path):
     return root
 
 
+@pytest.mark.slow
 def test_stage_end_to_end_on_local_fineweb_schema(tmp_path, tiny_gemma_dir, corpus):
     cfg = validate(VocabConfig, {
         "langs": ["vi", "de"], "target": str(tiny_gemma_dir), "run": str(tmp_path / "run"),

@@ -107,7 +107,7 @@ def test_training_free_and_hybrid_sources_are_lossless_in_fp32_and_draft(gemma, 
 
 def test_auto_dtype_is_bf16_on_this_cpu_and_its_answers_are_measured_not_assumed(gemma):
     """dtype auto on a CPU with native bf16 resolves to bf16; AR in bf16 is the target's own greedy decoding in
-    bf16, and a speculative method's agreement with it is measured (not asserted to be exact)."""
+    bf16, and a speculative method's agreement with it is measured and bounded (not asserted to be exact)."""
     import torch
 
     from decoder.core import Decoder
@@ -131,4 +131,11 @@ def test_auto_dtype_is_bf16_on_this_cpu_and_its_answers_are_measured_not_assumed
     assert Decoder(bf, method="ar").generate(ids, 32, stop=[]).tokens == ref  # one token per forward: exact
     out = Decoder(bf, method="pld").generate(ids, 32, stop=[])
     same = next((i for i, (a, b) in enumerate(zip(out.tokens, ref)) if a != b), len(ref))
-    print(f"bf16 pld vs bf16 AR: first divergence at token {same} of {len(ref)}")
+    kept = sum(s.accepted for s in out.steps)
+    print(f"bf16 pld vs bf16 AR: first divergence at token {same} of {len(ref)}, {kept} drafts kept, τ {out.tau:.2f}")
+    # bf16 verifies several tokens per forward, so a near-tie may round otherwise than in one-token AR: not exact by
+    # design. But the base model repeats itself, so prompt lookup's drafts are kept, and the answers agree at least
+    # for their first half (measured on the bf16 host: all 32 tokens identical, 27 drafts kept; over ten seed
+    # prompts in five languages the earliest divergence was at token 14)
+    assert kept > 0 and out.tau > 1.0, f"bf16 pld kept {kept} drafts (τ {out.tau:.2f})"
+    assert same >= len(ref) // 2, f"bf16 pld diverges from bf16 AR at token {same} of {len(ref)}"
