@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,41 +21,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-
-def median_time(fn, reps: int, sync) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-@torch.inference_mode()
-def verify_curve(target, context: list[int], ks: list[int], reps: int) -> dict:
-    """decoder.costs.verify_curve with a probe as long as the largest k (its own holds 32 tokens)."""
-    from decoder.runner import TargetRunner
-
-    runner = TargetRunner(target)
-    runner.reset()
-    runner.forward(context, logits_for=slice(-1, None), features=False)
-    dev = runner.head.weight.device
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    probe = (context[-16:] * (max(ks) // 16 + 1))[: max(ks)]
-
-    def step(k):
-        def run():
-            runner.forward(probe[:k], features=False)
-            runner.rollback(k)
-        return run
-
-    verify = {k: median_time(step(k), reps, sync) for k in sorted(set(ks) | {1})}
-    return {"context": len(context), "forward1_s": verify[1], "verify_s": verify,
-            "ratio": {k: v / verify[1] for k, v in verify.items()}}
 
 
 def draft_costs(target, context: list[int], bundle: str | None) -> dict:
@@ -114,7 +78,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    from decoder.costs import calibration_context, tree_budget
+    from decoder.costs import calibration_context, tree_budget, verify_curve
     from polyspec.io import atomic_write_json
     from polyspec.targets import load_target
 
