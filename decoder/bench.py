@@ -177,6 +177,19 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
     return report
 
 
+def by_source(steps: list) -> dict:
+    """Steps, emitted tokens and seconds (drafting + verification) per proposer of a step's first draft
+    (``StepStat.source``: ``pld``, ``drafter``, ``spectra``, ``a+b`` when merged; ``none``: nothing was proposed, a
+    plain forward) — where a method's tokens and time went, e.g. which of the hybrid's arms ran."""
+    out: dict[str, dict] = {}
+    for s in steps:
+        d = out.setdefault(s.source or "none", {"steps": 0, "tokens": 0, "seconds": 0.0})
+        d["steps"] += 1
+        d["tokens"] += s.new_tokens
+        d["seconds"] = round(d["seconds"] + s.draft_s + s.verify_s, 6)
+    return out
+
+
 def write_answers(out: Path, results: dict, questions: list[dict], ref) -> None:
     """``answers/<method>.jsonl``: each method's answers of the first repeat (a failed method's until it failed),
     ``identical`` = the same tokens as ``ar``'s (``ref``)."""
@@ -191,6 +204,7 @@ def write_answers(out: Path, results: dict, questions: list[dict], ref) -> None:
                                      "wall_time": sum(a.seconds for a in turns),
                                      "target_forwards": sum(a.forwards for a in turns),
                                      "accept_lengths": [x for a in turns for x in a.accept_lengths],
+                                     "by_source": by_source([s for a in turns for s in a.steps]),
                                      "identical": same}, ensure_ascii=False))
         atomic_write_text(out / "answers" / f"{m}.jsonl", "".join(line + "\n" for line in lines))
 

@@ -59,7 +59,8 @@ def summarize(results: dict, questions: list[dict], target, bundle, max_new_toke
                                 / max(sum(a.seconds for i in idx for a in results[b][r][i]), 1e-9) for b in ar_like))
             spd = [t / b for t, b in zip(tok_s, base)]
             same = all([a.tokens for a in results[m][0][i]] == [a.tokens for a in ref[i]] for i in idx)
-            out[key] = {"tok_s": statistics.mean(tok_s), "tau": statistics.mean(taus), "speedup": statistics.mean(spd),
+            out[key] = {"tok_s": statistics.mean(tok_s), "tau": statistics.mean(taus), "tau_repeats": taus,
+                        "speedup": statistics.mean(spd),
                         "speedup_std": statistics.stdev(spd) if len(spd) > 1 else 0.0, "identical": same,
                         "questions": len(idx)}
         return out

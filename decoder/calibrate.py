@@ -1,44 +1,50 @@
 """``python -m decoder.calibrate`` — UNISPEC device-aware calibration of the draft length γ.
 
-    python -m decoder.calibrate --bundle runs/default/export/bundle [--sizes 1,2,3,4,6,8] [--prompts 3]
+    python -m decoder.calibrate --bundle runs/default/export/bundle [--sizes 1,2,3,4,6] [--prompts 8]
 
-On a few calibration prompts it measures the verification cost curve s(k) for k = 1…16 tokens (one target
-forward of k tokens at a 200-token context, medians of 12, the smaller of two passes; ``decoder.costs``), and for every
-draft size g, decoding with ``adaspec`` at γ = g, the acceptance τ(g) (tokens per target forward of the steps the
-drafter drafted: adaspec's loop runs, ``lookup_runs``, do not depend on γ and are left out), the drafter's time
-per draft token and the end-to-end throughput. It fits τ(g) = (1 − α^{g+1}) / (1 − α) (α by bounded scalar minimisation) and picks
-g* = argmax τ(g) / (s(g+1) + d·g) over the integer sizes 1..max(sizes), s from the measured curve (not a
-constant, not a line: in bf16 the curve is flat up to ~8 tokens on this CPU). The tree budget (nodes of
-``hybrid``/``spectra`` trees) is the largest k whose s(k)/s(1) ≤ 1.15. If the
-fitted pick was measured and its throughput is more than 5 % below the best measured size, the measured
-best wins (the fit smooths noise; measurements overrule it). The result is stored in the bundle's
-``calibration.json`` under this device's key (``decoder.calibration_file``); ``Decoder`` uses its g* when γ is not
-given and its tree budget when the node budget is not, for the methods whose registry entry reads them
-(``decoder.methods``: ``calibration``; printed as ``used_by``).
+Costs, on this device: the verification cost curve s(k) for k = 1…16 tokens (one target forward of k tokens at
+a 200-token context, medians of 12, the smaller of two passes; ``decoder.costs``) and the drafter's time per draft
+token. Acceptance, per prompt and for every draft length at once (``profile`` and ``walk``): ``adaspec`` answers
+each calibration prompt at γ = max(sizes); one teacher-forced target forward over prompt + answer gives the
+target's features at every position; at every answer position the drafter drafts a chain of max(sizes) tokens,
+whose accepted length A(p) is read off the answer (greedy: the target's tokens are known). Decoding at γ = g is
+then a walk: from the first pending position, a drafter step keeps min(A(p), g) drafts plus the target's token;
+a loop run (``adaspec``'s prompt lookup, ``lookup_runs``) keeps what it keeps at any γ and is left out of τ. So
+τ(g) is exact for every g on the very same positions, not one noisy decode per size, and costs one decode per
+prompt instead of one per size and prompt. g* = argmax over g = 1..max(sizes) of τ(g) / (s(g+1) + d·g), pooled
+over the prompts; its stability is the share of 200 bootstrap resamples of the prompts that choose it, and the
+spread of τ(g*) over prompts is reported. The tree budget (nodes of ``hybrid``/``spectra`` trees) is the
+largest k whose s(k)/s(1) ≤ 1.15. The result is stored in the bundle's ``calibration.json`` under this device's
+key (``decoder.calibration_file``); ``Decoder`` uses its g* when γ is not given and its tree budget when the node
+budget is not, for the methods whose registry entry reads them (``decoder.methods``: ``calibration``; printed
+as ``used_by``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
 
 import numpy as np
+import torch
 
 from decoder.calibration_file import CALIBRATION, device_key, load_entry, load_g_star, save
 from decoder.core import Decoder
 from decoder.costs import calibration_context, stable_curve, tree_budget
+from decoder.draft_types import DecodeState
 from decoder.methods import METHODS
-from decoder.ngram_sources import PromptLookup
 from export.bundle import load_bundle
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.languages import get_language
 from polyspec.prompts import encode, render
 from polyspec.targets import load_target
 
-__all__ = ["CALIBRATION", "choose", "device_key", "fit", "load_entry", "load_g_star", "measure", "save"]
+__all__ = ["CALIBRATION", "choose", "device_key", "fit", "load_entry", "load_g_star", "measure", "profile", "save",
+           "stability", "walk"]
 
 
 def fit(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float]) -> dict:
@@ -59,23 +65,25 @@ def fit(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float]) -> 
 
 def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], draft_s_per_token: float,
            measured_tok_s: dict[int, float] | None = None) -> dict:
-    """g* over 1..max(sizes) by exact search of τ_fit(g) / (s(g) + d·g), overruled by measurements if >5 % worse.
+    """g* over 1..max(sizes): the argmax of τ(g) / (s(g) + d·g), overruled by measurements if >5 % worse.
 
-    s(g) is the measured verification cost, interpolated between the measured g (bf16 on CPU and GPUs verify up
-    to ~8–12 tokens for the price of one: a straight line through all sizes would hide that flat region); the
-    linear fit a + b·g is kept for the record."""
-    f = fit(sizes, verify_s, tau)
+    τ(g) is the measured one where given (``measure`` gives it for every g), else the geometric fit's
+    (1 − α^{g+1}) / (1 − α) through the given sizes. s(g) is the measured verification cost, interpolated between
+    the measured g (bf16 on CPU and GPUs verify up to ~8–12 tokens for the price of one: a straight line through
+    all sizes would hide that flat region); the linear fit a + b·g is kept for the record."""
+    f = fit(sorted(tau), verify_s, tau)
     al = f["alpha"]
     gs = sorted(verify_s)
     curve = np.array([verify_s[g] for g in gs])
 
     def predicted(g):
         s = float(np.interp(g, gs, curve))
-        return ((1 - al ** (g + 1)) / (1 - al)) / max(s + draft_s_per_token * g, 1e-9)
+        t = tau[g] if g in tau else (1 - al ** (g + 1)) / (1 - al)
+        return t / max(s + draft_s_per_token * g, 1e-9)
 
     grid = range(1, max(sizes) + 1)
     g_fit = max(grid, key=predicted)
-    g_star, why = g_fit, "fit"
+    g_star, why = g_fit, "measured τ(g) for every g" if all(g in tau for g in grid) else "fit"
     if measured_tok_s:
         best = max(measured_tok_s, key=measured_tok_s.get)
         if g_fit in measured_tok_s and measured_tok_s[g_fit] < 0.95 * measured_tok_s[best]:
@@ -84,46 +92,144 @@ def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], 
             "predicted_tok_s": {g: predicted(g) for g in grid}}
 
 
+def profile(dec: Decoder, prompt_ids: list[int], max_new_tokens: int, gamma: int) -> dict:
+    """One prompt's acceptance at every answer position, for every draft length ≤ ``gamma`` at once.
+
+    ``dec`` (an ``adaspec`` decoder at γ = ``gamma``) answers the prompt; one teacher-forced target forward over
+    prompt + answer gives the target's features at every position; then, position by position as decoding would
+    reach them, the source proposes what it would there — a loop run (prompt lookup, ``lookup_runs``) or the
+    drafter's chain of ``gamma`` tokens — and ``acc[i]`` is how many of its tokens the answer continues with
+    (greedy: exactly what verification would keep). ADASPEC's language and size switch every u tokens as they
+    would. → {"prompt_len", "length", "acc", "loop", "draft_s", "drafted", "decode": the GenerationResult}."""
+    out = dec.generate(prompt_ids, max_new_tokens, stop=[])
+    full, P = list(prompt_ids) + list(out.tokens), len(prompt_ids)
+    src, runner = dec.source, dec.runner
+    runner.reset()
+    with torch.inference_mode():
+        feats, _ = runner.forward(full, logits_for=slice(-1, None), features=True)
+    runner.reset()
+    ctx = DecodeState(full[: P + 1], feats, P, pend=P)
+    src.begin(ctx)
+    acc, loop, draft_s, drafted = [], [], 0.0, 0
+    for p in range(P, len(full) - 1):
+        ctx.tokens, ctx.pend, ctx.max_depth = full[: p + 1], p, len(full) - 2 - p  # the target's token after the
+        run = src.loop_run(ctx)  # last kept draft must still lie in the answer
+        if run.tokens:
+            chain = run.tokens
+        else:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                chain = src.draft_chain(ctx, min(gamma, ctx.max_depth))[0]
+            if feats.is_cuda:
+                torch.cuda.synchronize(feats.device)
+            if p > P and chain:  # the first draft syncs the whole prompt: a one-off, not the cost of a draft
+                draft_s, drafted = draft_s + time.perf_counter() - t0, drafted + len(chain)
+        n = 0
+        while n < len(chain) and chain[n] == full[p + 1 + n]:
+            n += 1
+        acc.append(n)
+        loop.append(bool(run.tokens))
+        src.advance(ctx, 1)
+    return {"prompt_len": P, "length": len(full), "acc": acc, "loop": loop, "draft_s": draft_s, "drafted": drafted,
+            "decode": out}
+
+
+def walk(prof: dict, g: int) -> tuple[int, int]:
+    """Greedy decoding at γ = g over one profiled answer → (tokens emitted by drafter steps, drafter steps): from
+    the first pending position, a drafter step keeps min(A(p), g) drafts plus the target's token; a loop run keeps
+    what it keeps at any γ and is not counted (γ does not govern it)."""
+    P, end = prof["prompt_len"], prof["length"] - 1
+    p = P
+    kept = steps = 0
+    while p < end:
+        a = prof["acc"][p - P]
+        if not prof["loop"][p - P]:
+            a = min(a, g)
+            steps += 1
+            kept += a + 1
+        p += a + 1
+    return kept, steps
+
+
+def stability(per_prompt: list[dict[int, tuple[int, int]]], verify_s: dict[int, float], draft_s_per_token: float,
+              g_star: int, resamples: int = 200, seed: int = 0) -> float:
+    """Share of bootstrap resamples of the prompts (same costs) whose pooled τ(g) choose ``g_star`` again."""
+    gs = sorted(per_prompt[0])
+    rng, same = random.Random(seed), 0
+    for _ in range(resamples):
+        pick = [per_prompt[rng.randrange(len(per_prompt))] for _ in per_prompt]
+        tau = {g: sum(x[g][0] for x in pick) / max(sum(x[g][1] for x in pick), 1) for g in gs}
+        same += choose(gs, verify_s, tau, draft_s_per_token)["g_star"] == g_star
+    return same / resamples
+
+
 def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 12,
             log=print, max_k: int = 16, flat: float = 0.15, context: int = 200) -> dict:
-    """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), acceptance τ, draft time and throughput
-    per draft size on this device (τ and throughput over the drafter's steps: adaspec's loop runs left out); the
-    flat-verify tree budget from the curve. The curve is measured as ``python -m decoder.costs`` measures it — at
-    ``context`` tokens, medians of ``reps``, two passes with the smaller median kept
+    """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), the drafter's cost per draft token, and
+    τ(g) for every g = 1..max(sizes) on every prompt (``profile``, ``walk``): pooled, per prompt, and the spread;
+    the flat-verify tree budget from the curve. The curve is measured as ``python -m decoder.costs`` measures it
+    — at ``context`` tokens, medians of ``reps``, two passes with the smaller median kept
     (``decoder.costs.stable_curve``) — so that one noisy row cannot set the budget."""
-    curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, max(sizes) + 1) + 1)),
+    gmax = max(sizes)
+    curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, gmax + 1) + 1)),
                          reps=reps)
-    verify_s = {g: curve["verify_s"][g + 1] for g in sizes}  # g drafts + the pending token
-    tau, draft_tok, tok_s, tok_s_all, own_s, own_n = {}, {}, {}, {}, {}, {}
-    for g in sizes:
-        dec = Decoder(target, bundle, method="adaspec", gamma=g)
-        dec.generate(prompts[0], 8, stop=[])  # warm-up
-        toks = kept = steps = 0
-        secs = d_s = drafted = step_s = 0.0
-        for ids in prompts:
-            out = dec.generate(ids, max_new_tokens, stop=[])
-            toks += len(out.tokens)
-            secs += out.wall_s
-            own = [s for s in out.steps if s.source != PromptLookup.name]  # the drafter's steps, not adaspec's loop runs
-            kept += sum(s.new_tokens for s in own)
-            steps += len(own)
-            d_s += sum(s.draft_s for s in own)
-            step_s += sum(s.draft_s + s.verify_s for s in own)
-            drafted += sum(s.drafted for s in own)
-        # throughput on the steps γ governs: a loop run's tokens do not depend on γ, and how many of them a short
-        # calibration decode happens to meet would otherwise decide g* (the whole decode's rate is kept as tok_s_all)
-        tau[g], draft_tok[g], own_s[g], own_n[g] = kept / max(steps, 1), d_s / max(drafted, 1), step_s, steps
-        tok_s[g], tok_s_all[g] = kept / max(step_s, 1e-9), toks / secs
-        log(f"g={g}: verify {verify_s[g] * 1e3:.1f} ms, τ {tau[g]:.2f} on {steps} drafter steps, "
-            f"{tok_s[g]:.1f} tok/s on them ({tok_s_all[g]:.1f} tok/s overall)")
+    dec = Decoder(target, bundle, method="adaspec", gamma=gmax)
+    dec.generate(prompts[0], 8, stop=[])  # warm-up
+    per_prompt, draft_s, drafted, dec_toks, dec_secs, dec_kept, dec_steps = [], 0.0, 0, 0, 0.0, 0, 0
+    for i, ids in enumerate(prompts):
+        prof = profile(dec, ids, max_new_tokens, gmax)
+        per_prompt.append({g: walk(prof, g) for g in range(1, gmax + 1)})
+        draft_s, drafted = draft_s + prof["draft_s"], drafted + prof["drafted"]
+        out = prof["decode"]
+        own = [s for s in out.steps if s.source == dec.source.name]  # the drafter's steps of the real decode
+        dec_toks, dec_secs = dec_toks + len(out.tokens), dec_secs + out.wall_s
+        dec_kept, dec_steps = dec_kept + sum(s.new_tokens for s in own), dec_steps + len(own)
+        t = per_prompt[-1]
+        log(f"prompt {i + 1}/{len(prompts)}: {prof['length'] - prof['prompt_len']} tokens, {t[1][1]} drafter steps "
+            f"at γ 1; τ " + " ".join(f"{g}:{k / max(n, 1):.2f}" for g, (k, n) in t.items()))
+    gs = range(1, gmax + 1)
+    tau = {g: sum(x[g][0] for x in per_prompt) / max(sum(x[g][1] for x in per_prompt), 1) for g in gs}
+    by_prompt = {g: [x[g][0] / x[g][1] for x in per_prompt if x[g][1]] for g in gs}
+    spread = {g: {"mean": statistics.mean(v), "std": statistics.pstdev(v), "min": min(v), "max": max(v)}
+              for g, v in by_prompt.items() if v}
     budget = tree_budget(curve["ratio"], flat)
     log("verify(k)/forward(1): " + " ".join(f"{k}:{r:.2f}" for k, r in curve["ratio"].items())
         + f" → tree budget {budget}")
-    return {"sizes": sizes, "verify_s": verify_s, "tau": tau, "tok_s": tok_s, "tok_s_all": tok_s_all,
-            "drafter_steps": own_n, "drafter_step_s": own_s,
+    return {"sizes": sizes, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+            "verify_s": {g: curve["verify_s"][g + 1] for g in sizes},  # g drafts + the pending token
             "verify_s_all": {k - 1: s for k, s in curve["verify_s"].items() if k > 1},  # g drafts → s(g+1)
-            "draft_s_per_token": statistics.mean(draft_tok.values()), "cost_curve": curve["ratio"],
-            "forward1_s": curve["forward1_s"], "curve_context": curve["context"], "tree_budget": budget}
+            "tau": tau, "tau_spread": spread, "drafter_steps": {g: sum(x[g][1] for x in per_prompt) for g in gs},
+            "per_prompt": [{g: list(x[g]) for g in gs} for x in per_prompt],
+            "draft_s_per_token": draft_s / max(drafted, 1), "drafted": drafted,
+            # the real decodes at γ = max(sizes), for the record: their τ on drafter steps is what the walk predicts
+            "decode_gamma": gmax, "decode_tau": dec_kept / max(dec_steps, 1), "decode_tok_s": dec_toks / max(dec_secs, 1e-9),
+            "cost_curve": curve["ratio"], "forward1_s": curve["forward1_s"], "curve_context": curve["context"],
+            "tree_budget": budget}
+
+
+def calibration_prompts(target, bundle, n: int, log=print) -> list[list[int]]:
+    """``n`` prompts: the built-in seed instructions of the bundle's languages (from the fourth of each, languages
+    in turn), then the instructions the target wrote itself in the bundle's run (``synth/<lang>/data.jsonl``, the
+    human turn of ShareGPT ``conversations``); never the held-out or benchmark prompts the evaluation uses."""
+    fmt = target.spec.prompt_format
+    texts: list[str] = []
+    langs = [get_language(code) for code in bundle.languages]
+    for j in range(max(len(x.seeds) for x in langs)):
+        texts += [x.seeds[(3 + j) % len(x.seeds)].instruction for x in langs if j < len(x.seeds)]
+    if len(texts) < n:
+        from polyspec.io import read_jsonl
+
+        run = bundle.root.resolve().parent.parent
+        for code in bundle.languages:
+            f = run / "synth" / code / "data.jsonl"
+            if f.is_file():
+                texts += [c[0]["value"] for c in (r.get("conversations") for r in read_jsonl(f))
+                          if c and c[0].get("from") == "human"][:n]
+    texts = list(dict.fromkeys(texts))
+    if len(texts) < n:
+        log(f"calibration: {len(texts)} distinct prompts available, not {n}")
+    return [encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": t}]))
+            for t in texts[:n]]
 
 
 @cli_entry
@@ -131,9 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m decoder.calibrate", description="UNISPEC draft-size calibration.")
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--target", default="gemma3-270m")
-    ap.add_argument("--sizes", default="1,2,3,4,6,8")
+    ap.add_argument("--sizes", default="1,2,3,4,6,8", help="draft lengths searched: 1..max(sizes)")
     ap.add_argument("--max-k", type=int, default=16, help="verification cost curve up to this many tokens")
-    ap.add_argument("--prompts", type=int, default=3, help="calibration prompts (built-in seeds of the bundle's languages)")
+    ap.add_argument("--prompts", type=int, default=8,
+                    help="calibration prompts (built-in seeds of the bundle's languages, then the run's own instructions)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
@@ -147,22 +254,27 @@ def main(argv: list[str] | None = None) -> int:
         raise PolyspecError(f"--sizes {args.sizes!r} must be comma-separated integers") from None
     if not sizes or min(sizes) < 1:
         raise PolyspecError("--sizes must be positive")
-    fmt = target.spec.prompt_format
-    prompts = []
-    for i in range(args.prompts):
-        lang = get_language(bundle.languages[i % len(bundle.languages)])
-        seed = lang.seeds[3 + i // len(bundle.languages)]
-        prompts.append(encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": seed.instruction}])))
-    m = measure(target, bundle, prompts, sizes, args.max_new_tokens, log=lambda s: print(s, file=sys.stderr),
-                max_k=args.max_k)
-    pick = choose(sizes, m["verify_s_all"], m["tau"], m["draft_s_per_token"], m["tok_s"])  # the whole cost curve
-    best = max(m["tok_s"].values())
-    result = {**m, **pick, "within_5pct_of_best_measured": m["tok_s"].get(pick["g_star"], 0) >= 0.95 * best,
+    if args.prompts < 1:
+        raise PolyspecError("--prompts must be ≥ 1")
+    log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    t0 = time.perf_counter()
+    prompts = calibration_prompts(target, bundle, args.prompts, log)
+    m = measure(target, bundle, prompts, sizes, args.max_new_tokens, log=log, max_k=args.max_k)
+    grid = list(range(1, max(sizes) + 1))
+    pick = choose(grid, m["verify_s_all"], m["tau"], m["draft_s_per_token"])  # the whole cost curve, τ at every g
+    per_prompt = [{g: tuple(x[g]) for g in grid} for x in m["per_prompt"]]
+    stable = stability(per_prompt, m["verify_s_all"], m["draft_s_per_token"], pick["g_star"])
+    result = {**m, **pick, "stability": stable, "seconds": round(time.perf_counter() - t0, 1),
               "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
     path = save(bundle.root, device_key(target.device, target.dtype), result)
+    sp = m["tau_spread"].get(pick["g_star"], {})
+    log(f"g* = {pick['g_star']}: τ {m['tau'][pick['g_star']]:.2f} (over prompts {sp.get('min', 0):.2f}–"
+        f"{sp.get('max', 0):.2f}, sd {sp.get('std', 0):.2f}); chosen again by {stable:.0%} of bootstrap resamples of "
+        f"the {len(prompts)} prompts; {result['seconds']:.0f} s")
     print(json.dumps({"device": device_key(target.device, target.dtype), "g_star": pick["g_star"], "chosen_by": pick["chosen_by"],
-                      "tree_budget": m["tree_budget"], "dtype": str(target.dtype).replace("torch.", ""),
-                      "fit": pick["fit"], "measured_tok_s": m["tok_s"], "file": str(path),
+                      "stability": stable, "tree_budget": m["tree_budget"], "dtype": str(target.dtype).replace("torch.", ""),
+                      "tau": m["tau"], "predicted_tok_s": pick["predicted_tok_s"], "prompts": len(prompts),
+                      "seconds": result["seconds"], "file": str(path),
                       "used_by": {k: [x.name for x in METHODS.values() if k in x.calibration]
                                   for k in ("g_star", "tree_budget")}}))
     return 0

@@ -102,7 +102,12 @@ class DrafterSource(DraftSource):
     def update(self, ctx: DecodeState, v: Verified) -> None:
         if self.runs is not None:
             self.runs.update(ctx, v)  # a loop run kept whole: the next one goes twice as deep
-        if self.adaptive and self.selector.due(v.kept):
+        self.advance(ctx, v.kept)
+
+    def advance(self, ctx: DecodeState, kept: int) -> None:
+        """``kept`` more tokens were verified (``ctx.tokens`` holds them): ADASPEC Alg. 2 lines 24–44, every u
+        generated tokens the last w choose the drafter language and vocabulary size."""
+        if self.adaptive and self.selector.due(kept):
             lang, size = self.selector.choose(ctx.tokens[ctx.prompt_len :][-self.selector.window :])[:2]
             self.lang, self.size = lang, (None if self.size_opt == "full" else size)
 

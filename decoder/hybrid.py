@@ -17,7 +17,7 @@ from polyspec.errors import PolyspecError
 
 @dataclass
 class _Arm:
-    """Running means of the tokens and the seconds of one kind of hybrid step (with or without the drafter)."""
+    """Running means of the tokens and the seconds of one kind of hybrid step."""
 
     n: int = 0
     tokens: float = 0.0
@@ -35,22 +35,35 @@ class _Arm:
         return self.tokens / self.secs if self.secs > 0 else 0.0
 
 
-class HybridSource(DraftSource):
-    """The drafter and the n-gram sources in one verification forward (greedy: one merged tree).
+# What a hybrid step proposes, by the kind of step. ``plain`` on a no-match step proposes nothing (one target
+# forward of the pending token: exactly what ``pld`` does there) and ``pld`` on a match step proposes prompt
+# lookup's chain alone (what ``pld`` does there, loop-aware): so the arms always include prompt lookup's own step.
+NO_MATCH_ARMS = ("plain", "spectra", "drafter", "drafter+spectra")
+MATCH_ARMS = ("pld", "pld+spectra")
 
-    Each step the n-gram sources propose for free: prompt lookup's loop-aware chain (``PromptLookup(grow_to=)``)
-    first, whole, then SPECTRA's guesses filling the device's flat-verify budget (``nodes``, ``calibration.json``
-    ``tree_budget``); the candidates are merged into one trie (shared prefixes share nodes) and whichever branch
-    the target follows wins the step. The trained drafter runs only where prompt lookup found no match — measured
-    on the cpu-full bundle (en, 568 steps), the drafter added 0.06 tokens per step beside a prompt-lookup match
-    and 0.8 where there was none — and there only while it pays. Whether it pays is measured, not modelled: on
-    no-match steps the hybrid keeps two running means per drafter language, tokens per second of the steps that
-    ran the drafter and of those that did not (each from the start of ``propose`` to the end of ``update``:
-    drafting, the larger verification, every table update); the first ``warmup`` steps of each kind alternate,
-    then the faster kind runs and the other is re-measured every ``probe_every`` no-match steps. Inside a step
-    the drafter drafts a chain token by token while the estimated probability that the next draft survives
-    (SPIDE table of its confidences) times the time an accepted token saves exceeds its measured cost per token.
-    Sampling: a chain from the source with the best recent acceptance (Leviathan rejection sampling stays exact).
+
+class HybridSource(DraftSource):
+    """The drafter and the n-gram sources in one verification forward (greedy: one merged tree), chosen per step
+    by measured throughput, so that the hybrid is never slower than prompt lookup by more than its probing.
+
+    Each step prompt lookup's loop-aware chain (``PromptLookup(grow_to=)``) is looked up first (free); whether it
+    matched makes the step a *match* or a *no-match* step. Each kind has its arms (``MATCH_ARMS``,
+    ``NO_MATCH_ARMS``): prompt lookup's own step (its chain alone; nothing, i.e. one plain forward, where it has no
+    match), the same with SPECTRA's guesses filling the device's flat-verify budget (``nodes``,
+    ``calibration.json`` ``tree_budget``; merged into one trie, shared prefixes share nodes), and on no-match steps
+    the trained drafter's chain with or without SPECTRA beside it. Which arm pays is measured, not modelled
+    (SPIDE's "measure, then decide" applied to whole steps; a bandit over step kinds): per drafter language and
+    step kind, running means of the tokens and the seconds of the steps each arm ran (each from the start of
+    ``propose`` to the end of ``update``: lookup, drafting, the verification, every table update). The first
+    ``warmup`` steps of each kind try the arms in turn; then the fastest arm runs, and every ``probe_every``-th
+    step of the kind re-measures the arm measured longest ago. Prompt lookup's own step being one of the arms,
+    the hybrid falls back to it wherever nothing beats it (the measured cost of being a hybrid is the probing and
+    the tables' updates). Inside a drafter step the drafter drafts a chain token by token while the estimated
+    probability that the next draft survives (SPIDE table of its confidences) times the time an accepted token
+    saves exceeds its measured cost per token. Measured on the cpu-full bundle (en, 568 steps), the drafter added
+    0.06 tokens per step beside a prompt-lookup match and 0.8 where there was none, so it runs on no-match steps
+    only. Sampling: a chain from the source with the best recent acceptance (Leviathan rejection sampling stays
+    exact); the arms are not measured there.
     """
 
     name = "hybrid"
@@ -64,10 +77,14 @@ class HybridSource(DraftSource):
         self.drafter, self.ngram, self.nodes = drafter, ngram, nodes
         self.gamma_max, self.probe_every, self.warmup = gamma_max, probe_every, warmup
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
-        self.arms: dict[str | None, dict[bool, _Arm]] = {}  # drafter language → {ran the drafter: its steps}
+        # (drafter language, step kind) → arm → its measured steps
+        self.arms: dict[tuple[str | None, str], dict[str, _Arm]] = {}
+        self.last_tried: dict[tuple[str | None, str], dict[str, int]] = {}  # … → arm → decision it last ran at
+        self.decisions: dict[tuple[str | None, str], int] = {}  # decisions taken per (language, kind)
+        self.chosen: dict[str, int] = {}  # arm → steps it ran (the whole run; reports read it)
         self.acc_rate = {s.name: 0.5 for s in ngram} | ({drafter.name: 0.5} if drafter else {})
-        self.since_probe = 0  # no-match decisions since the other kind was last re-measured
         self.used_drafter = self.no_match = False
+        self.choice: str | None = None  # this step's arm (None: sampling or a chain-only fallback)
         self._t0, self._measured = 0.0, None  # the step being timed, and the arm it counts for
         self._warm_lang = None  # the drafter language whose cache is warm (its first step catches up a whole prompt)
         if drafter is not None:
@@ -96,45 +113,68 @@ class HybridSource(DraftSource):
         """Rough tokens per step from the sources' recent acceptance."""
         return 1.0 + sum(self.acc_rate.values()) / max(len(self.acc_rate), 1)
 
-    def arm(self, ran_drafter: bool) -> _Arm:
-        """The measured no-match steps of the current drafter language that ran (or skipped) the drafter."""
-        lang = getattr(self.drafter, "lang", None)
-        return self.arms.setdefault(lang, {True: _Arm(), False: _Arm()})[ran_drafter]
+    def _key(self, kind: str) -> tuple[str | None, str]:
+        return getattr(self.drafter, "lang", None), kind
 
-    def _drafter_pays(self, ctx: DecodeState) -> bool:
-        """Whether this no-match step runs the drafter: alternate until both kinds are measured, then the one
-        with more tokens per second, the other one every ``probe_every``-th step (its estimate stays current)."""
-        if self.drafter is None or ctx.max_depth < 1:
-            return False
-        on, off = self.arm(True), self.arm(False)
-        if min(on.n, off.n) < self.warmup:
-            return on.n <= off.n
-        better = on.rate > off.rate
-        self.since_probe += 1
-        if self.since_probe >= self.probe_every:
-            self.since_probe = 0
-            return not better
-        return better
+    def arm_names(self, kind: str) -> tuple[str, ...]:
+        """The arms of a step kind (``match`` / ``no-match``) this hybrid has (no drafter: no drafter arms; no
+        SPECTRA: no SPECTRA arms)."""
+        names = MATCH_ARMS if kind == "match" else NO_MATCH_ARMS
+        return tuple(a for a in names if (self.drafter is not None or "drafter" not in a)
+                     and (len(self.ngram) > 1 or "spectra" not in a))
+
+    def arm(self, name: str, kind: str = "no-match") -> _Arm:
+        """The measured steps of arm ``name`` of step kind ``kind`` for the current drafter language."""
+        return self.arms.setdefault(self._key(kind), {a: _Arm() for a in self.arm_names(kind)})[name]
+
+    def choose(self, kind: str) -> str:
+        """This step's arm: each arm in turn until every one has ``warmup`` measured steps, then the one with the
+        most tokens per second, except every ``probe_every``-th step, which re-measures the arm measured longest
+        ago (an estimate that is never refreshed could keep a once-unlucky arm out for good)."""
+        names = self.arm_names(kind)
+        key = self._key(kind)
+        arms = {a: self.arm(a, kind) for a in names}
+        tried = self.last_tried.setdefault(key, {a: -1 for a in names})
+        n = self.decisions[key] = self.decisions.get(key, 0) + 1
+        if len(names) == 1:
+            pick = names[0]
+        elif min(a.n for a in arms.values()) < self.warmup:
+            pick = min(names, key=lambda a: (arms[a].n, tried[a]))  # the least measured, then the longest ago
+        else:
+            best = max(names, key=lambda a: arms[a].rate)
+            others = [a for a in names if a != best]
+            pick = min(others, key=lambda a: tried[a]) if n % self.probe_every == 0 else best
+        tried[pick] = n
+        return pick
 
     def propose(self, ctx: DecodeState) -> Proposal:
         self._t0 = time.perf_counter()
         self.used_drafter = self.no_match = False  # set below for the greedy tree only: update() measures those
+        self.choice, self._measured = None, None
         if ctx.temperature > 0 or not ctx.tree_ok:
             best = max(self.sources, key=lambda s: self.acc_rate[s.name])
             p = best.propose(ctx) if best is not self.drafter else self._drafter_chain(ctx)
             return p if p.is_chain else p.first_chain()  # sampling: core gives n-gram drafts point-mass q
-        cands = [s.propose(ctx) for s in self.ngram]
-        self.no_match = ctx.max_depth >= 1 and not cands[0].tokens  # cands[0]: prompt lookup (the factory's order)
-        self.used_drafter = self.no_match and self._drafter_pays(ctx)
-        self._measured = self.arm(self.used_drafter) if self.no_match else None
+        if ctx.max_depth < 1:
+            return Proposal()
+        lookup = self.ngram[0].propose(ctx)  # prompt lookup (the factory's order): its match decides the step kind
+        kind = "match" if lookup.tokens else "no-match"
+        self.no_match = kind == "no-match"
+        arm = self.choice = self.choose(kind)
+        self.chosen[arm] = self.chosen.get(arm, 0) + 1
+        self._measured = self.arm(arm, kind)
+        self.used_drafter = "drafter" in arm
+        cands = [lookup]
         if self.used_drafter:
             if self.drafter.lang != self._warm_lang:  # its first step of a request or language syncs a whole
                 self._measured, self._warm_lang = None, self.drafter.lang  # prompt: a one-off, not its step cost
-            cands.insert(1, self._drafter_chain(ctx))
+            cands.append(self._drafter_chain(ctx))
+        if "spectra" in arm:
+            cands += [s.propose(ctx) for s in self.ngram[1:]]
         # prompt lookup's chain (first) goes in whole, as deep as it matched; the others fill the device's flat
         # budget only (past it every extra node costs verification time: on the 2-core CPU in bf16 verify(k)
         # rises from ~1.1 forwards at 6 tokens to ~2 at 15), so they pay where PLD has little or nothing
-        return merge(cands, max(self.nodes, len(cands[0].tokens)), ctx.max_depth)
+        return merge(cands, max(self.nodes, len(lookup.tokens)), ctx.max_depth)
 
     def _drafter_chain(self, ctx: DecodeState) -> Proposal:
         """Draft while P(all drafts so far survive) · (time an accepted token saves) > cost of one more draft."""
@@ -156,7 +196,7 @@ class HybridSource(DraftSource):
             self.drafter.learn_lengths(v)
         for s in self.sources:
             s.update(ctx, v)
-        if self._measured is not None:  # the whole step: drafting, verification, the updates above
+        if self._measured is not None:  # the whole step: lookup, drafting, verification, the updates above
             if ctx.feats.is_cuda:
                 torch.cuda.synchronize(ctx.feats.device)
             self._measured.add(v.kept or 1 + v.accepted, time.perf_counter() - self._t0)

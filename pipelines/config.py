@@ -68,7 +68,7 @@ class ExportStage(StrictModel):
 class CalibrateStage(StrictModel):
     enabled: bool = True
     sizes: list[int] = Field(default_factory=lambda: [1, 2, 3, 4])
-    prompts: int = 2
+    prompts: int = 8  # ≥ 8: fewer let one prompt decide g* (decoder.calibrate reports the bootstrap stability)
     max_new_tokens: int = 32
 
 

@@ -178,8 +178,7 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     lines += [f"- {k}: " + ", ".join(f"step {s}: {a:.3f}" for s, a in pts) for k, pts in curves.items()]
     lines += ["", "## 4 calibration (UNISPEC)", ""]
     for dev, c in calib.items():
-        lines.append(f"- {dev}: g* = {c.get('g_star')} ({c.get('chosen_by')}); measured tok/s "
-                     + ", ".join(f"g={g}: {t:.1f}" for g, t in c.get("tok_s", {}).items()))
+        lines.append(calibration_line(dev, c))
     lines += ["", "## 5 evaluation", ""]
     if ev:
         lines += [(run / "eval" / "report.md").read_text(encoding="utf-8").split("\n", 2)[2], ""]
@@ -190,6 +189,24 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
                                              "eval": ev and {m: d["overall"] for m, d in ev["methods"].items()}})
     _wandb(run, ev, curves)
     return out / "report.md", summary
+
+
+def calibration_line(dev: str, c: dict) -> str:
+    """One device's calibration as the report states it: g*, τ(g) pooled over the prompts, the spread of τ(g*)
+    over them, how often bootstrap resamples of the prompts choose g* again, the tree budget."""
+    g = str(c.get("g_star"))
+    tau = c.get("tau", {})
+    line = f"- {dev}: g* = {g} ({c.get('chosen_by')}), tree budget {c.get('tree_budget')}"
+    if tau:
+        line += "; τ(g) " + ", ".join(f"{k}: {float(v):.2f}" for k, v in tau.items())
+    sp = c.get("tau_spread", {}).get(g)
+    if sp:
+        line += f"; τ(g*) over {c.get('prompts')} prompts {sp['min']:.2f}–{sp['max']:.2f} (sd {sp['std']:.2f})"
+    if c.get("stability") is not None:
+        line += f"; g* chosen again by {float(c['stability']):.0%} of bootstrap resamples"
+    if c.get("seconds") is not None:
+        line += f"; {c['seconds']} s"
+    return line
 
 
 def _wandb(run: Path, ev: dict | None, curves: dict) -> None:

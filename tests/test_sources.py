@@ -74,16 +74,21 @@ def test_lookup_depth_doubles_after_a_whole_chain_and_resets_on_a_rejection():
     assert plain.propose(ctx).tokens == [2, 3, 1]
 
 
-def test_hybrid_runs_the_drafter_only_where_prompt_lookup_has_no_match():
+def test_hybrid_runs_the_drafter_only_on_no_match_steps_whose_arm_is_the_drafters():
     drafter = FakeDrafter([40, 41, 42])
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10)
     fresh = state([10, 11, 12, 13])  # no earlier n-gram: prompt lookup has nothing
     hyb.begin(fresh)
+    assert hyb.arm_names("no-match") == ("plain", "drafter") and hyb.arm_names("match") == ("pld",)  # no SPECTRA
+    hyb.arms[("en", "no-match")] = {"plain": _Arm(5, 1.0, 0.05), "drafter": _Arm(5, 3.0, 0.06)}  # 20 vs 50 tok/s
     p = hyb.propose(fresh)
-    assert drafter.calls == 1 and p.tokens[:3] == [40, 41, 42] and set(p.origin) == {"drafter"}
+    assert hyb.choice == "drafter" and drafter.calls == 1
+    assert p.tokens[:3] == [40, 41, 42] and set(p.origin) == {"drafter"}
     looping = state([10, 11, 12, 10, 11])  # "10 11" occurred before: prompt lookup proposes what followed
-    p = hyb.propose(looping)
-    assert drafter.calls == 1 and p.tokens[0] == 12 and "drafter" not in p.origin
+    for _ in range(10):  # a match step never runs the drafter, probes included
+        p = hyb.propose(looping)
+        assert hyb.choice == "pld" and p.tokens[0] == 12 and "drafter" not in p.origin
+    assert drafter.calls == 1
 
 
 def test_hybrid_skips_a_drafter_that_does_not_pay_and_probes_it_again():
@@ -91,44 +96,70 @@ def test_hybrid_skips_a_drafter_that_does_not_pay_and_probes_it_again():
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, probe_every=4, warmup=3)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
-    hyb.arms["en"] = {True: _Arm(5, 1.6, 0.070), False: _Arm(5, 1.5, 0.050)}  # 23 tok/s with it, 30 without
+    hyb.arms[("en", "no-match")] = {"plain": _Arm(5, 1.5, 0.050), "drafter": _Arm(5, 1.6, 0.070)}  # 30 vs 23 tok/s
     calls = []
     for _ in range(8):
-        hyb.propose(ctx)
+        p = hyb.propose(ctx)
         calls.append(drafter.calls)
+        assert (p.tokens == []) == (hyb.choice == "plain")  # prompt lookup's own step: nothing to verify
     assert calls == [0, 0, 0, 1, 1, 1, 1, 2]  # skipped, except every probe_every-th no-match step
-    hyb.arms["en"][True] = _Arm(5, 3.0, 0.070)  # 43 tok/s with it: pays
+    hyb.arms[("en", "no-match")]["drafter"] = _Arm(5, 3.0, 0.070)  # 43 tok/s with it: pays
     hyb.propose(ctx)
     assert drafter.calls == 3
     drafter.lang = "de"  # another language (ADASPEC switched the drafter): measured on its own, from scratch
-    assert hyb.arm(True).n == 0
+    assert hyb.arm("drafter").n == 0
 
 
-def test_hybrid_measures_steps_with_and_without_the_drafter():
+def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest():
     drafter = FakeDrafter([40, 41, 42])
-    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, warmup=2)
+    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10,
+                       warmup=2, probe_every=5)
+    assert hyb.arm_names("no-match") == ("plain", "spectra", "drafter", "drafter+spectra")
+    assert hyb.arm_names("match") == ("pld", "pld+spectra")
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
     p = hyb.propose(ctx)
-    hyb.update(ctx, verified(p, kept=3))
-    assert hyb.used_drafter and hyb.arm(True).n == 0  # a request's first drafter step syncs its whole prompt: a
-    ran = []  # one-off, left out of the measure
-    for kept in (3, 0, 2, 0):  # warm-up: the two kinds of no-match step alternate
+    hyb.update(ctx, verified(p.first_chain(), kept=len(p.first_chain().tokens)))
+    ran = [hyb.choice]
+    for _ in range(9):  # warm-up: each arm in turn until every one has two measured steps
         p = hyb.propose(ctx)
-        ran.append(hyb.used_drafter)
-        hyb.update(ctx, verified(p, kept=kept if hyb.used_drafter else 0))
-    assert ran == [True, False, True, False] and drafter.calls == 3
-    on, off = hyb.arm(True), hyb.arm(False)
-    assert (on.n, off.n) == (2, 2) and on.tokens == 3.5 and off.tokens == 1.0  # (1+3, 1+2) and (1, 1) tokens
-    assert on.secs > 0 and off.secs > 0
-    on.secs = off.secs  # the drafter's steps as fast, with 3.5× the tokens: it runs from now on
-    hyb.propose(ctx)
-    assert hyb.used_drafter
-    on.secs = 10 * off.secs  # now 0.35× the throughput: the next no-match step runs without it
-    p = hyb.propose(ctx)
-    assert not hyb.used_drafter and p.tokens == []
-    hyb.update(ctx, verified(p, kept=0))
-    assert off.n == 3
+        ran.append(hyb.choice)
+        hyb.update(ctx, verified(p.first_chain(), kept=3 if hyb.used_drafter else 0))
+    assert ran[:4] == ["plain", "spectra", "drafter", "drafter+spectra"]
+    assert sorted(ran[4:8]) == sorted(["plain", "spectra", "drafter", "drafter+spectra"])
+    arms = hyb.arms[("en", "no-match")]
+    assert all(a.n >= 2 for a in arms.values()) and arms["plain"].tokens == 1.0  # one forward, one token
+    assert arms["drafter"].tokens == 4.0 and arms["drafter"].secs > 0  # three drafts kept + the target's token
+    for a, rate in {"plain": 30, "spectra": 10, "drafter": 80, "drafter+spectra": 20}.items():
+        arms[a] = _Arm(5, rate * 0.05, 0.05)
+    picks = []
+    for _ in range(15):
+        hyb.propose(ctx)
+        picks.append(hyb.choice)
+    probes = [a for a in picks if a != "drafter"]
+    assert picks.count("drafter") == 12 and len(probes) == 3 and len(set(probes)) == 3  # each other arm once
+
+
+def test_hybrid_falls_back_to_prompt_lookups_own_step_where_nothing_beats_it():
+    """The measured rates decide: with SPECTRA and the drafter slower than a plain forward on no-match steps and
+    SPECTRA's fill slower on match steps, the hybrid runs what `pld` runs on all but its probing steps."""
+    drafter = FakeDrafter([40, 41, 42])
+    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10,
+                       probe_every=8)
+    hyb.begin(state([10, 11, 12, 13]))
+    hyb.arms[("en", "no-match")] = {"plain": _Arm(9, 1.0, 0.04), "spectra": _Arm(9, 1.1, 0.05),
+                                    "drafter": _Arm(9, 1.2, 0.06), "drafter+spectra": _Arm(9, 1.3, 0.07)}
+    hyb.arms[("en", "match")] = {"pld": _Arm(9, 4.0, 0.05), "pld+spectra": _Arm(9, 4.1, 0.06)}
+    no_match, match = state([10, 11, 12, 13]), state([10, 11, 12, 10, 11])
+    picks = {"no-match": [], "match": []}
+    for _ in range(40):
+        for kind, ctx in (("no-match", no_match), ("match", match)):
+            p = hyb.propose(ctx)
+            picks[kind].append(hyb.choice)
+            if hyb.choice in ("plain", "pld"):  # exactly prompt lookup's step
+                assert p.tokens == PromptLookup(10, grow_to=20).propose(ctx).tokens and set(p.origin) <= {"pld"}
+    assert picks["no-match"].count("plain") == 35 and picks["match"].count("pld") == 35  # 1 in 8 probes
+    assert hyb.chosen["plain"] == 35 and sum(hyb.chosen.values()) == 80
 
 
 def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_measures_alone():
@@ -145,8 +176,9 @@ def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_meas
     hyb.begin(fresh)
     hyb.propose(fresh)
     assert hyb.no_match
-    measures = (hyb.arm(True).n, hyb.arm(False).n)
+    measures = {k: {a: x.n for a, x in arms.items()} for k, arms in hyb.arms.items()}
     fresh.tree_ok = False  # past the sliding window (or sampling): one source's chain, not the measured tree
     p = hyb.propose(fresh)
     hyb.update(fresh, verified(p, kept=len(p.tokens)))
-    assert not hyb.no_match and not hyb.used_drafter and (hyb.arm(True).n, hyb.arm(False).n) == measures
+    assert not hyb.no_match and not hyb.used_drafter and hyb.choice is None
+    assert {k: {a: x.n for a, x in arms.items()} for k, arms in hyb.arms.items()} == measures
