@@ -32,7 +32,7 @@ import json
 import sys
 from pathlib import Path
 
-from decoder.bench_report import Answer, adaptive_trace, agreement, charts, render_markdown, summarize
+from decoder.bench_report import Answer, adaptive_trace, agreement, by_source, charts, render_markdown, summarize
 from decoder.methods import BASELINES, DEFAULT_BENCH, BenchInputs, Method, get_method, parse_methods
 from decoder.questions import BUILTIN, load_questions, read_questions, select_questions
 from polyspec.errors import PolyspecError, cli_entry, first_line
@@ -177,17 +177,15 @@ def run_bench(target, bundle, questions: list[dict], methods: list[str], max_new
     return report
 
 
-def by_source(steps: list) -> dict:
-    """Steps, emitted tokens and seconds (drafting + verification) per proposer of a step's first draft
-    (``StepStat.source``: ``pld``, ``drafter``, ``spectra``, ``a+b`` when merged; ``none``: nothing was proposed, a
-    plain forward) — where a method's tokens and time went, e.g. which of the hybrid's arms ran."""
-    out: dict[str, dict] = {}
-    for s in steps:
-        d = out.setdefault(s.source or "none", {"steps": 0, "tokens": 0, "seconds": 0.0})
-        d["steps"] += 1
-        d["tokens"] += s.new_tokens
-        d["seconds"] = round(d["seconds"] + s.draft_s + s.verify_s, 6)
-    return out
+def parallel_stats(steps: list) -> dict:
+    """Drafting beside the verifications (``spide-parallel``): {"parallel": hits, drops, seconds drafted beside,
+    seconds of it hidden behind the verification}; {} for methods that draft nothing beside."""
+    hits = sum(s.parallel == "hit" for s in steps)
+    drops = sum(s.parallel == "drop" for s in steps)
+    if not hits and not drops:
+        return {}
+    return {"parallel": {"hits": hits, "drops": drops, "spec_s": round(sum(s.spec_s for s in steps), 6),
+                         "overlap_s": round(sum(s.hidden_s for s in steps), 6)}}
 
 
 def write_answers(out: Path, results: dict, questions: list[dict], ref) -> None:
@@ -205,6 +203,7 @@ def write_answers(out: Path, results: dict, questions: list[dict], ref) -> None:
                                      "target_forwards": sum(a.forwards for a in turns),
                                      "accept_lengths": [x for a in turns for x in a.accept_lengths],
                                      "by_source": by_source([s for a in turns for s in a.steps]),
+                                     **parallel_stats([s for a in turns for s in a.steps]),
                                      "identical": same}, ensure_ascii=False))
         atomic_write_text(out / "answers" / f"{m}.jsonl", "".join(line + "\n" for line in lines))
 

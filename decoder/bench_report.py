@@ -31,6 +31,19 @@ class Answer:
     steps: list = field(default_factory=list)  # decoder.core.StepStat per step
 
 
+def by_source(steps: list) -> dict:
+    """Steps, emitted tokens and seconds (drafting + verification) per proposer of a step's first draft
+    (``StepStat.source``: ``pld``, ``drafter``, ``spectra``, ``a+b`` when merged; ``none``: nothing was proposed, a
+    plain forward) — where a method's tokens and time went, e.g. which of the hybrid's arms ran."""
+    out: dict[str, dict] = {}
+    for s in steps:
+        d = out.setdefault(s.source or "none", {"steps": 0, "tokens": 0, "seconds": 0.0})
+        d["steps"] += 1
+        d["tokens"] += s.new_tokens
+        d["seconds"] = round(d["seconds"] + s.draft_s + s.verify_s, 6)
+    return out
+
+
 def summarize(results: dict, questions: list[dict], target, bundle, max_new_tokens: int, repeats: int) -> dict:
     """Per method: tok/s, τ, speedup over the faster baseline (mean ± std over repeats), identical to ``ar``;
     overall, per language (mixed questions apart) and per task; the histogram of tokens per step."""
@@ -71,8 +84,16 @@ def summarize(results: dict, questions: list[dict], target, bundle, max_new_toke
         for a in (a for qa in results[m][0] for a in qa):
             for n in a.accept_lengths:
                 hist[n] = hist.get(n, 0) + 1
+        sources = {}
+        for i, q in enumerate(questions):  # the first repeat's steps by who proposed them, per language
+            lang = group_key(q, "language")
+            for src, d in by_source([s for a in results[m][0][i] for s in a.steps]).items():
+                x = sources.setdefault(lang, {}).setdefault(src, {"steps": 0, "tokens": 0, "seconds": 0.0})
+                x["steps"], x["tokens"] = x["steps"] + d["steps"], x["tokens"] + d["tokens"]
+                x["seconds"] = round(x["seconds"] + d["seconds"], 6)
         methods[m] = {"overall": stats(m, "all")["all"], "by_language": stats(m, "language"),
-                      "by_category": stats(m, "category"), "accept_hist": dict(sorted(hist.items()))}
+                      "by_category": stats(m, "category"), "accept_hist": dict(sorted(hist.items())),
+                      "steps_by_source": sources}
     import torch  # start-up time: the bench CLI checks its inputs before torch loads (decoder.bench)
 
     return {"target": target.spec.name, "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
@@ -186,6 +207,7 @@ def render_markdown(r: dict) -> str:
         "", head, sep, *rows, "",
         "## Speedup / τ per task", "", chead, "|" + "---|" * (len(cats) + 1), *crows, "",
         *agreement_lines(r),
+        *source_lines(r),
         "Charts: `speedup.png`, `tau.png`, `accept_hist.png`, `adaptive_trace.png`"
         + (f" (question {r['trace']['question_id']}: {r['trace']['switches']} switches of drafter language or "
            "vocabulary size)" if r.get("trace") and r["trace"]["switches"] else
@@ -194,6 +216,28 @@ def render_markdown(r: dict) -> str:
         *method_lines(r),
     ]
     return "\n".join(lines)
+
+
+def source_lines(r: dict) -> list[str]:
+    """Where the steps went, for the methods whose steps come from more than one source (the hybrid's arms,
+    adaspec's loop runs): per language, each source's share of the steps, tokens per step and tokens per second."""
+    rows = []
+    for m, d in r["methods"].items():
+        per = d.get("steps_by_source") or {}
+        if len({src for x in per.values() for src in x}) < 2:
+            continue
+        for lang in sorted(per, key=lambda x: (x == "mixed", x)):
+            n = sum(x["steps"] for x in per[lang].values())
+            cells = [f"{src} {x['steps'] / n:.0%} · {x['tokens'] / x['steps']:.2f} · "
+                     f"{x['tokens'] / max(x['seconds'], 1e-9):.0f}"
+                     for src, x in sorted(per[lang].items(), key=lambda kv: -kv[1]["steps"])]
+            rows.append(f"| {m} | {lang} | {n} | " + "; ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["## Where the steps went", "",
+            "Per source of a step's first draft (`none`: nothing proposed, one plain forward; `a+b`: merged): share "
+            "of the steps · tokens per step · tokens per second of those steps (first repeat).", "",
+            "| method | language | steps | by source |", "|---|---|---|---|", *rows, ""]
 
 
 def agreement_lines(r: dict) -> list[str]:

@@ -78,6 +78,9 @@ def test_every_method_runs_in_one_harness_and_lossless_ones_are_identical(tmp_pa
             for r in rows:  # where the steps and tokens went: every step counted once, under who proposed it
                 assert sum(x["steps"] for x in r["by_source"].values()) == len(r["accept_lengths"]), m
                 assert sum(x["tokens"] for x in r["by_source"].values()) == sum(r["accept_lengths"]), m
+            per = d["steps_by_source"]  # the report's per-language totals are the answers' (first repeat)
+            assert sum(x["steps"] for lang in per.values() for x in lang.values()) == sum(
+                len(r["accept_lengths"]) for r in rows), m
         if m != "ar":
             ag = report["agreement"][m]
             assert all(g["identical"] == g["answers"] for g in ag.values()), m
@@ -93,6 +96,8 @@ def test_every_method_runs_in_one_harness_and_lossless_ones_are_identical(tmp_pa
     assert any(len(x["turns"]) == 2 for x in lines)  # multi-turn: both turns answered
     md = (out / "report.md").read_text()
     assert "| adaspec |" in md and "vi Spd." in md
+    steps_section = md.split("## Where the steps went")[1].split("\n## ")[0]
+    assert "| hybrid | vi |" in steps_section  # its arms: more than one source of steps
     assert report["trace"]["steps"] and {"lang", "vocab_size"} <= set(report["trace"]["steps"][0])
 
 
@@ -470,3 +475,18 @@ def test_the_verify_curve_feeds_k_tokens_for_every_k_and_leaves_the_cache_as_it_
     assert set(c["ratio"]) == {1, 8, 40, 64}
     assert fed[0] == len(context) and {40, 64} <= set(fed[1:])  # each k really verifies k tokens
     assert runners[0].length == len(context)  # every rollback removed exactly what it added
+
+
+def test_answer_records_say_where_steps_went_and_what_drafting_beside_the_verification_hid():
+    from decoder.bench import by_source, parallel_stats
+    from decoder.core import StepStat
+
+    steps = [StepStat(3, 2, 4, "en", None, "chain", 0.002, 0.030, "drafter", "hit", 0.004, 0.003),
+             StepStat(1, 0, 4, "en", None, "chain", 0.002, 0.031, "drafter", "drop", 0.004, 0.004),
+             StepStat(5, 4, 10, "en", None, "chain", 0.0, 0.035, "pld"),
+             StepStat(1, 0, 0, "en", None, "chain", 0.0, 0.029, "")]
+    assert by_source(steps) == {"drafter": {"steps": 2, "tokens": 4, "seconds": 0.065},
+                                "pld": {"steps": 1, "tokens": 5, "seconds": 0.035},
+                                "none": {"steps": 1, "tokens": 1, "seconds": 0.029}}
+    assert parallel_stats(steps) == {"parallel": {"hits": 1, "drops": 1, "spec_s": 0.008, "overlap_s": 0.007}}
+    assert parallel_stats(steps[2:]) == {}
