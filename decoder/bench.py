@@ -32,7 +32,15 @@ import json
 import sys
 from pathlib import Path
 
-from decoder.bench_report import Answer, adaptive_trace, agreement, by_source, charts, render_markdown, summarize
+from decoder.bench_report import (
+    Answer,
+    adaptive_trace,
+    agreement,
+    by_source,
+    charts,
+    render_markdown,
+    summarize,
+)
 from decoder.methods import BASELINES, DEFAULT_BENCH, BenchInputs, Method, get_method, parse_methods
 from decoder.questions import BUILTIN, load_questions, read_questions, select_questions
 from polyspec.errors import PolyspecError, cli_entry, first_line
