@@ -152,15 +152,22 @@ def walk(prof: dict, g: int) -> tuple[int, int]:
 
 
 def stability(per_prompt: list[dict[int, tuple[int, int]]], verify_s: dict[int, float], draft_s_per_token: float,
-              g_star: int, resamples: int = 200, seed: int = 0) -> float:
-    """Share of bootstrap resamples of the prompts (same costs) whose pooled τ(g) choose ``g_star`` again."""
+              g_star: int, resamples: int = 200, seed: int = 0) -> dict:
+    """How much the prompts decide g*: over bootstrap resamples of the prompts (same costs), the share whose pooled
+    τ(g) choose ``g_star`` again (``same``), and what ``g_star`` loses on a resample against that resample's own best
+    g in predicted tokens/s (``loss_median``, ``loss_p95``: a flat optimum makes ``same`` low and the loss small)."""
     gs = sorted(per_prompt[0])
-    rng, same = random.Random(seed), 0
+    rng, same, losses = random.Random(seed), 0, []
     for _ in range(resamples):
         pick = [per_prompt[rng.randrange(len(per_prompt))] for _ in per_prompt]
         tau = {g: sum(x[g][0] for x in pick) / max(sum(x[g][1] for x in pick), 1) for g in gs}
-        same += choose(gs, verify_s, tau, draft_s_per_token)["g_star"] == g_star
-    return same / resamples
+        c = choose(gs, verify_s, tau, draft_s_per_token)
+        same += c["g_star"] == g_star
+        pred = c["predicted_tok_s"]
+        losses.append(1 - pred[g_star] / max(pred.values()))
+    losses.sort()
+    return {"same": same / resamples, "loss_median": losses[len(losses) // 2],
+            "loss_p95": losses[min(len(losses) - 1, int(0.95 * len(losses)))], "resamples": resamples}
 
 
 def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 12,
@@ -269,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     path = save(bundle.root, device_key(target.device, target.dtype), result)
     sp = m["tau_spread"].get(pick["g_star"], {})
     log(f"g* = {pick['g_star']}: τ {m['tau'][pick['g_star']]:.2f} (over prompts {sp.get('min', 0):.2f}–"
-        f"{sp.get('max', 0):.2f}, sd {sp.get('std', 0):.2f}); chosen again by {stable:.0%} of bootstrap resamples of "
-        f"the {len(prompts)} prompts; {result['seconds']:.0f} s")
+        f"{sp.get('max', 0):.2f}, sd {sp.get('std', 0):.2f}); over bootstrap resamples of the {len(prompts)} prompts "
+        f"chosen again by {stable['same']:.0%}, {stable['loss_p95']:.1%} below a resample's best in 95 % of them; "
+        f"{result['seconds']:.0f} s")
     print(json.dumps({"device": device_key(target.device, target.dtype), "g_star": pick["g_star"], "chosen_by": pick["chosen_by"],
                       "stability": stable, "tree_budget": m["tree_budget"], "dtype": str(target.dtype).replace("torch.", ""),
                       "tau": m["tau"], "predicted_tok_s": pick["predicted_tok_s"], "prompts": len(prompts),

@@ -19,12 +19,14 @@ from polyspec.errors import PolyspecError
 class _Arm:
     """Running means of the tokens and the seconds of one kind of hybrid step."""
 
-    n: int = 0
+    n: int = 0  # the weight of the running means (a new request restarts it, see ``HybridSource.begin``)
     tokens: float = 0.0
     secs: float = 0.0
+    seen: int = 0  # steps measured in all
 
     def add(self, tokens: float, secs: float, memory: float = 0.1) -> None:
         self.n += 1
+        self.seen += 1
         a = max(memory, 1.0 / self.n)  # the plain mean until 1/n < memory, then an exponential one
         self.tokens += a * (tokens - self.tokens)
         self.secs += a * (secs - self.secs)
@@ -54,7 +56,8 @@ class HybridSource(DraftSource):
     the trained drafter's chain with or without SPECTRA beside it. Which arm pays is measured, not modelled
     (SPIDE's "measure, then decide" applied to whole steps; a bandit over step kinds): per drafter language and
     step kind, running means of the tokens and the seconds of the steps each arm ran (each from the start of
-    ``propose`` to the end of ``update``: lookup, drafting, the verification, every table update). The first
+    ``propose`` to the end of ``update``: lookup, drafting, the verification, every table update), which a new
+    request keeps only as a one-step prior (``begin``: what pays depends on the request's language). The first
     ``warmup`` steps of each kind try the arms in turn; then the fastest arm runs, and every ``probe_every``-th
     step of the kind re-measures the arm measured longest ago. Prompt lookup's own step being one of the arms,
     the hybrid falls back to it wherever nothing beats it (the measured cost of being a hybrid is the probing and
@@ -71,11 +74,12 @@ class HybridSource(DraftSource):
     tree_capable = True
 
     def __init__(self, drafter: DrafterSource | None, ngram: list[DraftSource], nodes: int = 12,
-                 gamma_max: int = 6, probe_every: int = 8, warmup: int = 3):
+                 gamma_max: int = 6, probe_every: int = 8, warmup: int = 3, prior_steps: int = 1):
         if not ngram or not isinstance(ngram[0], PromptLookup):
             raise PolyspecError("hybrid: the first n-gram source must be prompt lookup (its match decides the drafter)")
         self.drafter, self.ngram, self.nodes = drafter, ngram, nodes
         self.gamma_max, self.probe_every, self.warmup = gamma_max, probe_every, warmup
+        self.prior_steps = prior_steps
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
         # (drafter language, step kind) → arm → its measured steps
         self.arms: dict[tuple[str | None, str], dict[str, _Arm]] = {}
@@ -101,7 +105,14 @@ class HybridSource(DraftSource):
         return self.drafter.aux_layers if self.drafter is not None else None
 
     def begin(self, ctx: DecodeState) -> None:
+        """A new request. What an arm yields depends on the request (its language above all: the drafter language
+        is only ADASPEC's nearest drafter, so a zh request may run the ja drafter, whose acceptance on ja requests
+        says little about zh), so the arms' running means carry over as a prior worth ``prior_steps`` steps and the
+        request's own steps soon outweigh it."""
         self._warm_lang = None
+        for arms in self.arms.values():
+            for a in arms.values():
+                a.n = min(a.n, self.prior_steps)
         for s in self.sources:
             s.begin(ctx)
 
@@ -138,8 +149,8 @@ class HybridSource(DraftSource):
         n = self.decisions[key] = self.decisions.get(key, 0) + 1
         if len(names) == 1:
             pick = names[0]
-        elif min(a.n for a in arms.values()) < self.warmup:
-            pick = min(names, key=lambda a: (arms[a].n, tried[a]))  # the least measured, then the longest ago
+        elif min(a.seen for a in arms.values()) < self.warmup:
+            pick = min(names, key=lambda a: (arms[a].seen, tried[a]))  # the least measured, then the longest ago
         else:
             best = max(names, key=lambda a: arms[a].rate)
             others = [a for a in names if a != best]

@@ -202,8 +202,10 @@ def calibration_line(dev: str, c: dict) -> str:
     sp = c.get("tau_spread", {}).get(g)
     if sp:
         line += f"; τ(g*) over {c.get('prompts')} prompts {sp['min']:.2f}–{sp['max']:.2f} (sd {sp['std']:.2f})"
-    if c.get("stability") is not None:
-        line += f"; g* chosen again by {float(c['stability']):.0%} of bootstrap resamples"
+    st = c.get("stability")
+    if isinstance(st, dict):
+        line += (f"; bootstrap resamples of the prompts choose g* again {st['same']:.0%} of the time, and g* is within "
+                 f"{st['loss_p95']:.1%} of a resample's best in 95 % of them")
     if c.get("seconds") is not None:
         line += f"; {c['seconds']} s"
     return line

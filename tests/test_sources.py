@@ -80,7 +80,7 @@ def test_hybrid_runs_the_drafter_only_on_no_match_steps_whose_arm_is_the_drafter
     fresh = state([10, 11, 12, 13])  # no earlier n-gram: prompt lookup has nothing
     hyb.begin(fresh)
     assert hyb.arm_names("no-match") == ("plain", "drafter") and hyb.arm_names("match") == ("pld",)  # no SPECTRA
-    hyb.arms[("en", "no-match")] = {"plain": _Arm(5, 1.0, 0.05), "drafter": _Arm(5, 3.0, 0.06)}  # 20 vs 50 tok/s
+    hyb.arms[("en", "no-match")] = {"plain": _Arm(5, 1.0, 0.05, 5), "drafter": _Arm(5, 3.0, 0.06, 5)}  # 20 vs 50 tok/s
     p = hyb.propose(fresh)
     assert hyb.choice == "drafter" and drafter.calls == 1
     assert p.tokens[:3] == [40, 41, 42] and set(p.origin) == {"drafter"}
@@ -96,14 +96,14 @@ def test_hybrid_skips_a_drafter_that_does_not_pay_and_probes_it_again():
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, probe_every=4, warmup=3)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
-    hyb.arms[("en", "no-match")] = {"plain": _Arm(5, 1.5, 0.050), "drafter": _Arm(5, 1.6, 0.070)}  # 30 vs 23 tok/s
+    hyb.arms[("en", "no-match")] = {"plain": _Arm(5, 1.5, 0.050, 5), "drafter": _Arm(5, 1.6, 0.070, 5)}  # 30 vs 23 tok/s
     calls = []
     for _ in range(8):
         p = hyb.propose(ctx)
         calls.append(drafter.calls)
         assert (p.tokens == []) == (hyb.choice == "plain")  # prompt lookup's own step: nothing to verify
     assert calls == [0, 0, 0, 1, 1, 1, 1, 2]  # skipped, except every probe_every-th no-match step
-    hyb.arms[("en", "no-match")]["drafter"] = _Arm(5, 3.0, 0.070)  # 43 tok/s with it: pays
+    hyb.arms[("en", "no-match")]["drafter"] = _Arm(5, 3.0, 0.070, 5)  # 43 tok/s with it: pays
     hyb.propose(ctx)
     assert drafter.calls == 3
     drafter.lang = "de"  # another language (ADASPEC switched the drafter): measured on its own, from scratch
@@ -131,7 +131,7 @@ def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest()
     assert all(a.n >= 2 for a in arms.values()) and arms["plain"].tokens == 1.0  # one forward, one token
     assert arms["drafter"].tokens == 4.0 and arms["drafter"].secs > 0  # three drafts kept + the target's token
     for a, rate in {"plain": 30, "spectra": 10, "drafter": 80, "drafter+spectra": 20}.items():
-        arms[a] = _Arm(5, rate * 0.05, 0.05)
+        arms[a] = _Arm(5, rate * 0.05, 0.05, 5)
     picks = []
     for _ in range(15):
         hyb.propose(ctx)
@@ -147,9 +147,9 @@ def test_hybrid_falls_back_to_prompt_lookups_own_step_where_nothing_beats_it():
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10,
                        probe_every=8)
     hyb.begin(state([10, 11, 12, 13]))
-    hyb.arms[("en", "no-match")] = {"plain": _Arm(9, 1.0, 0.04), "spectra": _Arm(9, 1.1, 0.05),
-                                    "drafter": _Arm(9, 1.2, 0.06), "drafter+spectra": _Arm(9, 1.3, 0.07)}
-    hyb.arms[("en", "match")] = {"pld": _Arm(9, 4.0, 0.05), "pld+spectra": _Arm(9, 4.1, 0.06)}
+    hyb.arms[("en", "no-match")] = {"plain": _Arm(9, 1.0, 0.04, 9), "spectra": _Arm(9, 1.1, 0.05, 9),
+                                    "drafter": _Arm(9, 1.2, 0.06, 9), "drafter+spectra": _Arm(9, 1.3, 0.07, 9)}
+    hyb.arms[("en", "match")] = {"pld": _Arm(9, 4.0, 0.05, 9), "pld+spectra": _Arm(9, 4.1, 0.06, 9)}
     no_match, match = state([10, 11, 12, 13]), state([10, 11, 12, 10, 11])
     picks = {"no-match": [], "match": []}
     for _ in range(40):
@@ -182,3 +182,25 @@ def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_meas
     hyb.update(fresh, verified(p, kept=len(p.tokens)))
     assert not hyb.no_match and not hyb.used_drafter and hyb.choice is None
     assert {k: {a: x.n for a, x in arms.items()} for k, arms in hyb.arms.items()} == measures
+
+
+def test_a_new_request_keeps_the_arms_means_only_as_a_prior():
+    """What pays depends on the request: a drafter that paid on earlier requests (say ja ones) but keeps nothing on
+    this one (a zh request drafted by the nearest drafter, ja's) is dropped after a few of this request's steps,
+    not after as many steps as the earlier requests had."""
+    drafter = FakeDrafter([40, 41, 42])
+    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, probe_every=1000)
+    ctx = state([10, 11, 12, 13])
+    hyb.begin(ctx)
+    hyb.arms[("en", "no-match")] = {"plain": _Arm(40, 1.0, 0.042, 40), "drafter": _Arm(40, 2.33, 0.061, 40)}
+    hyb._warm_lang = "en"  # its cache is warm: every drafter step is measured
+    hyb.begin(ctx)
+    hyb._warm_lang = "en"
+    assert hyb.arm("drafter").n == 1 and hyb.arm("drafter").seen == 40  # a one-step prior, the history kept
+    ran = []
+    for _ in range(12):
+        p = hyb.propose(ctx)
+        ran.append(hyb.choice)
+        hyb.update(ctx, verified(p, kept=0))  # this request keeps none of the drafter's tokens
+        hyb.arm(hyb.choice).secs = 0.061 if hyb.choice == "drafter" else 0.042  # the times as before (not measured)
+    assert ran[0] == "drafter" and ran[-1] == "plain" and ran.count("drafter") <= 3
