@@ -73,8 +73,23 @@ def stable_curve(target, context: list[int], ks: list[int], reps: int = 12, pass
     runs = [verify_curve(target, context, ks, reps) for _ in range(max(1, passes))]
     verify = {k: min(r["verify_s"][k] for r in runs) for k in runs[0]["verify_s"]}
     f1 = verify[1]
-    return {"context": len(context), "forward1_s": f1, "verify_s": verify, "ratio": {k: v / f1 for k, v in verify.items()},
-            "passes": len(runs)}
+    ratio = {k: v / f1 for k, v in verify.items()}
+    spread = sorted(max(r["verify_s"][k] for r in runs) / verify[k] - 1 for k in verify)
+    return {"context": len(context), "forward1_s": f1, "verify_s": verify, "ratio": ratio, "passes": len(runs),
+            "monotone": monotone(ratio),
+            # how far apart the passes were (median over k): a pass-to-pass difference this size is noise
+            "noise": spread[len(spread) // 2]}
+
+
+def monotone(ratio: dict[int, float]) -> dict[int, float]:
+    """The least-squares non-decreasing fit of verify(k)/forward(1) over k (scipy's isotonic regression): more
+    tokens never cost less, so a dip is noise, and a single row's bump is pooled with its neighbours instead of
+    cutting a budget read off a flat curve."""
+    from scipy.optimize import isotonic_regression  # start-up time: scipy loads only here
+
+    ks = sorted(ratio)
+    fit = isotonic_regression([ratio[k] for k in ks]).x
+    return {k: float(v) for k, v in zip(ks, fit)}
 
 
 def packing_curves(target, context: list[int], ks: list[int], reps: int = 12, passes: int = 2,

@@ -224,6 +224,11 @@ def test_the_cost_curve_keeps_each_ks_smallest_median_over_passes(monkeypatch):
     c = costs.stable_curve(None, [0] * 200, [1, 2, 4], reps=12, passes=2)
     assert c["verify_s"] == {1: 0.040, 2: 0.040, 4: 0.041} and c["context"] == 200 and c["passes"] == 2
     assert costs.tree_budget(c["ratio"], 0.15) == 4  # either pass alone: 1 (1.32 at k = 2) or 2 (1.46 at k = 4)
+    assert c["noise"] == pytest.approx(0.325)  # the passes' spread per k: 0.025, 0.325, 0.463 → the median
+    bumpy = {1: 1.0, 2: 1.08, 3: 1.16, 4: 1.10, 5: 1.12, 6: 1.13, 7: 1.20}  # one row's bump on a flat curve
+    assert costs.tree_budget(bumpy, 0.15) == 2  # cut at the bump
+    fit = costs.monotone(bumpy)
+    assert all(fit[k] <= fit[k + 1] for k in range(1, 7)) and costs.tree_budget(fit, 0.15) == 6  # pooled away
 
 
 def test_calibration_walk_gives_each_draft_lengths_tau_exactly(tmp_path, llama):
@@ -265,6 +270,8 @@ def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small
     m = measure(llama, bundle, prompts, [1, 2, 3], max_new_tokens=12, reps=1, log=lambda *_: None, max_k=6)
     assert set(m["verify_s"]) == {1, 2, 3} and set(m["cost_curve"]) == set(range(1, 7))
     assert m["cost_curve"][1] == 1.0 and 1 <= m["tree_budget"] <= 6 and m["curve_context"] == 200
+    mono = [m["cost_curve_monotone"][k] for k in range(1, 7)]  # what g* and the budget read: never decreasing
+    assert all(a <= b + 1e-12 for a, b in zip(mono, mono[1:])) and m["curve_noise"] >= 0
     assert set(m["tau"]) == {1, 2, 3} and all(1.0 <= m["tau"][g] <= g + 1 for g in (1, 2, 3)), m["tau"]
     assert len(m["per_prompt"]) == 3 and m["prompts"] == 3 and m["drafted"] > 0 and m["draft_s_per_token"] > 0
     for g in (1, 2, 3):  # pooled τ = the prompts' tokens over their drafter steps; the spread is over prompts
@@ -297,6 +304,19 @@ def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small
     assert dec.gamma == pick["g_star"]
     assert Decoder(llama, load_bundle(root), method="chain", gamma=5).gamma == 5  # an explicit γ wins
     assert Decoder(llama, load_bundle(root), method="hybrid").nodes == m["tree_budget"]  # the tree budget too
+
+
+def test_a_flat_optimum_gives_the_smallest_draft_length_within_the_tolerance():
+    from decoder.calibrate import choose
+
+    verify = {g: 0.040 for g in range(1, 9)}  # flat verification: τ(g) / (s + d·g) decides
+    tau = {1: 1.50, 2: 1.72, 3: 1.86, 4: 2.00, 5: 2.11, 6: 2.16}
+    exact = choose(list(tau), verify, tau, 0.0025)
+    pred = exact["predicted_tok_s"]
+    assert exact["g_star"] == max(pred, key=pred.get)
+    flat = choose(list(tau), verify, tau, 0.0025, tolerance=0.02)
+    assert flat["g_star"] == min(g for g in tau if pred[g] >= 0.98 * max(pred.values())) < exact["g_star"]
+    assert choose(list(tau), verify, tau, 0.0025, tolerance=0.5)["g_star"] == 1  # everything "equal": the cheapest
 
 
 def test_measured_throughput_still_overrules_a_pick_it_contradicts():
