@@ -54,7 +54,7 @@ def measure(recipe: DrafterRecipe, steps: int, warmup: int) -> dict:
     sync()
     dt = time.perf_counter() - t0
     procs = recipe.acc.num_processes
-    return {"steps": steps, "seconds": round(dt, 3), "ms_per_step": round(1000 * dt / steps, 1),
+    return {"steps": steps, "seconds": round(dt, 6), "ms_per_step": round(1000 * dt / steps, 1),
             "tokens": tokens, "loss_tokens": stream.loss * procs,
             "tokens_per_s": round(tokens / dt, 1), "loss_tokens_per_s": round(stream.loss * procs / dt, 1),
             "padding": round(1 - tokens / procs / max(stream.padded, 1), 3)}
