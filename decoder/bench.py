@@ -204,14 +204,14 @@ def write_answers(out: Path, results: dict, questions: list[dict], ref) -> None:
         lines = []
         for i, (q, turns) in enumerate(zip(questions, reps[0])):
             same = ref is None or [a.tokens for a in turns] == [a.tokens for a in ref[i]]
+            steps = [s for a in turns for s in a.steps]
             lines.append(json.dumps({"question_id": q["question_id"], "method": m, "language": q["language"],
                                      "category": q["category"], "turns": [a.text for a in turns],
                                      "new_tokens": sum(len(a.tokens) for a in turns),
                                      "wall_time": sum(a.seconds for a in turns),
                                      "target_forwards": sum(a.forwards for a in turns),
                                      "accept_lengths": [x for a in turns for x in a.accept_lengths],
-                                     "by_source": by_source([s for a in turns for s in a.steps]),
-                                     **parallel_stats([s for a in turns for s in a.steps]),
+                                     "by_source": by_source(steps), **parallel_stats(steps),
                                      "identical": same}, ensure_ascii=False))
         atomic_write_text(out / "answers" / f"{m}.jsonl", "".join(line + "\n" for line in lines))
 

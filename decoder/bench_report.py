@@ -84,16 +84,12 @@ def summarize(results: dict, questions: list[dict], target, bundle, max_new_toke
         for a in (a for qa in results[m][0] for a in qa):
             for n in a.accept_lengths:
                 hist[n] = hist.get(n, 0) + 1
-        sources = {}
-        for i, q in enumerate(questions):  # the first repeat's steps by who proposed them, per language
-            lang = group_key(q, "language")
-            for src, d in by_source([s for a in results[m][0][i] for s in a.steps]).items():
-                x = sources.setdefault(lang, {}).setdefault(src, {"steps": 0, "tokens": 0, "seconds": 0.0})
-                x["steps"], x["tokens"] = x["steps"] + d["steps"], x["tokens"] + d["tokens"]
-                x["seconds"] = round(x["seconds"] + d["seconds"], 6)
+        steps: dict[str, list] = {}  # the first repeat's steps per language
+        for i, q in enumerate(questions):
+            steps.setdefault(group_key(q, "language"), []).extend(s for a in results[m][0][i] for s in a.steps)
         methods[m] = {"overall": stats(m, "all")["all"], "by_language": stats(m, "language"),
                       "by_category": stats(m, "category"), "accept_hist": dict(sorted(hist.items())),
-                      "steps_by_source": sources}
+                      "steps_by_source": {lang: by_source(x) for lang, x in steps.items()}}
     import torch  # start-up time: the bench CLI checks its inputs before torch loads (decoder.bench)
 
     return {"target": target.spec.name, "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),

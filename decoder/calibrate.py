@@ -3,17 +3,18 @@
     python -m decoder.calibrate --bundle runs/default/export/bundle [--sizes 1,2,3,4,6] [--prompts 8]
 
 Costs, on this device: the verification cost curve s(k) for k = 1…16 tokens (one target forward of k tokens at
-a 200-token context, medians of 12, the smaller of two passes; ``decoder.costs``) and the drafter's time per draft
-token. Acceptance, per prompt and for every draft length at once (``profile`` and ``walk``): ``adaspec`` answers
+a 200-token context, medians of 12, the smallest of three passes, then made non-decreasing by an isotonic fit;
+``decoder.costs``) and the drafter's time per draft token. Acceptance, per prompt and for every draft length at once (``profile`` and ``walk``): ``adaspec`` answers
 each calibration prompt at γ = max(sizes); one teacher-forced target forward over prompt + answer gives the
 target's features at every position; at every answer position the drafter drafts a chain of max(sizes) tokens,
 whose accepted length A(p) is read off the answer (greedy: the target's tokens are known). Decoding at γ = g is
 then a walk: from the first pending position, a drafter step keeps min(A(p), g) drafts plus the target's token;
 a loop run (``adaspec``'s prompt lookup, ``lookup_runs``) keeps what it keeps at any γ and is left out of τ. So
 τ(g) is exact for every g on the very same positions, not one noisy decode per size, and costs one decode per
-prompt instead of one per size and prompt. g* = argmax over g = 1..max(sizes) of τ(g) / (s(g+1) + d·g), pooled
-over the prompts; its stability is the share of 200 bootstrap resamples of the prompts that choose it, and the
-spread of τ(g*) over prompts is reported. The tree budget (nodes of ``hybrid``/``spectra`` trees) is the
+prompt instead of one per size and prompt. g* is the smallest g = 1..max(sizes) whose τ(g) / (s(g+1) + d·g),
+pooled over the prompts, is within ``TOLERANCE`` (2 %) of the best; its stability (the share of 200 bootstrap
+resamples of the prompts that choose it again, and what it loses against each resample's own best) and the
+spread of τ(g*) over prompts are reported. The tree budget (nodes of ``hybrid``/``spectra`` trees) is the
 largest k whose s(k)/s(1) ≤ 1.15. The result is stored in the bundle's ``calibration.json`` under this device's
 key (``decoder.calibration_file``); ``Decoder`` uses its g* when γ is not given and its tree budget when the node
 budget is not, for the methods whose registry entry reads them (``decoder.methods``: ``calibration``; printed
@@ -184,8 +185,9 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), the drafter's cost per draft token, and
     τ(g) for every g = 1..max(sizes) on every prompt (``profile``, ``walk``): pooled, per prompt, and the spread;
     the flat-verify tree budget from the curve. The curve is measured as ``python -m decoder.costs`` measures it
-    — at ``context`` tokens, medians of ``reps``, two passes with the smaller median kept
-    (``decoder.costs.stable_curve``) — so that one noisy row cannot set the budget."""
+    — at ``context`` tokens, medians of ``reps``, three passes with the smallest median kept
+    (``decoder.costs.stable_curve``) — and g* and the budget read its non-decreasing fit (``monotone``), so that
+    one noisy row cannot set them."""
     gmax = max(sizes)
     curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, gmax + 1) + 1)),
                          reps=reps, passes=3)  # three passes: the tree budget is read off a flat curve
@@ -221,7 +223,7 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
             "draft_s_per_token": draft_s / max(drafted, 1), "drafted": drafted,
             # the real decodes at γ = max(sizes), for the record: their τ on drafter steps is what the walk predicts
             "decode_gamma": gmax, "decode_tau": dec_kept / max(dec_steps, 1), "decode_tok_s": dec_toks / max(dec_secs, 1e-9),
-            "cost_curve": curve["ratio"], "forward1_s": curve["forward1_s"], "curve_context": curve["context"],
+            "cost_curve": curve["ratio"], "forward1_s": f1, "curve_context": curve["context"],
             "tree_budget": budget}
 
 
@@ -280,11 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     m = measure(target, bundle, prompts, sizes, args.max_new_tokens, log=log, max_k=args.max_k)
     grid = list(range(1, max(sizes) + 1))
     # the whole cost curve, τ at every g; predictions within TOLERANCE of the best count as equal (the smallest wins)
-    tol = TOLERANCE
-    pick = choose(grid, m["verify_s_all"], m["tau"], m["draft_s_per_token"], tolerance=tol)
+    pick = choose(grid, m["verify_s_all"], m["tau"], m["draft_s_per_token"], tolerance=TOLERANCE)
     per_prompt = [{g: tuple(x[g]) for g in grid} for x in m["per_prompt"]]
-    stable = stability(per_prompt, m["verify_s_all"], m["draft_s_per_token"], pick["g_star"], tolerance=tol)
-    result = {**m, **pick, "stability": stable, "tolerance": tol, "seconds": round(time.perf_counter() - t0, 1),
+    stable = stability(per_prompt, m["verify_s_all"], m["draft_s_per_token"], pick["g_star"], tolerance=TOLERANCE)
+    result = {**m, **pick, "stability": stable, "tolerance": TOLERANCE, "seconds": round(time.perf_counter() - t0, 1),
               "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
     path = save(bundle.root, device_key(target.device, target.dtype), result)
     sp = m["tau_spread"].get(pick["g_star"], {})

@@ -85,7 +85,8 @@ class HybridSource(DraftSource):
         self.arms: dict[tuple[str | None, str], dict[str, _Arm]] = {}
         self.last_tried: dict[tuple[str | None, str], dict[str, int]] = {}  # … → arm → decision it last ran at
         self.decisions: dict[tuple[str | None, str], int] = {}  # decisions taken per (language, kind)
-        self.chosen: dict[str, int] = {}  # arm → steps it ran (the whole run; reports read it)
+        self.chosen: dict[str, int] = {}  # arm → steps it ran, over every request (the bench's per-source table
+        # shows the same per language from the steps' proposers)
         self.acc_rate = {s.name: 0.5 for s in ngram} | ({drafter.name: 0.5} if drafter else {})
         self.used_drafter = self.no_match = False
         self.choice: str | None = None  # this step's arm (None: sampling or a chain-only fallback)
