@@ -41,15 +41,44 @@ def pytest_results(xml: Path) -> dict | None:
     return out
 
 
+def answer_stats(folder: Path) -> dict:
+    """Per method: answers identical to ``ar``'s, and (spide-parallel) its drafting beside the verifications summed —
+    hits, drops, seconds drafted beside and seconds of that hidden behind the target (decoder.bench.parallel_stats)."""
+    out = {}
+    for f in sorted(folder.glob("*.jsonl")):
+        rows = [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
+        stats = {"answers": len(rows), "identical": sum(bool(r.get("identical")) for r in rows)}
+        par = [r["parallel"] for r in rows if r.get("parallel")]
+        if par:
+            stats["parallel"] = {k: round(sum(p[k] for p in par), 6) for k in ("hits", "drops", "spec_s", "overlap_s")}
+        out[f.stem] = stats
+    return out
+
+
 def smoke_results(run: Path) -> dict | None:
     if not run.is_dir():
         return None
     stages = {d["stage"]: d["seconds"] for d in map(read_json, sorted(run.rglob("DONE.json"))) if d}
     out: dict = {"stages_done": stages, "stage_seconds_total": round(sum(stages.values()), 1)}
+    distill = read_json(run / "synth" / "en-distill" / "stats.json")
+    if distill:  # self-distillation with EAGLE-3 feature capture
+        out["distill"] = {k: distill.get(k) for k in ("tokens", "seconds", "tokens_per_second", "feature_bytes")}
+    train = {}
+    for stage, f in (("pretrain", run / "train" / "en" / "pretrain" / "metrics.jsonl"),
+                     ("finetune", run / "train" / "en" / "finetune" / "metrics.jsonl")):
+        rows = [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()] if f.is_file() else []
+        steps = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+        end = next((r for r in rows if r.get("event") == "end"), {})
+        if rows:
+            train[stage] = {"train_tokens_per_s": end.get("train_tokens_per_s"), "seconds": end.get("seconds"),
+                            "step_tokens_per_s": steps}
+    if train:
+        out["train"] = train
     report = read_json(run / "eval" / "report.json")
     if report:
         out["eval"] = {"device": report.get("device"), "dtype": report.get("dtype"), "failed": report.get("failed"),
-                       "methods": {m: d["overall"] for m, d in report["methods"].items()}}
+                       "methods": {m: d["overall"] for m, d in report["methods"].items()},
+                       "answers": answer_stats(run / "eval" / "answers")}
     calib = read_json(run / "export" / "bundle" / "calibration.json")
     if calib:
         out["calibration"] = {k: {f: v.get(f) for f in ("g_star", "tree_budget", "forward1_s", "cost_curve")}

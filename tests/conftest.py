@@ -43,8 +43,14 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
     return cache
 
 
-def prepare_run(run_dir: Path, target_dir: Path, lang: str = "vi") -> Path:
-    """synth (finetune data), distill --continuation (pretrain text) and vocab for a tiny target."""
+WORDFREQ = [{"name": "synth"}, {"name": "wordfreq", "weight": 0.5}]
+# the gpu-smoke profile's local vocabulary source: the device machine has no wordfreq (scripts/gpu-wheels.sh)
+SEED_TEXT = [{"name": "synth"}, {"name": "files", "weight": 0.5, "path": str(REPO / "configs/vocab/seed-text/{lang}.jsonl")}]
+
+
+def prepare_run(run_dir: Path, target_dir: Path, lang: str = "vi", sources: list[dict] | None = None) -> Path:
+    """synth (finetune data), distill --continuation (pretrain text) and vocab (``sources``, default synth +
+    wordfreq) for a tiny target."""
     from polyspec.config import apply_overrides, validate
     from synth.config import DistillConfig, SynthConfig
     from synth.distill import run_distill
@@ -62,7 +68,7 @@ def prepare_run(run_dir: Path, target_dir: Path, lang: str = "vi") -> Path:
                                          "out_name": "pretrain", "temperatures": [0.7, 1.0], "sampling": {"max_new_tokens": 24},
                                          "engine": {"batch_size": 16}}))
     run_vocab(validate(VocabConfig, {"langs": [lang], "target": str(target_dir), "run": str(run_dir), "mask_sizes": [128],
-                                     "sources": [{"name": "synth"}, {"name": "wordfreq", "weight": 0.5}], "heldout": "seeds"}),
+                                     "sources": sources or WORDFREQ, "heldout": "seeds"}),
               log=lambda *_: None)
     return run_dir
 

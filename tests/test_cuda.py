@@ -12,7 +12,7 @@ import torch
 from test_decoder import SHAPES, chi2_pvalue, draw_pairs, exact_pair_distribution, random_prompts
 from test_train import tcfg
 
-from conftest import make_tiny_bundle, prepare_run
+from conftest import SEED_TEXT, make_tiny_bundle, prepare_run
 from polyspec.targets import eagle3_layers, greedy_generate, load_target
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -104,7 +104,7 @@ def test_captured_features_equal_a_separate_forward_on_cuda(dtype, tiny_llama_di
 
 @pytest.fixture(scope="module")
 def cuda_run(tmp_path_factory, tiny_llama_dir):
-    return prepare_run(tmp_path_factory.mktemp("run-cuda"), tiny_llama_dir)
+    return prepare_run(tmp_path_factory.mktemp("run-cuda"), tiny_llama_dir, sources=SEED_TEXT)  # no wordfreq there
 
 
 @pytest.fixture

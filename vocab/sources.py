@@ -96,8 +96,6 @@ def wordfreq_items(lang: Language, space_share: float, capital_share: float | No
 
 
 def _load_local(path: str):
-    from datasets import load_dataset
-
     p = Path(path)
     if p.is_dir():
         files = sorted(str(f) for f in p.rglob("*") if f.suffix in (".parquet", ".jsonl", ".json", ".txt"))
@@ -114,6 +112,8 @@ def _load_local(path: str):
     kind = kinds.pop()
     if kind == ".jsonl":  # the shared tolerant reader: a torn line (an interrupted download or write) is skipped
         return (rec for f in files for rec in read_jsonl(f))
+    from datasets import load_dataset  # jsonl needs no datasets (the GPU image has none)
+
     builder = {".parquet": "parquet", ".json": "json", ".txt": "text"}[kind]
     return load_dataset(builder, data_files=files, split="train", streaming=True)
 
