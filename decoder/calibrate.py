@@ -180,8 +180,13 @@ def stability(per_prompt: list[dict[int, tuple[int, int]]], verify_s: dict[int, 
             "loss_p95": losses[min(len(losses) - 1, int(0.95 * len(losses)))], "resamples": resamples}
 
 
+# how far the verification cost curve is measured: CPUs leave their flat region within 8–16 tokens; on an H100 the
+# curve of an 8B-shaped bf16 target is flat from k = 2 to ~40 (scripts/gpu-check.sh, README "Performance")
+DEFAULT_MAX_K = {"cpu": 16, "cuda": 64}
+
+
 def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 12,
-            log=print, max_k: int = 16, flat: float = 0.15, context: int = 200) -> dict:
+            log=print, max_k: int | None = None, flat: float = 0.15, context: int = 200) -> dict:
     """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), the drafter's cost per draft token, and
     τ(g) for every g = 1..max(sizes) on every prompt (``profile``, ``walk``): pooled, per prompt, and the spread;
     the flat-verify tree budget from the curve. The curve is measured as ``python -m decoder.costs`` measures it
@@ -189,6 +194,8 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     (``decoder.costs.stable_curve``) — and g* and the budget read its non-decreasing fit (``monotone``), so that
     one noisy row cannot set them."""
     gmax = max(sizes)
+    if max_k is None:  # an H100 verifies ~40 tokens of an 8B model for one step's price (scripts/gpu-check.sh): look that far
+        max_k = DEFAULT_MAX_K["cuda" if target.device.type == "cuda" else "cpu"]
     curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, gmax + 1) + 1)),
                          reps=reps, passes=3)  # three passes: the tree budget is read off a flat curve
     f1, mono = curve["forward1_s"], curve["monotone"]  # g* and the budget read the non-decreasing fit of the curve
@@ -258,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--target", default="gemma3-270m")
     ap.add_argument("--sizes", default="1,2,3,4,6,8", help="draft lengths searched: 1..max(sizes)")
-    ap.add_argument("--max-k", type=int, default=16, help="verification cost curve up to this many tokens")
+    ap.add_argument("--max-k", type=int, default=None,
+                    help="verification cost curve up to this many tokens (default: 16 on CPU, 64 on CUDA)")
     ap.add_argument("--prompts", type=int, default=8,
                     help="calibration prompts (built-in seeds of the bundle's languages, then the run's own instructions)")
     ap.add_argument("--max-new-tokens", type=int, default=48)

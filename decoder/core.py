@@ -122,6 +122,12 @@ class GenerationResult:
                 "overlap_s": self.overlap_s, "steps": [asdict(s) for s in self.steps]}
 
 
+# tree node budget where the bundle holds no calibration for this device: the flat part of the measured cost curves
+# (CPU: ≤ 8–16 tokens cost about one forward; H100, 8B-shaped bf16: verify(k) within 15 % of verify(2) up to k ≈ 40 —
+# scripts/gpu-check.sh, README "Performance"); `python -m decoder.calibrate` measures the device's own
+UNCALIBRATED_TREE_NODES = {"cpu": 12, "cuda": 32}
+
+
 class Decoder:
     def __init__(self, target, bundle=None, method: str = "adaspec", *, gamma: int | None = None, tree_depth: int = 4,
                  tree_topk: int = 4, tree_nodes: int | None = None, shape: str = "chain", lang: str = "auto",
@@ -154,7 +160,8 @@ class Decoder:
             gamma = int(cal["g_star"])
             self.log(f"γ = {gamma} from the bundle's calibration for this device")
         if tree_nodes is None:
-            tree_nodes = int(cal["tree_budget"]) if cal.get("tree_budget") and "tree_budget" in entry.calibration else 12
+            tree_nodes = int(cal["tree_budget"]) if cal.get("tree_budget") and "tree_budget" in entry.calibration \
+                else UNCALIBRATED_TREE_NODES["cuda" if self.device.type == "cuda" else "cpu"]
         if entry.spectra and spectra is None:
             spectra = self._spectra(spectra_corpus)
         self.gamma, self.nodes = gamma or 4, tree_nodes

@@ -71,6 +71,7 @@ class TargetRunner:
         if position_ids is None:
             position_ids = torch.arange(self.length, self.length + x.shape[1], device=dev).view(1, -1)
         aux = bool(self.aux_layers) and features
+        self._trim_sliding()
         out = self.base(input_ids=x, position_ids=position_ids, attention_mask=attention_mask,
                         past_key_values=self.cache, use_cache=True, output_hidden_states=aux)
         self.forwards += 1
@@ -79,6 +80,19 @@ class TargetRunner:
         if aux:
             h = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1)
         return h, logits
+
+    def _trim_sliding(self) -> None:
+        """Sliding layers record their past (so a rejected draft can be cropped even past the window) until a crop
+        trims them back to ``sliding_window - 1``; an AR step crops nothing, so trim here, before the next forward
+        (a rollback only ever follows the forward it undoes). transformers 5.17 returns an untrimmed layer's whole
+        past to attention while its mask covers the window (sizes 65 vs 64); later versions slice it themselves."""
+        if self.sliding_window is None or self.cache is None:
+            return
+        for layer in self.cache.layers:
+            if getattr(layer, "is_sliding", False) and getattr(layer, "is_initialized", False) \
+                    and layer.keys.shape[-2] >= layer.sliding_window:
+                layer.keys = layer.keys[:, :, -layer.sliding_window + 1 :]
+                layer.values = layer.values[:, :, -layer.sliding_window + 1 :]
 
     def rollback(self, n: int) -> None:
         """Drop the last ``n`` cached tokens (rejected drafts); also trims sliding layers to their window."""

@@ -38,7 +38,10 @@ def draft_costs(target, context: list[int], bundle: str | None) -> dict:
     return {kind: draft_cost(target, rt, head, context) for kind, (rt, head) in kinds.items()}
 
 
-def ar_speed(target, max_new_tokens: int, prompts: int) -> dict:
+def ar_speed(target, max_new_tokens: int, prompts: int, rounds: int = 2) -> dict:
+    """polyspec's AR loop and transformers' generate, interleaved prompt by prompt over ``rounds`` (neither runs
+    in a warmer or hotter process state than the other), plus the loop's own per-step forward time (``step_ms``:
+    forward + argmax, StepStat.verify_s) — beside forward(1), it says whether a gap is in the step or around it."""
     from decoder.core import Decoder
     from polyspec.languages import get_language
     from polyspec.prompts import encode, render
@@ -49,19 +52,32 @@ def ar_speed(target, max_new_tokens: int, prompts: int) -> dict:
            for s in get_language("en").seeds[:prompts]]
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     dec = Decoder(target, None, method="ar")
-    runs = {"polyspec-ar": lambda p: dec.generate(p, max_new_tokens, stop=[]).tokens,
-            "hf-generate": lambda p: greedy_generate(target, p, max_new_tokens)}
-    out, outputs = {}, {}
-    for name, fn in runs.items():
+    steps: list[float] = []
+
+    def polyspec_ar(p):
+        out = dec.generate(p, max_new_tokens, stop=[])
+        steps.extend(s.verify_s for s in out.steps)
+        return out.tokens
+
+    runs = {"polyspec-ar": polyspec_ar, "hf-generate": lambda p: greedy_generate(target, p, max_new_tokens)}
+    for fn in runs.values():
         fn(ids[0][:16])  # warm-up
-        sync()
-        t0, toks = time.perf_counter(), []
+    steps.clear()
+    seconds, tokens, outputs = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0), {n: [] for n in runs}
+    for r in range(rounds):
         for p in ids:
-            toks.append(fn(p))
-        sync()
-        dt = time.perf_counter() - t0
-        outputs[name] = toks
-        out[name] = {"tok_s": sum(map(len, toks)) / dt, "tokens": sum(map(len, toks)), "seconds": dt}
+            for name in (runs if r % 2 == 0 else reversed(runs)):
+                sync()
+                t0 = time.perf_counter()
+                toks = runs[name](p)
+                sync()
+                seconds[name] += time.perf_counter() - t0
+                tokens[name] += len(toks)
+                if r == 0:
+                    outputs[name].append(toks)
+    out = {n: {"tok_s": tokens[n] / seconds[n], "tokens": tokens[n], "seconds": seconds[n]} for n in runs}
+    out["polyspec-ar"]["step_ms"] = 1e3 * sum(steps) / max(len(steps), 1)
+    out["rounds"] = rounds
     out["identical"] = outputs["polyspec-ar"] == [t[: len(a)] for t, a in zip(outputs["hf-generate"], outputs["polyspec-ar"])]
     return out
 
@@ -78,7 +94,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    from decoder.costs import calibration_context, tree_budget, verify_curve
+    from decoder.costs import calibration_context, monotone, tree_budget, verify_curve
     from polyspec.io import atomic_write_json
     from polyspec.targets import load_target
 
@@ -90,8 +106,9 @@ def main() -> int:
               "load_s": round(time.time() - t0, 1)}
     ctx = calibration_context(target, args.context)
     for name, fn in (("verify", lambda: verify_curve(target, ctx, list(range(1, args.max_k + 1)), args.reps)),
+                     ("ar", lambda: ar_speed(target, args.max_new_tokens, args.prompts)),  # before any drafter's hooks
                      ("draft_s_per_token", lambda: draft_costs(target, ctx, args.bundle)),
-                     ("ar", lambda: ar_speed(target, args.max_new_tokens, args.prompts))):
+                     ("forward1_after", lambda: verify_curve(target, ctx, [1], args.reps))):  # the same process later
         t1 = time.time()
         try:  # one failing figure must not lose the others
             result[name] = fn()
@@ -101,7 +118,8 @@ def main() -> int:
         atomic_write_json(args.out, result)
         print(f"{name}: {time.time() - t1:.1f}s", flush=True)
     if "ratio" in result["verify"]:
-        result["tree_budget"] = tree_budget(result["verify"]["ratio"])
+        result["verify"]["monotone"] = monotone(result["verify"]["ratio"])  # one noisy row cannot cut the budget
+        result["tree_budget"] = tree_budget(result["verify"]["monotone"])
         f1 = result["verify"]["forward1_s"]
         if "error" not in result["draft_s_per_token"]:
             result["draft_share_of_forward1"] = {k: v / f1 for k, v in result["draft_s_per_token"].items()}

@@ -225,10 +225,21 @@ def test_the_cost_curve_keeps_each_ks_smallest_median_over_passes(monkeypatch):
     assert c["verify_s"] == {1: 0.040, 2: 0.040, 4: 0.041} and c["context"] == 200 and c["passes"] == 2
     assert costs.tree_budget(c["ratio"], 0.15) == 4  # either pass alone: 1 (1.32 at k = 2) or 2 (1.46 at k = 4)
     assert c["noise"] == pytest.approx(0.325)  # the passes' spread per k: 0.025, 0.325, 0.463 → the median
-    bumpy = {1: 1.0, 2: 1.08, 3: 1.16, 4: 1.10, 5: 1.12, 6: 1.13, 7: 1.20}  # one row's bump on a flat curve
-    assert costs.tree_budget(bumpy, 0.15) == 2  # cut at the bump
+    bumpy = {1: 1.0, 2: 1.08, 3: 1.30, 4: 1.12, 5: 1.14, 6: 1.15, 7: 1.30}  # one row's bump on a flat curve
+    assert costs.tree_budget(bumpy, 0.15) == 2  # cut at the bump (1.30 > 1.15 · verify(2) = 1.24)
     fit = costs.monotone(bumpy)
     assert all(fit[k] <= fit[k + 1] for k in range(1, 7)) and costs.tree_budget(fit, 0.15) == 6  # pooled away
+
+
+def test_the_tree_budget_reads_past_a_gpus_fixed_multi_token_step():
+    """On an H100 (8B-shaped, bf16; scripts/gpu-check.sh) a forward of 2+ tokens costs a fixed 15 % over a 1-token
+    decode, then stays flat: the budget measures from verify(2), not forward(1) (which would give 1)."""
+    from decoder.costs import tree_budget
+
+    h100 = {1: 1.0, **{k: 1.15 + 0.001 * k for k in range(2, 49)}, **{k: 1.65 for k in range(49, 65)}}
+    assert tree_budget(h100, 0.15) == 48
+    avx2 = {1: 1.0, 2: 1.35, 3: 1.7, 4: 2.05}  # every token costs (no flat region): the smallest step only
+    assert tree_budget(avx2, 0.15) == 2
 
 
 def test_calibration_walk_gives_each_draft_lengths_tau_exactly(tmp_path, llama):
