@@ -24,7 +24,8 @@ if [ -z "${PY:-}" ]; then if [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.ven
 export PY
 export HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH}"
-[ "$DEVICE" = cpu ] && export CUDA_VISIBLE_DEVICES=""
+# CPU rehearsal: the device image's missing packages hidden (scripts/device_image/sitecustomize.py), no GPU
+[ "$DEVICE" = cpu ] && export CUDA_VISIBLE_DEVICES="" PYTHONPATH="$REPO/scripts/device_image:$PYTHONPATH"
 TOKENIZER=smollm2-135m-instruct
 [ -f "$WHEELS/smollm2-tokenizer/tokenizer.json" ] && TOKENIZER=$WHEELS/smollm2-tokenizer  # no GGUF cache there
 

@@ -87,7 +87,8 @@ def test_gpu_smoke_profile_runs_every_stage_on_cpu_with_the_tiny_preset(tmp_path
     target = build_random_target(tmp_path / "random-tiny", "tiny", "smollm2-135m-instruct", device="cpu",
                                  log=lambda *_: None)
     run = tmp_path / "run"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "POLYSPEC_DTYPE": "float32"}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "POLYSPEC_DTYPE": "float32",  # and only the device image's packages
+           "PYTHONPATH": os.pathsep.join([str(REPO / "scripts" / "device_image"), str(REPO), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--profile", "gpu-smoke", "--target", str(target),
                         "--run", str(run)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -104,3 +105,16 @@ def test_gpu_smoke_profile_runs_every_stage_on_cpu_with_the_tiny_preset(tmp_path
     assert not report["failed"]
     assert all(m["overall"]["identical"] for m in report["methods"].values()), "lossless in fp32"
     assert (run / "export" / "bundle" / "calibration.json").is_file() and (run / "report" / "report.md").is_file()
+
+
+def test_the_device_image_stand_in_hides_exactly_the_packages_the_gpu_image_lacks():
+    """scripts/device_image/sitecustomize.py: the absent packages look missing (find_spec None, import fails) and
+    everything else imports — what makes the CPU rehearsal fail where the device would."""
+    code = ("import importlib.util as u, json; import sitecustomize as s; "
+            "print(json.dumps({n: u.find_spec(n) is not None for n in sorted(s.ABSENT | {'torch', 'transformers', 'pydantic'})}))")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts" / "device_image")}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)
+    assert {n for n, ok in found.items() if ok} == {"torch", "transformers", "pydantic"}
+    assert len(found) > 3 and "datasets" in found
