@@ -42,7 +42,7 @@ from decoder.bench_report import (
     summarize,
 )
 from decoder.methods import BASELINES, DEFAULT_BENCH, BenchInputs, Method, get_method, parse_methods
-from decoder.questions import BUILTIN, load_questions, read_questions, select_questions
+from decoder.questions import BUILTIN, load_questions, read_question_files, select_questions
 from polyspec.errors import PolyspecError, cli_entry, first_line
 from polyspec.io import atomic_write_json, atomic_write_text
 from polyspec.prompts import encode, render
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m decoder.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--target", default="gemma3-270m")
-    ap.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: built-in mini Multi-SpecBench)")
+    ap.add_argument("--questions", default=None, help="Spec-Bench question.jsonl, or several comma-separated (default: built-in mini Multi-SpecBench)")
     ap.add_argument("--langs", default=None, help="comma-separated; default: the bundle's languages (+ mixed)")
     ap.add_argument("--categories", default=None)
     ap.add_argument("--per-cell", type=int, default=None, help="questions per (language, category)")
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     # the inputs first: a bad questions file or method name fails before any model loads
     methods = parse_methods(args.methods)
-    rows = read_questions(args.questions)
+    rows = read_question_files(args.questions)
 
     # start-up time: torch and transformers load only now, after the inputs are checked
     from export.bundle import load_bundle

@@ -5,7 +5,9 @@
 
 Default file: the built-in mini Multi-SpecBench (``decoder/data/mini_multispecbench.jsonl``: 7 languages ×
 7 tasks × 3, plus a mixed-language set). polyspec's held-out prompts (``synth/data/heldout.jsonl``: ``id``,
-``lang``) load too. The file is read with the project's tolerant JSONL reader (``polyspec.io.read_jsonl``): a
+``lang``) load too, and the held-out mixed-language questions (``decoder/data/heldout_mixed.jsonl``: a prompt
+in one language asking for an answer in another, written apart from the benchmark's); several files are read as
+one when given comma-separated. The file is read with the project's tolerant JSONL reader (``polyspec.io.read_jsonl``): a
 torn line is skipped and counted, never fatal. Nothing here loads torch, so a bad file fails before any model.
 """
 
@@ -72,6 +74,22 @@ def read_questions(path: str | Path | None = None, log: Callable[[str], Any] | N
         q.setdefault("question_id", q.get("id"))
         q.setdefault("category", "unknown")
         q.setdefault("language", q.get("lang", "en"))
+    return rows
+
+
+def read_question_files(spec: str | Path | None = None, log: Callable[[str], Any] | None = None) -> list[dict]:
+    """``read_questions`` of each file of a comma-separated list (``synth/data/heldout.jsonl,
+    decoder/data/heldout_mixed.jsonl``), in order; ids must be unique across the files too."""
+    if spec is None or isinstance(spec, Path) or "," not in str(spec):
+        return read_questions(spec, log)
+    rows, where = [], {}
+    for path in [x.strip() for x in str(spec).split(",") if x.strip()]:
+        for q in read_questions(path, log):
+            qid = str(q["question_id"])
+            if qid in where:
+                raise PolyspecError(f"{path}: question_id {qid!r} is also in {where[qid]}")
+            where[qid] = path
+            rows.append(q)
     return rows
 
 

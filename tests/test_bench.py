@@ -367,6 +367,27 @@ def test_heldout_prompts_load_as_questions():
     assert len(qs) == 24 and all(q["language"] == "en" and q["question_id"].startswith("en-heldout") for q in qs)
 
 
+def test_the_heldout_and_its_mixed_questions_load_as_one_benchmark(tmp_path):
+    """``--questions a,b``: the held-out prompts of every language plus the held-out mixed-language questions (a
+    prompt in one language, the answer asked for in another), one mixed question per answer language at per-cell 1;
+    an id repeated across the files is a one-line error."""
+    import pytest
+
+    from decoder.questions import read_question_files, select_questions
+    from polyspec.errors import PolyspecError
+    from polyspec.paths import REPO_ROOT
+
+    files = f"{REPO_ROOT / 'synth/data/heldout.jsonl'},{REPO_ROOT / 'decoder/data/heldout_mixed.jsonl'}"
+    qs = select_questions(read_question_files(files), ["en", "de", "fr", "es", "zh", "ja", "vi"], per_cell=1)
+    mixed = [q for q in qs if q["category"] == "mixed"]
+    assert len(qs) == 7 * 6 + 7 and sorted(q["language"] for q in mixed) == sorted(["de", "en", "es", "fr", "ja", "vi", "zh"])
+    assert all(q["prompt_language"] != q["language"] for q in mixed)
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"question_id": "mixed-heldout-01", "category": "qa", "language": "en", "turns": ["Hi?"]}\n')
+    with pytest.raises(PolyspecError, match="mixed-heldout-01"):
+        read_question_files(f"{REPO_ROOT / 'decoder/data/heldout_mixed.jsonl'},{dup}")
+
+
 def test_eagle3_method_runs_the_engine_bundle_losslessly(tmp_path, llama):
     """``eagle3``: the engines' EAGLE-3 drafter alone (chain γ 4, no prompt lookup) from --engine-bundle, beside a
     main bundle of another form; identical to ar, and it really drafted with the engine bundle's drafters."""
