@@ -160,7 +160,9 @@ class Decoder:
             gamma = int(cal["g_star"])
             self.log(f"γ = {gamma} from the bundle's calibration for this device")
         if tree_nodes is None:
-            tree_nodes = int(cal["tree_budget"]) if cal.get("tree_budget") and "tree_budget" in entry.calibration \
+            # the budget counts the tokens one forward verifies, the pending token among them: nodes = budget − 1
+            # (16 nodes verified 17 tokens on the Xeon, past its AMX tiles' 16 rows: 50 ms against 43 at 16)
+            tree_nodes = max(1, int(cal["tree_budget"]) - 1) if cal.get("tree_budget") and "tree_budget" in entry.calibration \
                 else UNCALIBRATED_TREE_NODES["cuda" if self.device.type == "cuda" else "cpu"]
         if entry.spectra and spectra is None:
             spectra = self._spectra(spectra_corpus)

@@ -41,7 +41,11 @@ class _Arm:
 # forward of the pending token: exactly what ``pld`` does there) and ``pld`` on a match step proposes prompt
 # lookup's chain alone (what ``pld`` does there, loop-aware): so the arms always include prompt lookup's own step.
 NO_MATCH_ARMS = ("plain", "spectra", "drafter", "drafter+spectra")
-MATCH_ARMS = ("pld", "pld+spectra")
+# SPECTRA beside a prompt-lookup match is not an arm: measured per arm on held-out prompts (demo bundle, bf16 Xeon,
+# 10 prompts), match steps ran at 134 tok/s with prompt lookup's chain alone and 112 with SPECTRA's fill (its wider
+# trees cost verification time, its extra nodes were rarely the kept branch), and the hybrid without that arm was
+# 1.03–1.07× the hybrid with it on two prompt sets (8 and 16 prompts, one interleaved run each)
+MATCH_ARMS = ("pld",)
 
 
 class HybridSource(DraftSource):
@@ -50,10 +54,10 @@ class HybridSource(DraftSource):
 
     Each step prompt lookup's loop-aware chain (``PromptLookup(grow_to=)``) is looked up first (free); whether it
     matched makes the step a *match* or a *no-match* step. Each kind has its arms (``MATCH_ARMS``,
-    ``NO_MATCH_ARMS``): prompt lookup's own step (its chain alone; nothing, i.e. one plain forward, where it has no
-    match), the same with SPECTRA's guesses filling the device's flat-verify budget (``nodes``,
-    ``calibration.json`` ``tree_budget``; merged into one trie, shared prefixes share nodes), and on no-match steps
-    the trained drafter's chain with or without SPECTRA beside it. Which arm pays is measured, not modelled
+    ``NO_MATCH_ARMS``): on a match, prompt lookup's chain alone (the one match arm: SPECTRA's fill beside it was
+    measured slower); on a no-match step, nothing (one plain forward, what ``pld`` does), SPECTRA's guesses filling
+    the device's flat-verify budget (``nodes``: ``calibration.json`` ``tree_budget`` − 1; merged into one trie,
+    shared prefixes share nodes), and the trained drafter's chain with or without SPECTRA beside it. Which arm pays is measured, not modelled
     (SPIDE's "measure, then decide" applied to whole steps; a bandit over step kinds): per drafter language and
     step kind, running means of the tokens and the seconds of the steps each arm ran (each from the start of
     ``propose`` to the end of ``update``: lookup, drafting, the verification, every table update), which a new
