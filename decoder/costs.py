@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print("ratio  " + " ".join(f"{r:5.2f}" for r in plain["ratio"].values()))
         print("packed ÷ plain, verify(k) time")
         print("       " + " ".join(f"{curve['verify_s'][k] / plain['verify_s'][k]:5.2f}" for k in curve["verify_s"]))
-    budget = tree_budget(curve["monotone"], args.flat)  # as calibration reads it: the non-decreasing fit
+    budget = tree_budget(monotone(curve["ratio"]), args.flat)  # as calibration reads it: the non-decreasing fit
     print(f"tree_budget (verify(k) ≤ {1 + args.flat:.2f}·verify(2) on the non-decreasing fit): {budget}")
     kinds = random_runtimes(target)
     if args.bundle:
