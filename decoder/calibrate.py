@@ -37,7 +37,7 @@ import torch
 
 from decoder.calibration_file import CALIBRATION, device_key, load_entry, load_g_star, save
 from decoder.core import Decoder
-from decoder.costs import calibration_context, stable_curve, tree_budget
+from decoder.costs import calibration_context, stable_curve, tree_budget, verify_curve
 from decoder.draft_types import DecodeState
 from decoder.methods import METHODS
 from export.bundle import load_bundle
@@ -182,24 +182,30 @@ def stability(per_prompt: list[dict[int, tuple[int, int]]], verify_s: dict[int, 
             "loss_p95": losses[min(len(losses) - 1, int(0.95 * len(losses)))], "resamples": resamples}
 
 
+# the cost curve's share of the calibration time: its reps per point follow from forward(1) (at 12 reps the Xeon's
+# curve varied 7–8 % from pass to pass and the tie rule flipped γ between runs; at 20, 4.6 % and the same γ twice)
+CURVE_SECONDS = 30.0
 # how far the verification cost curve is measured: CPUs leave their flat region within 8–16 tokens; on an H100 the
 # curve of an 8B-shaped bf16 target is flat from k = 2 to ~40 (scripts/gpu-check.sh, README "Performance")
 DEFAULT_MAX_K = {"cpu": 16, "cuda": 64}
 
 
-def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int = 20,
+def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_tokens: int = 48, reps: int | None = None,
             log=print, max_k: int | None = None, flat: float = 0.15, context: int = 200) -> dict:
     """Verification cost curve (k = 1…max(max_k, max(sizes)+1) tokens), the drafter's cost per draft token, and
     τ(g) for every g = 1..max(sizes) on every prompt (``profile``, ``walk``): pooled, per prompt, and the spread;
     the flat-verify tree budget from the curve. The curve is measured as ``python -m decoder.costs`` measures it
-    — at ``context`` tokens, medians of ``reps``, three passes with the smallest median kept
+    — at ``context`` tokens, medians of ``reps`` (default: what ``CURVE_SECONDS`` allows), three passes with the smallest median kept
     (``decoder.costs.stable_curve``) — and g* and the budget read its non-decreasing fit (``monotone``), so that
     one noisy row cannot set them."""
     gmax = max(sizes)
     if max_k is None:  # an H100 verifies ~40 tokens of an 8B model for one step's price (scripts/gpu-check.sh): look that far
         max_k = DEFAULT_MAX_K["cuda" if target.device.type == "cuda" else "cpu"]
-    curve = stable_curve(target, calibration_context(target, context), list(range(1, max(max_k, gmax + 1) + 1)),
-                         reps=reps, passes=3)  # three passes: the tree budget is read off a flat curve
+    ctx, ks = calibration_context(target, context), list(range(1, max(max_k, gmax + 1) + 1))
+    if reps is None:  # as many as CURVE_SECONDS allow (the Xeon: 16; an AVX2 host or a GPU's 64 points: the minimum 8)
+        f1 = verify_curve(target, ctx, [1], 3)["forward1_s"]
+        reps = max(8, min(24, int(CURVE_SECONDS / (3 * len(ks) * f1))))
+    curve = stable_curve(target, ctx, ks, reps=reps, passes=3)  # three passes: the tree budget is read off a flat curve
     f1, mono = curve["forward1_s"], curve["monotone"]  # g* and the budget read the non-decreasing fit of the curve
     dec = Decoder(target, bundle, method="adaspec", gamma=gmax)
     dec.generate(prompts[0], 8, stop=[])  # warm-up
@@ -226,7 +232,7 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     return {"sizes": sizes, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
             "verify_s": {g: f1 * mono[g + 1] for g in sizes},  # g drafts + the pending token
             "verify_s_all": {k - 1: f1 * r for k, r in mono.items() if k > 1},  # g drafts → s(g+1)
-            "curve_noise": curve["noise"], "cost_curve_monotone": mono,
+            "curve_noise": curve["noise"], "curve_reps": reps, "cost_curve_monotone": mono,
             "tau": tau, "tau_spread": spread, "drafter_steps": {g: sum(x[g][1] for x in per_prompt) for g in gs},
             "per_prompt": [{g: list(x[g]) for g in gs} for x in per_prompt],
             "draft_s_per_token": draft_s / max(drafted, 1), "drafted": drafted,
