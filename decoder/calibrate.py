@@ -202,7 +202,7 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     if max_k is None:  # an H100 verifies ~40 tokens of an 8B model for one step's price (scripts/gpu-check.sh): look that far
         max_k = DEFAULT_MAX_K["cuda" if target.device.type == "cuda" else "cpu"]
     ctx, ks = calibration_context(target, context), list(range(1, max(max_k, gmax + 1) + 1))
-    if reps is None:  # as many as CURVE_SECONDS allow (the Xeon: 16; an AVX2 host or a GPU's 64 points: the minimum 8)
+    if reps is None:  # as many as CURVE_SECONDS allow (the Xeon: 13–16; an AVX2 host or a GPU's 64 points: the minimum 8)
         f1 = verify_curve(target, ctx, [1], 3)["forward1_s"]
         reps = max(8, min(24, int(CURVE_SECONDS / (3 * len(ks) * f1))))
     curve = stable_curve(target, ctx, ks, reps=reps, passes=3)  # three passes: the tree budget is read off a flat curve
