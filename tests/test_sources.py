@@ -3,6 +3,7 @@ trained drafter runs (crafted contexts whose next tokens are known; a fake draft
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from decoder.ngram import prompt_lookup
@@ -80,7 +81,7 @@ def test_hybrid_runs_the_drafter_only_on_no_match_steps_whose_arm_is_the_drafter
     fresh = state([10, 11, 12, 13])  # no earlier n-gram: prompt lookup has nothing
     hyb.begin(fresh)
     assert hyb.arm_names("no-match") == ("plain", "drafter") and hyb.arm_names("match") == ("pld",)  # no SPECTRA
-    hyb.arms[("en", "no-match")] = {"plain": _Arm(5, 1.0, 0.05, 5), "drafter": _Arm(5, 3.0, 0.06, 5)}  # 20 vs 50 tok/s
+    hyb.arms[(None, "en", "no-match")] = {"plain": _Arm(5, 1.0, 0.05, 5), "drafter": _Arm(5, 3.0, 0.06, 5)}  # 20 vs 50 tok/s
     p = hyb.propose(fresh)
     assert hyb.choice == "drafter" and drafter.calls == 1
     assert p.tokens[:3] == [40, 41, 42] and set(p.origin) == {"drafter"}
@@ -96,14 +97,14 @@ def test_hybrid_skips_a_drafter_that_does_not_pay_and_probes_it_again():
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, probe_every=4, warmup=3)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
-    hyb.arms[("en", "no-match")] = {"plain": _Arm(5, 1.5, 0.050, 5), "drafter": _Arm(5, 1.6, 0.070, 5)}  # 30 vs 23 tok/s
+    hyb.arms[(None, "en", "no-match")] = {"plain": _Arm(5, 1.5, 0.050, 5), "drafter": _Arm(5, 1.6, 0.070, 5)}  # 30 vs 23 tok/s
     calls = []
     for _ in range(8):
         p = hyb.propose(ctx)
         calls.append(drafter.calls)
         assert (p.tokens == []) == (hyb.choice == "plain")  # prompt lookup's own step: nothing to verify
     assert calls == [0, 0, 0, 1, 1, 1, 1, 2]  # skipped, except every probe_every-th no-match step
-    hyb.arms[("en", "no-match")]["drafter"] = _Arm(5, 3.0, 0.070, 5)  # 43 tok/s with it: pays
+    hyb.arms[(None, "en", "no-match")]["drafter"] = _Arm(5, 3.0, 0.070, 5)  # 43 tok/s with it: pays
     hyb.propose(ctx)
     assert drafter.calls == 3
     drafter.lang = "de"  # another language (ADASPEC switched the drafter): measured on its own, from scratch
@@ -114,52 +115,54 @@ def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest()
     drafter = FakeDrafter([40, 41, 42])
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10,
                        warmup=2, probe_every=5)
-    assert hyb.arm_names("no-match") == ("plain", "spectra", "drafter", "drafter+spectra")
+    # beside SPECTRA neither a plain forward nor the drafter's chain alone is an arm (decoder.hybrid: dominated)
+    assert hyb.arm_names("no-match") == ("spectra", "drafter+spectra")
     assert hyb.arm_names("match") == ("pld",)  # SPECTRA's fill beside a match was measured slower (decoder.hybrid)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
     p = hyb.propose(ctx)
     hyb.update(ctx, verified(p.first_chain(), kept=len(p.first_chain().tokens)))
     ran = [hyb.choice]
-    for _ in range(9):  # warm-up: each arm in turn until every one has two measured steps
+    for _ in range(5):  # warm-up: each arm in turn until every one has two measured steps
         p = hyb.propose(ctx)
         ran.append(hyb.choice)
         hyb.update(ctx, verified(p.first_chain(), kept=3 if hyb.used_drafter else 0))
-    assert ran[:4] == ["plain", "spectra", "drafter", "drafter+spectra"]
-    assert sorted(ran[4:8]) == sorted(["plain", "spectra", "drafter", "drafter+spectra"])
-    arms = hyb.arms[("en", "no-match")]
-    assert all(a.n >= 2 for a in arms.values()) and arms["plain"].tokens == 1.0  # one forward, one token
-    assert arms["drafter"].tokens == 4.0 and arms["drafter"].secs > 0  # three drafts kept + the target's token
-    for a, rate in {"plain": 30, "spectra": 10, "drafter": 80, "drafter+spectra": 20}.items():
+    assert ran[:2] == ["spectra", "drafter+spectra"] and sorted(ran[2:4]) == ["drafter+spectra", "spectra"]
+    arms = hyb.arms[(None, "en", "no-match")]
+    assert all(a.n >= 2 for a in arms.values()) and arms["spectra"].tokens == 1.0  # nothing kept: the target's token
+    assert arms["drafter+spectra"].tokens == 4.0 and arms["drafter+spectra"].secs > 0  # three drafts + its token
+    for a, rate in {"spectra": 30, "drafter+spectra": 80}.items():
         arms[a] = _Arm(5, rate * 0.05, 0.05, 5)
     picks = []
     for _ in range(15):
         hyb.propose(ctx)
         picks.append(hyb.choice)
-    probes = [a for a in picks if a != "drafter"]
-    assert picks.count("drafter") == 12 and len(probes) == 3 and len(set(probes)) == 3  # each other arm once
+    assert picks.count("drafter+spectra") == 12 and picks.count("spectra") == 3  # every 5th step probes the other
 
 
 def test_hybrid_falls_back_to_prompt_lookups_own_step_where_nothing_beats_it():
-    """The measured rates decide: with SPECTRA and the drafter slower than a plain forward on no-match steps and
-    prompt lookup's chain the one match arm, the hybrid runs what `pld` runs on all but its probing steps."""
-    drafter = FakeDrafter([40, 41, 42])
-    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10,
-                       probe_every=8)
-    hyb.begin(state([10, 11, 12, 13]))
-    hyb.arms[("en", "no-match")] = {"plain": _Arm(9, 1.0, 0.04, 9), "spectra": _Arm(9, 1.1, 0.05, 9),
-                                    "drafter": _Arm(9, 1.2, 0.06, 9), "drafter+spectra": _Arm(9, 1.3, 0.07, 9)}
-    hyb.arms[("en", "match")] = {"pld": _Arm(9, 4.0, 0.05, 9)}
-    no_match, match = state([10, 11, 12, 13]), state([10, 11, 12, 10, 11])
-    picks = {"no-match": [], "match": []}
-    for _ in range(40):
-        for kind, ctx in (("no-match", no_match), ("match", match)):
-            p = hyb.propose(ctx)
-            picks[kind].append(hyb.choice)
-            if hyb.choice in ("plain", "pld"):  # exactly prompt lookup's step
-                assert p.tokens == PromptLookup(10, grow_to=20).propose(ctx).tokens and set(p.origin) <= {"pld"}
-    assert picks["no-match"].count("plain") == 35 and picks["match"].count("pld") == 40  # 1 in 8 probes; one match arm
-    assert hyb.chosen["plain"] == 35 and sum(hyb.chosen.values()) == 80
+    """The measured rates decide: without SPECTRA, with the drafter slower than a plain forward on no-match steps and
+    prompt lookup's chain the one match arm, the hybrid runs what `pld` runs on all but its probing steps; with
+    SPECTRA, a drafter that does not pay costs only its probes (SPECTRA's trees run the other steps)."""
+    for ngram, fallback in (([], "plain"), ([SpectraSource(Spectra(64), 10)], "spectra")):
+        drafter = FakeDrafter([40, 41, 42])
+        hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), *ngram], nodes=10, probe_every=8)
+        hyb.begin(state([10, 11, 12, 13]))
+        with_drafter = "drafter+spectra" if ngram else "drafter"
+        hyb.arms[(None, "en", "no-match")] = {fallback: _Arm(9, 1.0, 0.04, 9), with_drafter: _Arm(9, 1.2, 0.06, 9)}
+        hyb.arms[(None, "en", "match")] = {"pld": _Arm(9, 4.0, 0.05, 9)}
+        no_match, match = state([10, 11, 12, 13]), state([10, 11, 12, 10, 11])
+        picks = {"no-match": [], "match": []}
+        for _ in range(40):
+            for kind, ctx in (("no-match", no_match), ("match", match)):
+                p = hyb.propose(ctx)
+                picks[kind].append(hyb.choice)
+                if hyb.choice in ("plain", "pld"):  # exactly prompt lookup's step
+                    assert p.tokens == PromptLookup(10, grow_to=20).propose(ctx).tokens and set(p.origin) <= {"pld"}
+                if hyb.choice == "spectra":  # SPECTRA's tree alone, the drafter idle
+                    assert set(p.origin) <= {"spectra"} and not hyb.used_drafter
+        assert picks["no-match"].count(fallback) == 35 and picks["match"].count("pld") == 40  # 1 in 8 probes
+        assert hyb.chosen[fallback] == 35 and sum(hyb.chosen.values()) == 80 and drafter.calls == 5
 
 
 def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_measures_alone():
@@ -192,7 +195,7 @@ def test_a_new_request_keeps_the_arms_means_only_as_a_prior():
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, probe_every=1000)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
-    hyb.arms[("en", "no-match")] = {"plain": _Arm(40, 1.0, 0.042, 40), "drafter": _Arm(40, 2.33, 0.061, 40)}
+    hyb.arms[(None, "en", "no-match")] = {"plain": _Arm(40, 1.0, 0.042, 40), "drafter": _Arm(40, 2.33, 0.061, 40)}
     hyb._warm_lang = "en"  # its cache is warm: every drafter step is measured
     hyb.begin(ctx)
     hyb._warm_lang = "en"
@@ -204,3 +207,34 @@ def test_a_new_request_keeps_the_arms_means_only_as_a_prior():
         hyb.update(ctx, verified(p, kept=0))  # this request keeps none of the drafter's tokens
         hyb.arm(hyb.choice).secs = 0.061 if hyb.choice == "drafter" else 0.042  # the times as before (not measured)
     assert ran[0] == "drafter" and ran[-1] == "plain" and ran.count("drafter") <= 3
+
+
+def test_the_hybrid_measures_its_arms_per_request_language():
+    """``lang_of`` (the prompt's language): a request of a language already seen keeps that language's measures
+    whole (no prior clamp); another language's requests are measured on their own, with the same drafter."""
+    lang = {"now": "ja"}
+    hyb = HybridSource(FakeDrafter([40, 41]), [PromptLookup(10, grow_to=20)], nodes=10, lang_of=lambda ids: lang["now"])
+    ctx = state([10, 11, 12, 13])
+    hyb.begin(ctx)
+    assert hyb.request_lang == "ja" and hyb._key("no-match") == ("ja", "en", "no-match")
+    hyb.arms[("ja", "en", "no-match")] = {"plain": _Arm(40, 1.0, 0.042, 40), "drafter": _Arm(40, 2.33, 0.061, 40)}
+    hyb.begin(ctx)  # another ja request
+    assert hyb.arm("drafter").n == 40
+    lang["now"] = "zh"
+    hyb.begin(ctx)
+    assert hyb.arm("drafter").seen == 0 and hyb.choose("no-match") in ("plain", "drafter")
+    lang["now"] = "ja"
+    hyb.begin(ctx)
+    assert hyb.arm("drafter").n == 40 and hyb.arm("drafter").rate == pytest.approx(2.33 / 0.061)
+
+
+def test_the_request_language_is_fasttexts_label_of_the_prompt():
+    from decoder.methods import _request_language
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return {1: "### Instruction:\nTại sao bầu trời có màu xanh vào ban ngày?\n\n### Response:\n",
+                    2: "### Instruction:\nWarum ist der Himmel am Tag blau?\n\n### Response:\n"}[ids[0]]
+
+    lang_of = _request_language(Tok())
+    assert lang_of([1]) == "vi" and lang_of([2]) == "de"
