@@ -238,3 +238,34 @@ def test_the_request_language_is_fasttexts_label_of_the_prompt():
 
     lang_of = _request_language(Tok())
     assert lang_of([1]) == "vi" and lang_of([2]) == "de"
+
+
+def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, tmp_path):
+    """scripts/hybrid_ab.py (the arm choices' harness): every variant on every prompt, the target's own tokens (fp32),
+    per language and overall; the hybrid's variants drafted (τ > 1) and the module's arms are restored after."""
+    import importlib.util
+    from pathlib import Path
+
+    from test_decoder import random_prompts
+
+    import decoder.hybrid as H
+    from conftest import make_tiny_bundle
+    from polyspec.targets import greedy_generate, load_target
+
+    spec = importlib.util.spec_from_file_location("hybrid_ab", Path(__file__).parent.parent / "scripts" / "hybrid_ab.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    llama = load_target(str(tiny_llama_dir))
+    bundle = make_tiny_bundle(tmp_path / "oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768))
+    prompts = [(lang, p) for lang, p in zip(("en", "de", "en"), random_prompts(llama, 3, seed=5, max_len=30))]
+    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra"]
+    agg, outputs = ab.compare(llama, bundle, prompts, variants, 24)
+    refs = [greedy_generate(llama, p, 24) for _, p in prompts]
+    assert all(outputs[v] == refs for v in variants)
+    assert set(agg["hybrid"]) == {"en", "de", "all"} and agg["hybrid"]["all"][1] == sum(len(r) for r in refs)
+    for v in variants[1:]:
+        secs, tokens, steps = agg[v]["all"]
+        assert secs > 0 and tokens / steps > 1.2, v
+    assert H.NO_MATCH_ARMS == ("spectra", "drafter+spectra")
+    with pytest.raises(SystemExit, match="unknown change"):
+        ab.build("hybrid:what", llama, bundle)

@@ -1,0 +1,105 @@
+"""A/B of the hybrid's arm sets beside ``pld`` on the same prompts, interleaved prompt by prompt (greedy, the
+target's default dtype), per language: the harness behind the arm choices in ``decoder.hybrid``.
+
+    python scripts/hybrid_ab.py --bundle runs/demo/export/bundle \
+        --variants pld,hybrid,hybrid:plain4:nolid,hybrid:only-spectra
+
+A variant is ``pld`` or ``hybrid`` with ``:``-separated changes: ``only-ARM`` (that one no-match arm, e.g.
+``only-spectra``), ``plain4`` (the four no-match arms before 2026-11-26: plain, spectra, drafter,
+drafter+spectra), ``nolid`` (no request-language key: arms measured per drafter language, a one-step prior across
+requests). Prints tokens/s, τ and each language's ratio to ``pld`` (wall time after the prefill).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import decoder.hybrid as H  # noqa: E402
+from decoder.core import Decoder  # noqa: E402
+from decoder.questions import read_question_files, select_questions  # noqa: E402
+from export.bundle import load_bundle  # noqa: E402
+from polyspec.prompts import encode, render  # noqa: E402
+from polyspec.targets import load_target  # noqa: E402
+
+DEFAULT_ARMS = H.NO_MATCH_ARMS
+
+
+def build(variant: str, target, bundle):
+    """→ (decoder, the no-match arms it runs with)."""
+    method, *changes = variant.split(":")
+    dec = Decoder(target, bundle, method=method)
+    arms = DEFAULT_ARMS
+    for c in changes:
+        if c.startswith("only-"):
+            arms = (c.removeprefix("only-"),)
+        elif c == "plain4":
+            arms = ("plain", "spectra", "drafter", "drafter+spectra")
+        elif c == "nolid":
+            dec.source.lang_of = None
+        else:
+            raise SystemExit(f"unknown change {c!r} in {variant!r}")
+    return dec, arms
+
+
+def compare(target, bundle, prompts: list[tuple[str, list[int]]], variants: list[str], max_new_tokens: int):
+    """Decode every (language, prompt ids) with every variant, interleaved prompt by prompt (the order reversed
+    every other prompt). → ({variant: {language or "all": [seconds after the prefill, tokens, steps]}},
+    {variant: [tokens per prompt]})."""
+    decs = {v: build(v, target, bundle) for v in variants}
+    agg: dict[str, dict[str, list]] = {v: {} for v in decs}
+    outputs: dict[str, list[list[int]]] = {v: [] for v in decs}
+    try:
+        for dec, arms in decs.values():  # warm-up
+            H.NO_MATCH_ARMS = arms
+            dec.generate(prompts[0][1][:20], 8, stop=[])
+        for i, (lang, p) in enumerate(prompts):
+            for v, (dec, arms) in (list(decs.items()) if i % 2 == 0 else reversed(list(decs.items()))):
+                H.NO_MATCH_ARMS = arms
+                out = dec.generate(p, max_new_tokens, stop=[])
+                outputs[v].append(out.tokens)
+                for key in (lang, "all"):
+                    s = agg[v].setdefault(key, [0.0, 0, 0])
+                    s[0] += out.wall_s - out.prefill_s
+                    s[1] += len(out.tokens)
+                    s[2] += len(out.steps)
+    finally:
+        H.NO_MATCH_ARMS = DEFAULT_ARMS
+    return agg, outputs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--target", default="gemma3-270m")
+    ap.add_argument("--questions", default="synth/data/heldout.jsonl,decoder/data/heldout_mixed.jsonl")
+    ap.add_argument("--langs", default="en,de,fr,es,zh,ja,vi")
+    ap.add_argument("--variants", default="pld,hybrid,hybrid:plain4:nolid,hybrid:only-spectra")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    a = ap.parse_args()
+    variants = a.variants.split(",")
+    if variants[0] != "pld":
+        raise SystemExit("the first variant must be pld (the ratios' base)")
+    target = load_target(a.target)
+    bundle = load_bundle(a.bundle, target_pin=target.pin())
+    qs = select_questions(read_question_files(a.questions), a.langs.split(","), 1)
+    fmt = target.spec.prompt_format
+    prompts = [("mixed" if q["category"] == "mixed" else q["language"],
+                encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": q["turns"][0]}])))
+               for q in qs]
+    agg, outputs = compare(target, bundle, prompts, variants, a.max_new_tokens)
+    print(f"{len(prompts)} prompts, {a.max_new_tokens} tokens, bundle {a.bundle}")
+    keys = ["all"] + sorted(k for k in agg["pld"] if k != "all")
+    for v in variants:
+        w, tok, st = agg[v]["all"]
+        same = sum(o == r for o, r in zip(outputs[v], outputs["pld"]))
+        ratios = "  ".join(f"{k} {agg[v][k][1] / agg[v][k][0] / (agg['pld'][k][1] / agg['pld'][k][0]):.2f}" for k in keys)
+        print(f"{v:28s} tok/s {tok / w:6.1f}  τ {tok / st:.2f}  same as pld {same}/{len(prompts)} | ÷pld {ratios}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
