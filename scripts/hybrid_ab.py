@@ -7,7 +7,8 @@ target's default dtype), per language: the harness behind the arm choices in ``d
 A variant is ``pld`` or ``hybrid`` with ``:``-separated changes: ``only-ARM`` (that one no-match arm, e.g.
 ``only-spectra``), ``plain4`` (the four no-match arms before 2026-11-26: plain, spectra, drafter,
 drafter+spectra), ``nolid`` (no request-language key: arms measured per drafter language, a one-step prior across
-requests). Prints tokens/s, τ and each language's ratio to ``pld`` (wall time after the prefill).
+requests), ``grow=N`` (prompt lookup's loop-aware chain grows to N tokens, not 20). Prints tokens/s, τ, the
+answers identical to ``pld``'s and each language's ratio to ``pld`` (wall time after the prefill).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def build(variant: str, target, bundle):
             arms = ("plain", "spectra", "drafter", "drafter+spectra")
         elif c == "nolid":
             dec.source.lang_of = None
+        elif c.startswith("grow="):  # how deep prompt lookup's loop-aware chain may grow (default 20)
+            dec.source.ngram[0].grow_to = int(c.removeprefix("grow="))
         else:
             raise SystemExit(f"unknown change {c!r} in {variant!r}")
     return dec, arms
