@@ -159,17 +159,18 @@ class Decoder:
         if gamma is None and cal.get("g_star") and "g_star" in entry.calibration:
             gamma = int(cal["g_star"])
             self.log(f"γ = {gamma} from the bundle's calibration for this device")
+        tree_measured = tree_nodes is None and bool(cal.get("tree_budget")) and "tree_budget" in entry.calibration
         if tree_nodes is None:
             # the budget counts the tokens one forward verifies, the pending token among them: nodes = budget − 1
             # (16 nodes verified 17 tokens on the Xeon, past its AMX tiles' 16 rows: 50 ms against 43 at 16)
-            tree_nodes = max(1, int(cal["tree_budget"]) - 1) if cal.get("tree_budget") and "tree_budget" in entry.calibration \
+            tree_nodes = max(1, int(cal["tree_budget"]) - 1) if tree_measured \
                 else UNCALIBRATED_TREE_NODES["cuda" if self.device.type == "cuda" else "cpu"]
         if entry.spectra and spectra is None:
             spectra = self._spectra(spectra_corpus)
         self.gamma, self.nodes = gamma or 4, tree_nodes
         opts = SourceOptions(target, self.bundle, gamma=gamma, tree_depth=tree_depth, tree_topk=tree_topk,
-                             tree_nodes=tree_nodes, shape=shape, lang=lang, size=size, vocab_lang=vocab_lang,
-                             window=window, step=step, offset=offset, gamma_max=gamma_max,
+                             tree_nodes=tree_nodes, tree_measured=tree_measured, shape=shape, lang=lang, size=size,
+                             vocab_lang=vocab_lang, window=window, step=step, offset=offset, gamma_max=gamma_max,
                              spide_threshold=spide_threshold, ngram_k=ngram_k, ngram_first_width=ngram_first_width,
                              ngram_threshold=ngram_threshold, spectra=spectra, lookup_runs=lookup_runs, log=self.log)
         src = self.source = entry.build_source(opts)

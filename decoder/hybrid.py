@@ -46,6 +46,10 @@ class _Arm:
 # (49, seven languages + mixed; demo bundle, bf16 Xeon, five interleaved runs): these two arms ran 1.06–1.11× pld
 # (the old four arms, plain and drafter included, 1.03–1.07×: probing two dominated arms cost ~4 %), SPECTRA alone
 # 1.08–1.10×. Without SPECTRA (no n-gram tables), the arms are the plain forward and the drafter.
+# Where the node budget was not measured on this device and dtype (no calibration entry, or nodes chosen by hand)
+# nothing says a SPECTRA tree costs about a forward, so the plain forward stays an arm (``plain_arm``): measured in
+# fp32 on the bf16 host with the bf16 calibration's bundle (12 default nodes), the two arms ran 1.00× pld (ja 0.92,
+# mixed 0.91) where the four had run 1.02×.
 NO_MATCH_ARMS = ("spectra", "drafter+spectra")
 NO_SPECTRA_ARMS = ("plain", "drafter")
 # SPECTRA beside a prompt-lookup match is not an arm: measured per arm on held-out prompts (demo bundle, bf16 Xeon,
@@ -65,7 +69,7 @@ class HybridSource(DraftSource):
     measured slower); on a no-match step, SPECTRA's guesses filling the device's flat-verify budget (``nodes``:
     ``calibration.json`` ``tree_budget`` − 1; merged into one trie, shared prefixes share nodes), with or without
     the trained drafter's chain first (without SPECTRA: a plain forward, what ``pld`` does, or the drafter's
-    chain). Which arm pays is measured, not modelled (SPIDE's "measure, then decide" applied to whole steps; a
+    chain; where the node budget was not measured on this device, ``plain_arm``, the plain forward as well). Which arm pays is measured, not modelled (SPIDE's "measure, then decide" applied to whole steps; a
     bandit over step kinds): per request language (``lang_of``: fastText's label of the prompt), drafter language
     and step kind, running means of the tokens and the seconds of the steps each arm ran (each from the start of
     ``propose`` to the end of ``update``: lookup, drafting, the verification, every table update). The means of a
@@ -87,7 +91,7 @@ class HybridSource(DraftSource):
 
     def __init__(self, drafter: DrafterSource | None, ngram: list[DraftSource], nodes: int = 12,
                  gamma_max: int = 6, probe_every: int = 8, warmup: int = 3, prior_steps: int = 1,
-                 lang_of: Callable[[list[int]], str | None] | None = None):
+                 lang_of: Callable[[list[int]], str | None] | None = None, plain_arm: bool = False):
         if not ngram or not isinstance(ngram[0], PromptLookup):
             raise PolyspecError("hybrid: the first n-gram source must be prompt lookup (its match decides the drafter)")
         self.drafter, self.ngram, self.nodes = drafter, ngram, nodes
@@ -95,6 +99,7 @@ class HybridSource(DraftSource):
         self.prior_steps = prior_steps
         self.memory = 0.1  # the running means' weight of a new step (once 1/n is below it)
         self.lang_of = lang_of  # prompt ids → the request's language (None: unknown); keys the arms' measurements
+        self.plain_arm = plain_arm  # a plain forward beside SPECTRA's arms (the node budget was not measured here)
         self.request_lang: str | None = None
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
         # (drafter language, step kind) → arm → its measured steps
@@ -149,8 +154,13 @@ class HybridSource(DraftSource):
 
     def arm_names(self, kind: str) -> tuple[str, ...]:
         """The arms of a step kind (``match`` / ``no-match``) this hybrid has (no drafter: no drafter arms; no
-        SPECTRA: ``NO_SPECTRA_ARMS``)."""
-        names = MATCH_ARMS if kind == "match" else NO_MATCH_ARMS if len(self.ngram) > 1 else NO_SPECTRA_ARMS
+        SPECTRA: ``NO_SPECTRA_ARMS``; a node budget not measured here: the plain forward too)."""
+        if kind == "match":
+            names = MATCH_ARMS
+        elif len(self.ngram) > 1:
+            names = tuple(dict.fromkeys(("plain",) * self.plain_arm + NO_MATCH_ARMS))
+        else:
+            names = NO_SPECTRA_ARMS
         return tuple(a for a in names if self.drafter is not None or "drafter" not in a)
 
     def arm(self, name: str, kind: str = "no-match") -> _Arm:

@@ -51,6 +51,7 @@ class SourceOptions:
     tree_depth: int = 4
     tree_topk: int = 4
     tree_nodes: int = 12
+    tree_measured: bool = False  # tree_nodes is this device's calibrated flat-verify budget (else a default or a choice)
     shape: str = "chain"
     lang: str = "auto"
     size: str | int = "auto"
@@ -211,7 +212,8 @@ def _hybrid(o: SourceOptions):
     # hybrid at 5 branch nodes 3.2×)
     nodes = max(o.tree_nodes, 10)
     return HybridSource(d, [_loop_lookup(), SpectraSource(_spectra_tables(o), nodes)], nodes=nodes,
-                        gamma_max=o.gamma_max, lang_of=_request_language(o.target.tokenizer))
+                        gamma_max=o.gamma_max, lang_of=_request_language(o.target.tokenizer),
+                        plain_arm=not o.tree_measured)
 
 
 def _request_language(tokenizer):

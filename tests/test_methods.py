@@ -108,3 +108,21 @@ def test_the_registry_and_the_bench_cli_load_no_torch():
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "False"]
+
+
+def test_the_hybrid_keeps_the_plain_forward_as_an_arm_unless_the_node_budget_was_measured(llama, tmp_path):
+    """decoder.hybrid: the calibrated tree budget is what makes SPECTRA's tree about as cheap as a forward; without
+    an entry for this device and dtype (or with nodes chosen by hand) the plain forward stays a no-match arm."""
+    from decoder.calibration_file import device_key, save
+    from decoder.core import Decoder
+    from export.bundle import load_bundle
+
+    root = make_tiny_bundle(tmp_path / "b", llama, drafter="small-lm")
+    dtype = llama.model.get_output_embeddings().weight.dtype
+    uncalibrated = Decoder(llama, load_bundle(root), method="hybrid")
+    assert uncalibrated.source.arm_names("no-match") == ("plain", "spectra", "drafter+spectra")
+    save(root, device_key(llama.device, dtype), {"g_star": 2, "tree_budget": 9})
+    calibrated = Decoder(llama, load_bundle(root), method="hybrid")
+    assert calibrated.source.arm_names("no-match") == ("spectra", "drafter+spectra") and calibrated.nodes == 8  # budget − 1
+    by_hand = Decoder(llama, load_bundle(root), method="hybrid", tree_nodes=6)
+    assert by_hand.source.arm_names("no-match")[0] == "plain"

@@ -269,3 +269,18 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     assert H.NO_MATCH_ARMS == ("spectra", "drafter+spectra")
     with pytest.raises(SystemExit, match="unknown change"):
         ab.build("hybrid:what", llama, bundle)
+
+
+def test_a_node_budget_not_measured_here_keeps_the_plain_forward_as_an_arm():
+    """SPECTRA's tree is an arm beside nothing only where the calibration measured that a tree of that many nodes
+    costs about a forward; otherwise (``plain_arm``) the plain forward stays an arm and wins where the tree does not
+    pay."""
+    drafter = FakeDrafter([40, 41, 42])
+    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10,
+                       probe_every=8, plain_arm=True)
+    assert hyb.arm_names("no-match") == ("plain", "spectra", "drafter+spectra")
+    hyb.begin(state([10, 11, 12, 13]))
+    hyb.arms[(None, "en", "no-match")] = {"plain": _Arm(9, 1.0, 0.04, 9), "spectra": _Arm(9, 1.1, 0.06, 9),
+                                          "drafter+spectra": _Arm(9, 1.3, 0.08, 9)}
+    picks = [hyb.choose("no-match") for _ in range(16)]
+    assert picks.count("plain") == 14 and set(picks) == {"plain", "spectra", "drafter+spectra"}
