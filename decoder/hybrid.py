@@ -43,9 +43,9 @@ class _Arm:
 # nothing (one plain forward, what ``pld`` does there) nor the drafter's chain alone is an arm beside SPECTRA:
 # inside the calibrated budget a SPECTRA tree costs about a plain forward and keeps at least its token, and the
 # drafter's chain merged with SPECTRA's fill costs what the chain alone costs. Measured on the held-out prompts
-# (49, seven languages + mixed; demo bundle, bf16 Xeon, five interleaved runs): these two arms ran 1.06–1.11× pld
-# (the old four arms, plain and drafter included, 1.03–1.07×: probing two dominated arms cost ~4 %), SPECTRA alone
-# 1.08–1.10×. Without SPECTRA (no n-gram tables), the arms are the plain forward and the drafter.
+# (49, seven languages + mixed; demo bundle, bf16 Xeon, interleaved runs, ±3–4 % run to run): these two arms ran
+# 1.03, 1.11 and 1.06× pld, the old four arms (plain and drafter included) 1.03–1.07× in five runs (means 1.07 and
+# 1.04: probing two dominated arms costs), SPECTRA alone 1.08–1.10×. Without SPECTRA (no n-gram tables), the arms are the plain forward and the drafter.
 # Where the node budget was not measured on this device and dtype (no calibration entry, or nodes chosen by hand)
 # nothing says a SPECTRA tree costs about a forward, so the plain forward stays an arm (``plain_arm``): measured in
 # fp32 on the bf16 host with the bf16 calibration's bundle (12 default nodes), the two arms ran 1.00× pld (ja 0.92,
@@ -69,8 +69,9 @@ class HybridSource(DraftSource):
     measured slower); on a no-match step, SPECTRA's guesses filling the device's flat-verify budget (``nodes``:
     ``calibration.json`` ``tree_budget`` − 1; merged into one trie, shared prefixes share nodes), with or without
     the trained drafter's chain first (without SPECTRA: a plain forward, what ``pld`` does, or the drafter's
-    chain; where the node budget was not measured on this device, ``plain_arm``, the plain forward as well). Which arm pays is measured, not modelled (SPIDE's "measure, then decide" applied to whole steps; a
-    bandit over step kinds): per request language (``lang_of``: fastText's label of the prompt), drafter language
+    chain; where the node budget was not measured on this device, ``plain_arm``, the plain forward as well).
+    Which arm pays is measured, not modelled (SPIDE's "measure, then decide" applied to whole steps; a bandit
+    over step kinds): per request language (``lang_of``: fastText's label of the prompt), drafter language
     and step kind, running means of the tokens and the seconds of the steps each arm ran (each from the start of
     ``propose`` to the end of ``update``: lookup, drafting, the verification, every table update). The means of a
     request language carry over from request to request; where the language is unknown they are kept only as a
@@ -102,10 +103,10 @@ class HybridSource(DraftSource):
         self.plain_arm = plain_arm  # a plain forward beside SPECTRA's arms (the node budget was not measured here)
         self.request_lang: str | None = None
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
-        # (drafter language, step kind) → arm → its measured steps
+        # (request language, drafter language, step kind) → arm → its measured steps
         self.arms: dict[tuple[str | None, str | None, str], dict[str, _Arm]] = {}
         self.last_tried: dict[tuple, dict[str, int]] = {}  # … → arm → decision it last ran at
-        self.decisions: dict[tuple, int] = {}  # decisions taken per (language, kind)
+        self.decisions: dict[tuple, int] = {}  # decisions taken per key
         self.chosen: dict[str, int] = {}  # arm → steps it ran, over every request (the bench's per-source table
         # shows the same per language from the steps' proposers)
         self.acc_rate = {s.name: 0.5 for s in ngram} | ({drafter.name: 0.5} if drafter else {})
@@ -164,7 +165,7 @@ class HybridSource(DraftSource):
         return tuple(a for a in names if self.drafter is not None or "drafter" not in a)
 
     def arm(self, name: str, kind: str = "no-match") -> _Arm:
-        """The measured steps of arm ``name`` of step kind ``kind`` for the current drafter language."""
+        """The measured steps of arm ``name`` of step kind ``kind`` for the current request and drafter language."""
         return self.arms.setdefault(self._key(kind), {a: _Arm() for a in self.arm_names(kind)})[name]
 
     def choose(self, kind: str) -> str:
