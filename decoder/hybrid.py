@@ -98,7 +98,6 @@ class HybridSource(DraftSource):
         self.drafter, self.ngram, self.nodes = drafter, ngram, nodes
         self.gamma_max, self.probe_every, self.warmup = gamma_max, probe_every, warmup
         self.prior_steps = prior_steps
-        self.memory = 0.1  # the running means' weight of a new step (once 1/n is below it)
         self.lang_of = lang_of  # prompt ids → the request's language (None: unknown); keys the arms' measurements
         self.plain_arm = plain_arm  # a plain forward beside SPECTRA's arms (the node budget was not measured here)
         self.request_lang: str | None = None
@@ -240,7 +239,7 @@ class HybridSource(DraftSource):
         if self._measured is not None:  # the whole step: lookup, drafting, verification, the updates above
             if ctx.feats.is_cuda:
                 torch.cuda.synchronize(ctx.feats.device)
-            self._measured.add(v.kept or 1 + v.accepted, time.perf_counter() - self._t0, self.memory)
+            self._measured.add(v.kept or 1 + v.accepted, time.perf_counter() - self._t0)
 
 
 def merge(cands: list[Proposal], budget: int, max_depth: int) -> Proposal:
