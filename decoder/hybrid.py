@@ -52,24 +52,44 @@ class _Arm:
 # mixed 0.91) where the four had run 1.02×.
 NO_MATCH_ARMS = ("spectra", "drafter+spectra")
 NO_SPECTRA_ARMS = ("plain", "drafter")
+# A *blank* step: prompt lookup found no match and SPECTRA has no guess either (its tables hold nothing after the
+# context's last tokens: on the held-out prompts, demo bundle, 149 of 289 no-match steps). Only the drafter can
+# propose there, so its arms are those of a hybrid without SPECTRA. Known before choosing (both lookups are free,
+# ~0.2 ms), so it is a step kind of its own: measured with SPECTRA's no-match steps, the drafter's cost there was
+# charged to steps where SPECTRA's guess already held what it adds. Measured (held-out prompts, demo bundle, bf16
+# Xeon, ``scripts/hybrid_ab.py``, interleaved): with blank and weak steps as kinds of their own the hybrid ran 1.12,
+# 1.09, 1.11 and 1.11× pld in four runs, without them 1.06, 1.05, 1.06 and 1.06× (blank alone: 1.09, 1.11).
+BLANK_ARMS = NO_SPECTRA_ARMS
 # SPECTRA beside a prompt-lookup match is not an arm: measured per arm on held-out prompts (demo bundle, bf16 Xeon,
 # 10 prompts), match steps ran at 134 tok/s with prompt lookup's chain alone and 112 with SPECTRA's fill (its wider
 # trees cost verification time, its extra nodes were rarely the kept branch), and the hybrid without that arm was
 # 1.05–1.07× the hybrid with it on two prompt sets (16 and 8 prompts, one interleaved run each)
 MATCH_ARMS = ("pld",)
+# A *weak* match: prompt lookup matched only the last token (a 1-gram). Measured on the held-out prompts (demo
+# bundle, bf16 Xeon), such chains kept nothing at 44–47 % of their steps (2- and 3-gram matches: 4–21 %), so there
+# SPECTRA's guesses beside the chain (the rest of the flat budget) are an arm of their own. The bandit ran the two
+# about evenly and the kind added ~1 % (within the runs' ±3 %): kept because it costs a lookup SPECTRA makes anyway.
+WEAK_ARMS = ("pld", "pld+spectra")
 
 
 class HybridSource(DraftSource):
     """The drafter and the n-gram sources in one verification forward (greedy: one merged tree), chosen per step
     by measured throughput.
 
-    Each step prompt lookup's loop-aware chain (``PromptLookup(grow_to=)``) is looked up first (free); whether it
-    matched makes the step a *match* or a *no-match* step. Each kind has its arms (``MATCH_ARMS``,
-    ``NO_MATCH_ARMS``): on a match, prompt lookup's chain alone (the one match arm: SPECTRA's fill beside it was
-    measured slower); on a no-match step, SPECTRA's guesses filling the device's flat-verify budget (``nodes``:
-    ``calibration.json`` ``tree_budget`` − 1; merged into one trie, shared prefixes share nodes), with or without
-    the trained drafter's chain first (without SPECTRA: a plain forward, what ``pld`` does, or the drafter's
-    chain; where the node budget was not measured on this device, ``plain_arm``, the plain forward as well).
+    Each step prompt lookup's loop-aware chain (``PromptLookup(grow_to=)``) and SPECTRA's guesses are looked up
+    first (free, ~0.2 ms); what they found makes the step's kind, and each kind has its arms:
+
+    - *match* (a 2- or 3-gram lookup match; ``MATCH_ARMS``): prompt lookup's chain alone (SPECTRA's fill beside it
+      was measured slower);
+    - *weak* (a 1-gram match; ``WEAK_ARMS``): the chain, with or without SPECTRA's guesses filling the rest of the
+      budget;
+    - *no-match* (no lookup match, SPECTRA guesses; ``NO_MATCH_ARMS``): SPECTRA's guesses filling the device's
+      flat-verify budget (``nodes``: ``calibration.json`` ``tree_budget`` − 1; merged into one trie, shared
+      prefixes share nodes), with or without the trained drafter's chain first (where the node budget was not
+      measured on this device, ``plain_arm``: the plain forward as well);
+    - *blank* (neither; ``BLANK_ARMS``, also every no-match step of a hybrid without SPECTRA): a plain forward,
+      what ``pld`` does, or the drafter's chain.
+
     Which arm pays is measured, not modelled (SPIDE's "measure, then decide" applied to whole steps; a bandit
     over step kinds): per request language (``lang_of``: fastText's label of the prompt), drafter language
     and step kind, running means of the tokens and the seconds of the steps each arm ran (each from the start of
@@ -100,6 +120,9 @@ class HybridSource(DraftSource):
         self.prior_steps = prior_steps
         self.lang_of = lang_of  # prompt ids → the request's language (None: unknown); keys the arms' measurements
         self.plain_arm = plain_arm  # a plain forward beside SPECTRA's arms (the node budget was not measured here)
+        self.split_blank = True  # blank steps (no lookup match, no SPECTRA guess) are a kind of their own
+        self.split_weak = True  # so are weak matches (a 1-gram)
+        # (``scripts/hybrid_ab.py`` turns it off to compare)
         self.request_lang: str | None = None
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
         # (request language, drafter language, step kind) → arm → its measured steps
@@ -108,6 +131,7 @@ class HybridSource(DraftSource):
         self.decisions: dict[tuple, int] = {}  # decisions taken per key
         self.chosen: dict[str, int] = {}  # arm → steps it ran, over every request (the bench's per-source table
         # shows the same per language from the steps' proposers)
+        self.by_kind: dict[str, int] = {}  # "kind:arm" → steps it ran
         self.acc_rate = {s.name: 0.5 for s in ngram} | ({drafter.name: 0.5} if drafter else {})
         self.used_drafter = self.no_match = False
         self.choice: str | None = None  # this step's arm (None: sampling or a chain-only fallback)
@@ -153,10 +177,14 @@ class HybridSource(DraftSource):
         return self.request_lang, getattr(self.drafter, "lang", None), kind
 
     def arm_names(self, kind: str) -> tuple[str, ...]:
-        """The arms of a step kind (``match`` / ``no-match``) this hybrid has (no drafter: no drafter arms; no
-        SPECTRA: ``NO_SPECTRA_ARMS``; a node budget not measured here: the plain forward too)."""
+        """The arms of a step kind (``match`` / ``no-match`` / ``blank``) this hybrid has (no drafter: no drafter
+        arms; no SPECTRA: ``NO_SPECTRA_ARMS``; a node budget not measured here: the plain forward too)."""
         if kind == "match":
             names = MATCH_ARMS
+        elif kind == "weak":
+            names = WEAK_ARMS if len(self.ngram) > 1 else MATCH_ARMS
+        elif kind == "blank":
+            names = BLANK_ARMS
         elif len(self.ngram) > 1:
             names = tuple(dict.fromkeys(("plain",) * self.plain_arm + NO_MATCH_ARMS))
         else:
@@ -198,10 +226,19 @@ class HybridSource(DraftSource):
         if ctx.max_depth < 1:
             return Proposal()
         lookup = self.ngram[0].propose(ctx)  # prompt lookup (the factory's order): its match decides the step kind
-        kind = "match" if lookup.tokens else "no-match"
-        self.no_match = kind == "no-match"
+        kind, guesses = "match", []
+        if lookup.tokens and self.split_weak and self.ngram[0].match_len < 2:
+            kind = "weak"
+        elif not lookup.tokens:
+            kind = "no-match"
+        if kind != "match" and len(self.ngram) > 1:  # SPECTRA's guesses (free); none: a blank step
+            guesses = [s.propose(ctx) for s in self.ngram[1:]]
+            if kind == "no-match" and self.split_blank and not any(g.tokens for g in guesses):
+                kind = "blank"
+        self.no_match = kind in ("no-match", "blank")
         arm = self.choice = self.choose(kind)
         self.chosen[arm] = self.chosen.get(arm, 0) + 1
+        self.by_kind[f"{kind}:{arm}"] = self.by_kind.get(f"{kind}:{arm}", 0) + 1
         self._measured = self.arm(arm, kind)
         self.used_drafter = "drafter" in arm
         cands = [lookup]
@@ -210,7 +247,7 @@ class HybridSource(DraftSource):
                 self._measured, self._warm_lang = None, self.drafter.lang  # prompt: a one-off, not its step cost
             cands.append(self._drafter_chain(ctx))
         if "spectra" in arm:
-            cands += [s.propose(ctx) for s in self.ngram[1:]]
+            cands += guesses
         # prompt lookup's chain (first) goes in whole, as deep as it matched; the others fill the device's flat
         # budget only (past it every extra node costs verification time: on the 2-core CPU in bf16 verify(k)
         # rises from ~1.1 forwards at 6 tokens to ~2 at 15), so they pay where PLD has little or nothing

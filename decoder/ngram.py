@@ -22,7 +22,12 @@ from polyspec.lookup import earlier_occurrence
 def prompt_lookup(tokens: list[int], gamma: int, max_ngram: int = 3, min_ngram: int = 1, extend: bool = False) -> list[int]:
     """``extend``: the copy may run past the end of the context into its own proposal (a loop of period p shorter
     than γ keeps repeating: context ``A B C A B`` proposes ``C A B C …``) instead of stopping there."""
-    found = earlier_occurrence(tokens, max_ngram, min_ngram)
+    return copy_after(tokens, earlier_occurrence(tokens, max_ngram, min_ngram), gamma, extend)
+
+
+def copy_after(tokens: list[int], found: tuple[int, int] | None, gamma: int, extend: bool = False) -> list[int]:
+    """What follows the earlier occurrence ``found`` = (start, n) of the suffix n-gram, ``gamma`` tokens
+    (``prompt_lookup``'s proposal; None: no occurrence, nothing)."""
     if found is None:
         return []
     start, n = found

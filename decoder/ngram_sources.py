@@ -10,7 +10,8 @@
 from __future__ import annotations
 
 from decoder.draft_types import DecodeState, DraftSource, Proposal, Verified
-from decoder.ngram import TokenRecycler, prompt_lookup
+from decoder.ngram import TokenRecycler, copy_after
+from polyspec.lookup import earlier_occurrence
 
 
 class PromptLookup(DraftSource):
@@ -27,14 +28,16 @@ class PromptLookup(DraftSource):
     def __init__(self, gamma: int = 10, max_ngram: int = 3, grow_to: int | None = None):
         self.gamma, self.max_ngram, self.grow_to = gamma, max_ngram, grow_to
         self.depth = gamma
+        self.match_len = 0  # n of the last proposal's suffix n-gram (0: no match)
 
     def begin(self, ctx: DecodeState) -> None:
         self.depth = self.gamma
 
     def propose(self, ctx: DecodeState) -> Proposal:
-        g = min(self.depth, ctx.max_depth)
-        tokens = prompt_lookup(ctx.tokens[: ctx.pend + 1], g, self.max_ngram, extend=self.grow_to is not None) if g > 0 else []
-        return Proposal.chain(tokens, self.name)
+        g, seen = min(self.depth, ctx.max_depth), ctx.tokens[: ctx.pend + 1]
+        found = earlier_occurrence(seen, self.max_ngram) if g > 0 else None
+        self.match_len = found[1] if found else 0
+        return Proposal.chain(copy_after(seen, found, g, extend=self.grow_to is not None), self.name)
 
     def update(self, ctx: DecodeState, v: Verified) -> None:
         if self.grow_to is None:

@@ -7,7 +7,10 @@ target's default dtype), per language: the harness behind the arm choices in ``d
 A variant is ``pld`` or ``hybrid`` with ``:``-separated changes: ``only-ARM`` (that one no-match arm, e.g.
 ``only-spectra``), ``plain4`` (the four no-match arms before 2026-11-26: plain, spectra, drafter,
 drafter+spectra), ``nolid`` (no request-language key: arms measured per drafter language, a one-step prior across
-requests), ``grow=N`` (prompt lookup's loop-aware chain grows to N tokens, not 20). Prints tokens/s, τ, the
+requests), ``noblank`` (no ``blank`` step kind: steps with neither a lookup match nor a SPECTRA guess count as
+no-match steps, as before 2026-11-26 (6)), ``noweak`` (no ``weak`` step kind: a 1-gram lookup match is a
+match like any other), ``grow=N`` (prompt lookup's loop-aware chain grows to N tokens, not
+20). Prints tokens/s, τ, the
 answers identical to ``pld``'s and each language's ratio to ``pld`` (wall time after the prefill).
 """
 
@@ -41,6 +44,10 @@ def build(variant: str, target, bundle):
             arms = ("plain", "spectra", "drafter", "drafter+spectra")
         elif c == "nolid":
             dec.source.lang_of = None
+        elif c == "noblank":
+            dec.source.split_blank = False
+        elif c == "noweak":
+            dec.source.split_weak = False
         elif c.startswith("grow="):  # how deep prompt lookup's loop-aware chain may grow (default 20)
             dec.source.ngram[0].grow_to = int(c.removeprefix("grow="))
         else:
@@ -48,10 +55,11 @@ def build(variant: str, target, bundle):
     return dec, arms
 
 
-def compare(target, bundle, prompts: list[tuple[str, list[int]]], variants: list[str], max_new_tokens: int):
+def compare(target, bundle, prompts: list[tuple[str, list[int]]], variants: list[str], max_new_tokens: int,
+            arms_out: dict | None = None):
     """Decode every (language, prompt ids) with every variant, interleaved prompt by prompt (the order reversed
     every other prompt). → ({variant: {language or "all": [seconds after the prefill, tokens, steps]}},
-    {variant: [tokens per prompt]})."""
+    {variant: [tokens per prompt]}); ``arms_out`` gets {variant: {"kind:arm": steps it ran}} of the hybrid variants."""
     decs = {v: build(v, target, bundle) for v in variants}
     agg: dict[str, dict[str, list]] = {v: {} for v in decs}
     outputs: dict[str, list[list[int]]] = {v: [] for v in decs}
@@ -71,6 +79,8 @@ def compare(target, bundle, prompts: list[tuple[str, list[int]]], variants: list
                     s[2] += len(out.steps)
     finally:
         H.NO_MATCH_ARMS = DEFAULT_ARMS
+    if arms_out is not None:
+        arms_out.update({v: dict(getattr(dec.source, "by_kind", {})) for v, (dec, _) in decs.items()})
     return agg, outputs
 
 
@@ -93,7 +103,8 @@ def main() -> int:
     prompts = [("mixed" if q["category"] == "mixed" else q["language"],
                 encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": q["turns"][0]}])))
                for q in qs]
-    agg, outputs = compare(target, bundle, prompts, variants, a.max_new_tokens)
+    chosen: dict = {}
+    agg, outputs = compare(target, bundle, prompts, variants, a.max_new_tokens, chosen)
     print(f"{len(prompts)} prompts, {a.max_new_tokens} tokens, bundle {a.bundle}")
     keys = ["all"] + sorted(k for k in agg["pld"] if k != "all")
     for v in variants:
@@ -101,6 +112,9 @@ def main() -> int:
         same = sum(o == r for o, r in zip(outputs[v], outputs["pld"]))
         ratios = "  ".join(f"{k} {agg[v][k][1] / agg[v][k][0] / (agg['pld'][k][1] / agg['pld'][k][0]):.2f}" for k in keys)
         print(f"{v:28s} tok/s {tok / w:6.1f}  τ {tok / st:.2f}  same as pld {same}/{len(prompts)} | ÷pld {ratios}")
+    for v in variants:
+        if chosen.get(v):
+            print(f"{v:28s} steps per arm: " + ", ".join(f"{a} {n}" for a, n in sorted(chosen[v].items())))
     return 0
 
 

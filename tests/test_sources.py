@@ -31,6 +31,14 @@ def verified(prop, kept: int) -> Verified:
     return Verified([0, *prop.tokens], list(range(-1, n)), logits, list(range(kept + 1)), prop.origin)
 
 
+def guessing_spectra() -> Spectra:
+    """SPECTRA whose RETRIEVAL corpus has a guess after ``… 12 13`` (the no-match contexts below): a no-match step,
+    not a blank one."""
+    sp = Spectra(64)
+    sp.add_corpus([[12, 13, 30, 31, 32]])
+    return sp
+
+
 class FakeDrafter(DraftSource):
     name = "drafter"
     needs_feats = True
@@ -113,7 +121,7 @@ def test_hybrid_skips_a_drafter_that_does_not_pay_and_probes_it_again():
 
 def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest():
     drafter = FakeDrafter([40, 41, 42])
-    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10,
+    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(guessing_spectra(), 10)], nodes=10,
                        warmup=2, probe_every=5)
     # beside SPECTRA neither a plain forward nor the drafter's chain alone is an arm (decoder.hybrid: dominated)
     assert hyb.arm_names("no-match") == ("spectra", "drafter+spectra")
@@ -129,7 +137,8 @@ def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest()
         hyb.update(ctx, verified(p.first_chain(), kept=3 if hyb.used_drafter else 0))
     assert ran[:2] == ["spectra", "drafter+spectra"] and sorted(ran[2:4]) == ["drafter+spectra", "spectra"]
     arms = hyb.arms[(None, "en", "no-match")]
-    assert all(a.n >= 2 for a in arms.values()) and arms["spectra"].tokens == 1.0  # nothing kept: the target's token
+    # SPECTRA's first step kept its three guesses (+ the target's token), its second nothing (the target's token)
+    assert all(a.n >= 2 for a in arms.values()) and arms["spectra"].tokens == 2.5
     assert arms["drafter+spectra"].tokens == 4.0 and arms["drafter+spectra"].secs > 0  # three drafts + its token
     for a, rate in {"spectra": 30, "drafter+spectra": 80}.items():
         arms[a] = _Arm(5, rate * 0.05, 0.05, 5)
@@ -144,7 +153,7 @@ def test_hybrid_falls_back_to_prompt_lookups_own_step_where_nothing_beats_it():
     """The measured rates decide: without SPECTRA, with the drafter slower than a plain forward on no-match steps and
     prompt lookup's chain the one match arm, the hybrid runs what `pld` runs on all but its probing steps; with
     SPECTRA, a drafter that does not pay costs only its probes (SPECTRA's trees run the other steps)."""
-    for ngram, fallback in (([], "plain"), ([SpectraSource(Spectra(64), 10)], "spectra")):
+    for ngram, fallback in (([], "plain"), ([SpectraSource(guessing_spectra(), 10)], "spectra")):
         drafter = FakeDrafter([40, 41, 42])
         hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), *ngram], nodes=10, probe_every=8)
         hyb.begin(state([10, 11, 12, 13]))
@@ -284,3 +293,37 @@ def test_a_node_budget_not_measured_here_keeps_the_plain_forward_as_an_arm():
                                           "drafter+spectra": _Arm(9, 1.3, 0.08, 9)}
     picks = [hyb.choose("no-match") for _ in range(16)]
     assert picks.count("plain") == 14 and set(picks) == {"plain", "spectra", "drafter+spectra"}
+
+
+def test_hybrid_tells_blank_steps_and_weak_matches_from_the_others():
+    """Both lookups are free, so what they found decides the step kind before any arm runs: no lookup match and no
+    SPECTRA guess → ``blank`` (the plain forward or the drafter: nothing else can propose); a 1-gram lookup match →
+    ``weak`` (prompt lookup's chain, with or without SPECTRA's guesses beside it); 2- and 3-gram matches → ``match``."""
+    def hybrid():
+        return HybridSource(FakeDrafter([40, 41, 42]), [PromptLookup(10, grow_to=20),
+                                                         SpectraSource(guessing_spectra(), 10)], nodes=12)
+
+    blank, no_match = state([10, 11, 12, 14]), state([10, 11, 12, 13])
+    weak, strong = state([13, 20, 5, 12, 13]), state([10, 13, 20, 10, 13])
+    for ctx, kind, arms in ((blank, "blank", ("plain", "drafter")), (no_match, "no-match", ("spectra", "drafter+spectra")),
+                            (weak, "weak", ("pld", "pld+spectra")), (strong, "match", ("pld",))):
+        hyb = hybrid()
+        hyb.begin(ctx)
+        assert hyb.arm_names(kind) == arms
+        ran = []
+        for _ in arms:  # unmeasured (no update): each arm in turn
+            p = hyb.propose(ctx)
+            ran.append(hyb.choice)
+            if hyb.choice == "plain":
+                assert p.tokens == []  # a plain forward: nothing proposed
+            if hyb.choice == "pld+spectra":  # prompt lookup's chain first, SPECTRA's guesses beside it (12 nodes)
+                assert p.tokens[:10] == PromptLookup(10, grow_to=20).propose(ctx).tokens
+                assert p.tokens[10:] == [30, 31] and p.parents[10:] == [-1, 10] and p.origin[10:] == ["spectra"] * 2
+        assert ran == list(arms) and set(hyb.by_kind) == {f"{kind}:{a}" for a in arms}
+    hyb = hybrid()
+    hyb.split_blank = hyb.split_weak = False  # scripts/hybrid_ab.py's noblank / noweak: the kinds before
+    hyb.begin(blank)
+    hyb.propose(blank)
+    assert hyb.choice == "spectra"
+    hyb.propose(weak)
+    assert hyb.choice == "pld" and set(hyb.by_kind) == {"no-match:spectra", "match:pld"}
