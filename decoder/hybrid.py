@@ -68,7 +68,7 @@ MATCH_ARMS = ("pld",)
 # A *weak* match: prompt lookup matched only the last token (a 1-gram). Measured on the held-out prompts (demo
 # bundle, bf16 Xeon), such chains kept nothing at 44–47 % of their steps (2- and 3-gram matches: 4–21 %), so there
 # SPECTRA's guesses beside the chain (the rest of the flat budget) are an arm of their own. The bandit ran the two
-# about evenly and the kind added ~1 % (within the runs' ±3 %): kept because it costs a lookup SPECTRA makes anyway.
+# about evenly and the kind added ~1 % (within the runs' ±3 %); it costs one SPECTRA lookup (~0.2 ms) a weak step.
 WEAK_ARMS = ("pld", "pld+spectra")
 
 
