@@ -120,9 +120,9 @@ class HybridSource(DraftSource):
         self.prior_steps = prior_steps
         self.lang_of = lang_of  # prompt ids → the request's language (None: unknown); keys the arms' measurements
         self.plain_arm = plain_arm  # a plain forward beside SPECTRA's arms (the node budget was not measured here)
-        self.split_blank = True  # blank steps (no lookup match, no SPECTRA guess) are a kind of their own
-        self.split_weak = True  # so are weak matches (a 1-gram)
-        # (``scripts/hybrid_ab.py`` turns it off to compare)
+        # blank steps (no lookup match, no SPECTRA guess) and weak matches (a 1-gram) are kinds of their own
+        # (``scripts/hybrid_ab.py``'s ``noblank`` and ``noweak`` turn them off to compare)
+        self.split_blank = self.split_weak = True
         self.request_lang: str | None = None
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
         # (request language, drafter language, step kind) → arm → its measured steps
@@ -177,8 +177,9 @@ class HybridSource(DraftSource):
         return self.request_lang, getattr(self.drafter, "lang", None), kind
 
     def arm_names(self, kind: str) -> tuple[str, ...]:
-        """The arms of a step kind (``match`` / ``no-match`` / ``blank``) this hybrid has (no drafter: no drafter
-        arms; no SPECTRA: ``NO_SPECTRA_ARMS``; a node budget not measured here: the plain forward too)."""
+        """The arms of a step kind (``match`` / ``weak`` / ``no-match`` / ``blank``) this hybrid has (no drafter: no
+        drafter arms; no SPECTRA: a weak match is a match and a no-match step ``NO_SPECTRA_ARMS``; a node budget not
+        measured here: the plain forward beside SPECTRA's arms too)."""
         if kind == "match":
             names = MATCH_ARMS
         elif kind == "weak":

@@ -8,10 +8,10 @@ A variant is ``pld`` or ``hybrid`` with ``:``-separated changes: ``only-ARM`` (t
 ``only-spectra``), ``plain4`` (the four no-match arms before 2026-11-26: plain, spectra, drafter,
 drafter+spectra), ``nolid`` (no request-language key: arms measured per drafter language, a one-step prior across
 requests), ``noblank`` (no ``blank`` step kind: steps with neither a lookup match nor a SPECTRA guess count as
-no-match steps, as before 2026-11-26 (6)), ``noweak`` (no ``weak`` step kind: a 1-gram lookup match is a
-match like any other), ``nodes=N`` (SPECTRA's and the merged tree's node budget), ``grow=N`` (prompt lookup's loop-aware chain grows to N tokens, not
-20). Prints tokens/s, τ, the
-answers identical to ``pld``'s and each language's ratio to ``pld`` (wall time after the prefill).
+no-match steps, as before 5c964f3), ``noweak`` (no ``weak`` step kind: a 1-gram lookup match is a match like any
+other), ``nodes=N`` (SPECTRA's and the merged tree's node budget), ``grow=N`` (prompt lookup's loop-aware chain
+grows to N tokens, not 20). Prints tokens/s, τ, the answers identical to ``pld``'s, each language's ratio to
+``pld`` (wall time after the prefill) and how many steps each hybrid variant ran per step kind and arm.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def build(variant: str, target, bundle):
             dec.source.split_blank = False
         elif c == "noweak":
             dec.source.split_weak = False
-        elif c.startswith("nodes="):  # the node budget of SPECTRA's trees and the merged tree (default: the
-            dec.source.nodes = dec.source.ngram[1].nodes = int(c.removeprefix("nodes="))  # calibrated one, ≥ 10)
+        elif c.startswith("nodes="):  # SPECTRA's and the merged tree's node budget (default: calibrated, ≥ 10)
+            dec.source.nodes = dec.source.ngram[1].nodes = int(c.removeprefix("nodes="))
         elif c.startswith("grow="):  # how deep prompt lookup's loop-aware chain may grow (default 20)
             dec.source.ngram[0].grow_to = int(c.removeprefix("grow="))
         else:
