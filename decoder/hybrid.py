@@ -68,7 +68,7 @@ MATCH_ARMS = ("pld",)
 # A *weak* match: prompt lookup matched only the last token (a 1-gram). Measured on the held-out prompts (demo
 # bundle, bf16 Xeon), such chains kept nothing at 44–47 % of their steps (2- and 3-gram matches: 4–21 %), so there
 # SPECTRA's guesses beside the chain (the rest of the flat budget) are an arm of their own. The bandit ran the two
-# about evenly and the kind added ~1 % (within the runs' ±3 %); it costs one SPECTRA lookup (~0.2 ms) a weak step.
+# about evenly and the kind added ~1 % (within the runs' ±3 %).
 WEAK_ARMS = ("pld", "pld+spectra")
 
 
@@ -129,9 +129,7 @@ class HybridSource(DraftSource):
         self.arms: dict[tuple[str | None, str | None, str], dict[str, _Arm]] = {}
         self.last_tried: dict[tuple, dict[str, int]] = {}  # … → arm → decision it last ran at
         self.decisions: dict[tuple, int] = {}  # decisions taken per key
-        self.chosen: dict[str, int] = {}  # arm → steps it ran, over every request (the bench's per-source table
-        # shows the same per language from the steps' proposers)
-        self.by_kind: dict[str, int] = {}  # "kind:arm" → steps it ran
+        self.by_kind: dict[str, int] = {}  # "kind:arm" → steps it ran, over every request (``chosen``: per arm)
         self.acc_rate = {s.name: 0.5 for s in ngram} | ({drafter.name: 0.5} if drafter else {})
         self.used_drafter = self.no_match = False
         self.choice: str | None = None  # this step's arm (None: sampling or a chain-only fallback)
@@ -144,6 +142,16 @@ class HybridSource(DraftSource):
     def max_nodes(self) -> int:
         """The most nodes one step can propose (prompt lookup's chain goes in whole, past the budget)."""
         return max([self.nodes] + [max(s.gamma, s.grow_to or 0) for s in self.ngram if isinstance(s, PromptLookup)])
+
+    @property
+    def chosen(self) -> dict[str, int]:
+        """arm → steps it ran, over every request and step kind (the bench's per-source table shows the same per
+        language from the steps' proposers)."""
+        out: dict[str, int] = {}
+        for kind_arm, n in self.by_kind.items():
+            arm = kind_arm.split(":", 1)[1]
+            out[arm] = out.get(arm, 0) + n
+        return out
 
     @property
     def aux_layers(self) -> list[int] | None:
@@ -227,18 +235,17 @@ class HybridSource(DraftSource):
         if ctx.max_depth < 1:
             return Proposal()
         lookup = self.ngram[0].propose(ctx)  # prompt lookup (the factory's order): its match decides the step kind
-        kind, guesses = "match", []
+        kind, guesses = "match", None
         if lookup.tokens and self.split_weak and self.ngram[0].match_len < 2:
             kind = "weak"
         elif not lookup.tokens:
             kind = "no-match"
-        if kind != "match" and len(self.ngram) > 1:  # SPECTRA's guesses (free); none: a blank step
-            guesses = [s.propose(ctx) for s in self.ngram[1:]]
-            if kind == "no-match" and self.split_blank and not any(g.tokens for g in guesses):
-                kind = "blank"
+            if len(self.ngram) > 1:  # SPECTRA's guesses (free); none: a blank step
+                guesses = [s.propose(ctx) for s in self.ngram[1:]]
+                if self.split_blank and not any(g.tokens for g in guesses):
+                    kind = "blank"
         self.no_match = kind in ("no-match", "blank")
         arm = self.choice = self.choose(kind)
-        self.chosen[arm] = self.chosen.get(arm, 0) + 1
         self.by_kind[f"{kind}:{arm}"] = self.by_kind.get(f"{kind}:{arm}", 0) + 1
         self._measured = self.arm(arm, kind)
         self.used_drafter = "drafter" in arm
@@ -247,8 +254,8 @@ class HybridSource(DraftSource):
             if self.drafter.lang != self._warm_lang:  # its first step of a request or language syncs a whole
                 self._measured, self._warm_lang = None, self.drafter.lang  # prompt: a one-off, not its step cost
             cands.append(self._drafter_chain(ctx))
-        if "spectra" in arm:
-            cands += guesses
+        if "spectra" in arm:  # a weak match's guesses are looked up only when its arm takes them
+            cands += guesses if guesses is not None else [s.propose(ctx) for s in self.ngram[1:]]
         # prompt lookup's chain (first) goes in whole, as deep as it matched; the others fill the device's flat
         # budget only (past it every extra node costs verification time: on the 2-core CPU in bf16 verify(k)
         # rises from ~1.1 forwards at 6 tokens to ~2 at 15), so they pay where PLD has little or nothing
