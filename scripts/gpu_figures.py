@@ -7,7 +7,8 @@
 - the draft cost per drafted token of every drafter kind shaped for the target (random weights: cost does not depend
   on them) and of the bundle's EAGLE-3 drafter when given (EAGLE-3, Li et al. 2025);
 - autoregressive tokens/s of polyspec's own loop (``Decoder(method="ar")``) and of transformers' ``generate``, greedy,
-  on the built-in English seed instructions, no stop strings (both produce the same tokens; checked).
+  on the built-in English seed instructions, no stop strings (both produce the same tokens; checked), and where each
+  loop's time per token goes (``ar_profile``: host calls, kernels, device time, synchronizing calls).
 """
 
 from __future__ import annotations
@@ -38,10 +39,9 @@ def draft_costs(target, context: list[int], bundle: str | None) -> dict:
     return {kind: draft_cost(target, rt, head, context) for kind, (rt, head) in kinds.items()}
 
 
-def ar_speed(target, max_new_tokens: int, prompts: int, rounds: int = 2) -> dict:
-    """polyspec's AR loop and transformers' generate, interleaved prompt by prompt over ``rounds`` (neither runs
-    in a warmer or hotter process state than the other), plus the loop's own per-step forward time (``step_ms``:
-    forward + argmax, StepStat.verify_s) — beside forward(1), it says whether a gap is in the step or around it."""
+def ar_loops(target, max_new_tokens: int, prompts: int):
+    """→ ({"polyspec-ar": fn, "hf-generate": fn}: prompt ids → greedy tokens, the English seed prompts' ids, the
+    polyspec loop's per-step forward + argmax seconds as it runs, StepStat.verify_s)."""
     from decoder.core import Decoder
     from polyspec.languages import get_language
     from polyspec.prompts import encode, render
@@ -50,7 +50,6 @@ def ar_speed(target, max_new_tokens: int, prompts: int, rounds: int = 2) -> dict
     fmt = target.spec.prompt_format
     ids = [encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": s.instruction}]))
            for s in get_language("en").seeds[:prompts]]
-    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     dec = Decoder(target, None, method="ar")
     steps: list[float] = []
 
@@ -59,7 +58,15 @@ def ar_speed(target, max_new_tokens: int, prompts: int, rounds: int = 2) -> dict
         steps.extend(s.verify_s for s in out.steps)
         return out.tokens
 
-    runs = {"polyspec-ar": polyspec_ar, "hf-generate": lambda p: greedy_generate(target, p, max_new_tokens)}
+    return {"polyspec-ar": polyspec_ar, "hf-generate": lambda p: greedy_generate(target, p, max_new_tokens)}, ids, steps
+
+
+def ar_speed(target, max_new_tokens: int, prompts: int, rounds: int = 2) -> dict:
+    """polyspec's AR loop and transformers' generate, interleaved prompt by prompt over ``rounds`` (neither runs
+    in a warmer or hotter process state than the other), plus the loop's own per-step forward time (``step_ms``:
+    forward + argmax, StepStat.verify_s) — beside forward(1), it says whether a gap is in the step or around it."""
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    runs, ids, steps = ar_loops(target, max_new_tokens, prompts)
     for fn in runs.values():
         fn(ids[0][:16])  # warm-up
     steps.clear()
@@ -79,6 +86,52 @@ def ar_speed(target, max_new_tokens: int, prompts: int, rounds: int = 2) -> dict
     out["polyspec-ar"]["step_ms"] = 1e3 * sum(steps) / max(len(steps), 1)
     out["rounds"] = rounds
     out["identical"] = outputs["polyspec-ar"] == [t[: len(a)] for t, a in zip(outputs["hf-generate"], outputs["polyspec-ar"])]
+    return out
+
+
+def ar_profile(target, max_new_tokens: int = 32, top: int = 8) -> dict:
+    """Where each AR loop's time per token goes, one profiled answer each (torch.profiler, after a warm-up): aten
+    calls per token (host-side work: a launch-bound GPU runs at the pace its host issues kernels), the ops with the
+    most host time, and on CUDA the kernels and device time per token and the synchronizing calls per token
+    (``torch.cuda.set_sync_debug_mode``). The H100 run of 2026-11-26 had polyspec's loop at 41 ms a token against
+    generate's 27 with forward(1) = 18 ms; on CPU, with a 32-layer width-64 target where every op is dispatch
+    overhead (the launch-bound regime's CPU analogue), the two loops ran 78 and 77 tok/s — the gap is not host work
+    both devices share."""
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = target.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    runs, ids, _ = ar_loops(target, max_new_tokens, 1)
+    out: dict = {}
+    for name, fn in runs.items():
+        fn(ids[0][:16])  # warm-up
+        sync()
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            n = len(fn(ids[0]))
+            sync()
+        wall = time.perf_counter() - t0
+        ev = prof.key_averages()
+        host = [e for e in ev if e.key.startswith("aten::")]
+        rec = {"tokens": n, "profiled_ms_per_token": 1e3 * wall / n,
+               "aten_calls_per_token": sum(e.count for e in host) / n,
+               "top_host_ops": [[e.key, round(e.count / n, 2), round(e.self_cpu_time_total / 1e3 / n, 4)]
+                                for e in sorted(host, key=lambda e: -e.self_cpu_time_total)[:top]]}
+        if cuda:
+            dev = [e for e in ev if e.device_type == torch.autograd.DeviceType.CUDA]
+            rec["kernels_per_token"] = sum(e.count for e in dev) / n
+            rec["device_ms_per_token"] = sum(e.self_device_time_total for e in dev) / 1e3 / n
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode(1)  # warn at every synchronizing call
+                try:
+                    n = len(fn(ids[0]))
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            rec["syncs_per_token"] = sum("synchroniz" in str(w.message) for w in caught) / n
+        out[name] = rec
     return out
 
 
@@ -107,6 +160,7 @@ def main() -> int:
     ctx = calibration_context(target, args.context)
     for name, fn in (("verify", lambda: verify_curve(target, ctx, list(range(1, args.max_k + 1)), args.reps)),
                      ("ar", lambda: ar_speed(target, args.max_new_tokens, args.prompts)),  # before any drafter's hooks
+                     ("ar_profile", lambda: ar_profile(target)),
                      ("draft_s_per_token", lambda: draft_costs(target, ctx, args.bundle)),
                      ("forward1_after", lambda: verify_curve(target, ctx, [1], args.reps))):  # the same process later
         t1 = time.time()
@@ -128,7 +182,7 @@ def main() -> int:
     if torch.cuda.is_available():
         result["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     atomic_write_json(args.out, result)
-    print(json.dumps({k: v for k, v in result.items() if k in ("tree_budget", "ar", "draft_s_per_token")}, default=str))
+    print(json.dumps({k: v for k, v in result.items() if k in ("tree_budget", "ar", "ar_profile", "draft_s_per_token")}, default=str))
     return 0
 
 

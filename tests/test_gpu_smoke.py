@@ -118,3 +118,20 @@ def test_the_device_image_stand_in_hides_exactly_the_packages_the_gpu_image_lack
     found = json.loads(r.stdout)
     assert {n for n, ok in found.items() if ok} == {"torch", "transformers", "pydantic"}
     assert len(found) > 3 and "datasets" in found
+
+
+def test_gpu_figures_profiles_both_ar_loops_and_polyspecs_issues_no_more_host_calls(tiny_llama_dir):
+    """scripts/gpu_figures.py's ``ar_profile`` (what the next device run reads the AR gap from): both loops profiled
+    on the same prompt, the same tokens, host calls per token and their busiest ops; on a launch-bound GPU the host's
+    calls set the pace, so polyspec's loop must not issue more of them per token than ``generate`` (10 % slack)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_figures", REPO / "scripts" / "gpu_figures.py")
+    gf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gf)
+    prof = gf.ar_profile(load_target(str(tiny_llama_dir)), max_new_tokens=8, top=3)
+    assert set(prof) == {"polyspec-ar", "hf-generate"}
+    for rec in prof.values():
+        assert rec["tokens"] == 8 and rec["aten_calls_per_token"] > 20 and len(rec["top_host_ops"]) == 3
+        assert "syncs_per_token" not in rec  # CUDA only
+    assert prof["polyspec-ar"]["aten_calls_per_token"] <= 1.1 * prof["hf-generate"]["aten_calls_per_token"]
