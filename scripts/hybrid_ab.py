@@ -10,8 +10,12 @@ drafter+spectra), ``nolid`` (no request-language key: arms measured per drafter 
 requests), ``noblank`` (no ``blank`` step kind: steps with neither a lookup match nor a SPECTRA guess count as
 no-match steps, as before 5c964f3), ``noweak`` (no ``weak`` step kind: a 1-gram lookup match is a match like any
 other), ``nodes=N`` (SPECTRA's and the merged tree's node budget), ``grow=N`` (prompt lookup's loop-aware chain
-grows to N tokens, not 20). Prints tokens/s, τ, the answers identical to ``pld``'s, each language's ratio to
-``pld`` (wall time after the prefill) and how many steps each hybrid variant ran per step kind and arm.
+grows to N tokens, not 20), ``plain`` (the plain forward as a no-match arm beside SPECTRA's, ``plain_arm``). Prints
+tokens/s, τ, the answers identical to ``pld``'s, each language's ratio to ``pld`` in tokens/s (wall time after the
+prefill) and in τ, how many steps each hybrid variant ran per step kind and arm, and per language the share of
+``pld``'s step time spent on steps where prompt lookup had no match (one plain forward, one token) with the bound it
+sets (Amdahl): if every such step kept 2 tokens at 1.2 forwards and every other step ran as fast as ``pld``'s, the
+hybrid would run 1 / (1 − f + f · 0.6) × ``pld``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def build(variant: str, target, bundle):
             arms = (c.removeprefix("only-"),)
         elif c == "plain4":
             arms = ("plain", "spectra", "drafter", "drafter+spectra")
+        elif c == "plain":  # the plain forward as a no-match arm beside SPECTRA's (``plain_arm``)
+            dec.source.plain_arm = True
         elif c == "nolid":
             dec.source.lang_of = None
         elif c == "noblank":
@@ -58,10 +64,12 @@ def build(variant: str, target, bundle):
 
 
 def compare(target, bundle, prompts: list[tuple[str, list[int]]], variants: list[str], max_new_tokens: int,
-            arms_out: dict | None = None):
+            arms_out: dict | None = None, no_match_out: dict | None = None):
     """Decode every (language, prompt ids) with every variant, interleaved prompt by prompt (the order reversed
     every other prompt). → ({variant: {language or "all": [seconds after the prefill, tokens, steps]}},
-    {variant: [tokens per prompt]}); ``arms_out`` gets {variant: {"kind:arm": steps it ran}} of the hybrid variants."""
+    {variant: [tokens per prompt]}); ``arms_out`` gets {variant: {"kind:arm": steps it ran}} of the hybrid variants,
+    ``no_match_out`` {variant: {language or "all": [seconds of steps that drafted nothing, seconds of all steps]}}
+    (drafting + verification, ``StepStat``)."""
     decs = {v: build(v, target, bundle) for v in variants}
     agg: dict[str, dict[str, list]] = {v: {} for v in decs}
     outputs: dict[str, list[list[int]]] = {v: [] for v in decs}
@@ -74,11 +82,17 @@ def compare(target, bundle, prompts: list[tuple[str, list[int]]], variants: list
                 H.NO_MATCH_ARMS = arms
                 out = dec.generate(p, max_new_tokens, stop=[])
                 outputs[v].append(out.tokens)
+                blank = sum(st.draft_s + st.verify_s for st in out.steps if st.drafted == 0)
+                every = sum(st.draft_s + st.verify_s for st in out.steps)
                 for key in (lang, "all"):
                     s = agg[v].setdefault(key, [0.0, 0, 0])
                     s[0] += out.wall_s - out.prefill_s
                     s[1] += len(out.tokens)
                     s[2] += len(out.steps)
+                    if no_match_out is not None:
+                        nm = no_match_out.setdefault(v, {}).setdefault(key, [0.0, 0.0])
+                        nm[0] += blank
+                        nm[1] += every
     finally:
         H.NO_MATCH_ARMS = DEFAULT_ARMS
     if arms_out is not None:
@@ -105,8 +119,8 @@ def main() -> int:
     prompts = [("mixed" if q["category"] == "mixed" else q["language"],
                 encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": q["turns"][0]}])))
                for q in qs]
-    chosen: dict = {}
-    agg, outputs = compare(target, bundle, prompts, variants, a.max_new_tokens, chosen)
+    chosen, no_match = {}, {}
+    agg, outputs = compare(target, bundle, prompts, variants, a.max_new_tokens, chosen, no_match)
     print(f"{len(prompts)} prompts, {a.max_new_tokens} tokens, bundle {a.bundle}")
     keys = ["all"] + sorted(k for k in agg["pld"] if k != "all")
     for v in variants:
@@ -114,6 +128,13 @@ def main() -> int:
         same = sum(o == r for o, r in zip(outputs[v], outputs["pld"]))
         ratios = "  ".join(f"{k} {agg[v][k][1] / agg[v][k][0] / (agg['pld'][k][1] / agg['pld'][k][0]):.2f}" for k in keys)
         print(f"{v:28s} tok/s {tok / w:6.1f}  τ {tok / st:.2f}  same as pld {same}/{len(prompts)} | ÷pld {ratios}")
+    for v in variants[1:]:
+        print(f"{v:28s} τ ÷ pld's  " + "  ".join(
+            f"{k} {agg[v][k][1] / agg[v][k][2] / (agg['pld'][k][1] / agg['pld'][k][2]):.2f}" for k in keys))
+    print("pld's no-match steps (one plain forward): share f of its step time, and the bound 1 / (1 − f + 0.6 f)")
+    for k in keys:
+        f = no_match["pld"][k][0] / max(no_match["pld"][k][1], 1e-9)
+        print(f"  {k:6s} f {f:.2f}  bound {1 / (1 - f + 0.6 * f):.2f}")
     for v in variants:
         if chosen.get(v):
             print(f"{v:28s} steps per arm: " + ", ".join(f"{a} {n}" for a, n in sorted(chosen[v].items())))

@@ -267,8 +267,9 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     llama = load_target(str(tiny_llama_dir))
     bundle = make_tiny_bundle(tmp_path / "oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768))
     prompts = [(lang, p) for lang, p in zip(("en", "de", "en"), random_prompts(llama, 3, seed=5, max_len=30))]
-    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra"]
-    agg, outputs = ab.compare(llama, bundle, prompts, variants, 24)
+    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra", "hybrid:plain"]
+    no_match: dict = {}
+    agg, outputs = ab.compare(llama, bundle, prompts, variants, 24, no_match_out=no_match)
     refs = [greedy_generate(llama, p, 24) for _, p in prompts]
     assert all(outputs[v] == refs for v in variants)
     assert set(agg["hybrid"]) == {"en", "de", "all"} and agg["hybrid"]["all"][1] == sum(len(r) for r in refs)
@@ -276,6 +277,8 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
         secs, tokens, steps = agg[v]["all"]
         assert secs > 0 and tokens / steps > 1.2, v
     assert H.NO_MATCH_ARMS == ("spectra", "drafter+spectra")
+    blank, every = no_match["pld"]["all"]  # pld's steps that drafted nothing: a share of its step time
+    assert 0 < blank < every <= agg["pld"]["all"][0]
     with pytest.raises(SystemExit, match="unknown change"):
         ab.build("hybrid:what", llama, bundle)
 
