@@ -120,7 +120,7 @@ def test_the_device_image_stand_in_hides_exactly_the_packages_the_gpu_image_lack
     assert len(found) > 3 and "datasets" in found
 
 
-def test_gpu_figures_profiles_both_ar_loops_and_polyspecs_issues_no_more_host_calls(tiny_llama_dir):
+def test_gpu_figures_profiles_both_ar_loops_and_polyspecs_loop_issues_no_more_host_calls(tiny_llama_dir):
     """scripts/gpu_figures.py's ``ar_profile`` (what the next device run reads the AR gap from): both loops profiled
     on the same prompt, the same tokens, host calls per token and their busiest ops; on a launch-bound GPU the host's
     calls set the pace, so polyspec's loop must not issue more of them per token than ``generate`` (10 % slack)."""
