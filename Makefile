@@ -215,12 +215,12 @@ all: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# make gpu-check [GPU_CHECK_PRESET=llama-3.1-8b] [DEVICE=auto|cpu] [OUT=dir] [BUDGET_S=480]
-# On a machine with one GPU (≤ 8 min on an H100): pytest -m cuda, a random 8B-shaped target (python -m
-# polyspec.random_target), the gpu-smoke profile on it, the decoder's cost figures → $(OUT)/gpu-check.json + logs.
+# make gpu-check [GPU_CHECK_PRESET=llama-3.1-8b] [DEVICE=auto|cpu] [OUT=dir] [BUDGET_S=570] [SMOKE=0]
+# On a machine with one GPU (≤ 9.5 min on an H100): pytest -m cuda, a random 8B-shaped target (python -m
+# polyspec.random_target), the gpu-smoke profile on it (SMOKE=0: not), the decoder's cost figures → $(OUT)/gpu-check.json + logs.
 # Machines without PyPI: scripts/gpu-wheels.sh fetches the missing wheels into .gpu-wheels/ beforehand.
 # Rehearsal here: make gpu-check GPU_CHECK_PRESET=tiny DEVICE=cpu OUT=/tmp/gpucheck
 .PHONY: gpu-check
 gpu-check:
-	GPU_CHECK_PRESET=$(or $(GPU_CHECK_PRESET),llama-3.1-8b) DEVICE=$(or $(DEVICE),auto) \
+	GPU_CHECK_PRESET=$(or $(GPU_CHECK_PRESET),llama-3.1-8b) DEVICE=$(or $(DEVICE),auto) SMOKE=$(or $(SMOKE),1) \
 		OUT=$(or $(OUT),/tmp/gpu-check-out) bash scripts/gpu-check.sh

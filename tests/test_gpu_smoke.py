@@ -135,3 +135,22 @@ def test_gpu_figures_profiles_both_ar_loops_and_polyspecs_loop_issues_no_more_ho
         assert rec["tokens"] == 8 and rec["aten_calls_per_token"] > 20 and len(rec["top_host_ops"]) == 3
         assert "syncs_per_token" not in rec  # CUDA only
     assert prof["polyspec-ar"]["aten_calls_per_token"] <= 1.1 * prof["hf-generate"]["aten_calls_per_token"]
+
+
+@pytest.mark.slow
+def test_the_device_script_rehearses_on_cpu_without_the_smoke(tmp_path):
+    """scripts/gpu-check.sh as the device runs it, on CPU with the tiny preset and ``SMOKE=0`` (the short device run:
+    CUDA tests, the target, the cost figures): every step succeeds, the summary JSON holds the figures the next device
+    run is for (verify curve, AR of both loops, ``ar_profile``) and the logs come back — a broken device script would
+    waste a lent GPU's minutes."""
+    env = os.environ | {"SMOKE": "0", "GPU_CHECK_PRESET": "tiny", "DEVICE": "cpu", "OUT": str(tmp_path / "out"),
+                        "WORK": str(tmp_path / "work"), "WHEELS": str(tmp_path / "no-wheels"), "PY": sys.executable}
+    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh")], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    assert summary["ok"] and [s["step"] for s in summary["steps"]] == ["wheels", "cuda-tests", "target", "figures"]
+    fig = summary["figures"]
+    assert "error" not in fig["verify"] and fig["tree_budget"] >= 1 and fig["ar"]["identical"]
+    assert set(fig["ar_profile"]) == {"polyspec-ar", "hf-generate"}
+    assert (tmp_path / "out" / "logs.tar.gz").is_file()
