@@ -36,11 +36,14 @@ from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
     LlamaMLP,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
 )
 
 from polyspec.errors import PolyspecError, first_line
@@ -207,12 +210,18 @@ class Eagle3Drafter(nn.Module):
         return int(hit.sum())
 
     def forward(self, input_embeds, features, position_ids=None, attention_mask=None, past_key_values=None,
-                use_cache=False):
+                use_cache=False, query_rows=None):
         """features [B, T, 3H] (target layers: fused by fc) or [B, T, H] (own previous outputs) →
-        pre-norm hidden [B, T, H] (and the KV cache)."""
+        pre-norm hidden [B, T, H] (and the KV cache).
+
+        ``query_rows`` [B, N] long (training; an empty cache, causal attention): the output only at those entries
+        (-1: none, its row is padding) → [B, N, H]. Every entry still gives its keys and values, but the query,
+        attention output, o_proj and MLP run on the N rows alone — a finetune's loss reads ~60 % of the rows."""
         g = features.to(input_embeds.dtype)
         if g.shape[-1] == 3 * self.target_hidden_size:
             g = self.fc(g)
+        if query_rows is not None:
+            return self._forward_rows(input_embeds, g, position_ids, query_rows, past_key_values if use_cache else None)
         B, T, _ = input_embeds.shape
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
@@ -232,6 +241,33 @@ class Eagle3Drafter(nn.Module):
         h = g + attn
         h = h + self.mlp(self.post_attention_layernorm(h))
         return h, (past_key_values if use_cache else None)
+
+    def _forward_rows(self, input_embeds, g, position_ids, query_rows, cache):
+        """:meth:`forward` at ``query_rows`` only; the attention is LlamaAttention's, its query rows gathered."""
+        if cache is not None and cache.get_seq_length() > 0:
+            raise PolyspecError("query_rows: the drafter's first pass only (an empty KV cache)")
+        a, (B, T, _) = self.self_attn, input_embeds.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=g.device).unsqueeze(0)
+        rows = query_rows.clamp_min(0)  # a padding row reads entry 0; its output is never used
+        take = lambda x: x.gather(1, rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # noqa: E731
+        x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(g)], dim=-1)
+        q = a.q_proj(take(x)).view(B, rows.shape[1], -1, a.head_dim).transpose(1, 2)
+        k = a.k_proj(x).view(B, T, -1, a.head_dim).transpose(1, 2)
+        v = a.v_proj(x).view(B, T, -1, a.head_dim).transpose(1, 2)
+        cos, sin = self.rotary(g, position_ids)
+        cos, sin = cos.expand(B, -1, -1), sin.expand(B, -1, -1)
+        q, _ = apply_rotary_pos_emb(q, q, take(cos), take(sin))
+        _, k = apply_rotary_pos_emb(k, k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, 0)
+        allowed = torch.arange(T, device=g.device).view(1, 1, T) <= rows.unsqueeze(-1)  # causal: entry t sees 0..t
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=g.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.layer_config._attn_implementation, eager_attention_forward)
+        out, _ = attend(a, q, k, v, mask.unsqueeze(1), dropout=0.0, scaling=a.scaling)
+        h = take(g) + a.o_proj(out.reshape(B, rows.shape[1], -1).contiguous())
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, cache
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Pre-norm hidden → logits over the draft vocabulary (row j is target id ``draft_ids[j]``)."""

@@ -214,3 +214,51 @@ def test_training_time_test_sees_what_the_decoders_later_drafts_see():
                 h, c = m(emb[:, t + 1 + i : t + 2 + i], h, position_ids=torch.tensor([[t + 1 + i]]).expand(B, -1),
                          past_key_values=c, use_cache=True)
                 assert torch.allclose(h[:, 0], preds[i][:, t], atol=1e-5), (t, i)
+
+
+@pytest.mark.parametrize("ttt_steps", [1, 2, 3])
+def test_packed_steps_give_the_loss_and_gradients_of_running_every_entry(ttt_steps):
+    """EAGLE-3 training runs only the entries the loss reads (step 0's other entries give keys and values only):
+    the loss, its metrics and every gradient equal those of running all entries (``packed=False``), on a batch
+    with prompt rows, answers of different lengths and padding; and the packed run computes fewer rows."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    from train.models import Eagle3Drafter
+    from train.objectives import eagle_loss
+
+    torch.manual_seed(0)
+    H, s = 16, 20
+    cfg = LlamaConfig(hidden_size=H, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                      vocab_size=50)
+    m = Eagle3Drafter(cfg, H, [1, 2, 3], s)
+    embed = torch.nn.Embedding(50, H)
+    head_w = torch.randn(s, H)
+    B, T = 3, 12
+    ids = torch.randint(0, 50, (B, T))
+    loss_mask = torch.zeros(B, T)
+    loss_mask[0, 4:12] = 1  # prompt 0..3, answer to the end
+    loss_mask[1, 7:10] = 1  # a short answer, then padding
+    loss_mask[2, 2:6] = 1
+    loss_mask[2, 8:11] = 0.5  # a second turn, weighted
+    batch = {"input_ids": ids, "loss_mask": loss_mask}
+    f, aux = torch.randn(B, T, H), torch.randn(B, T, 3 * H)
+    ecfg = SimpleNamespace(ttt_steps=ttt_steps, feature_noise=0.0, ttt_decay=0.8, feature_loss_weight=1.0,
+                           token_loss_weight=0.1)
+    rows_run = []
+    hook = m.mlp.register_forward_hook(lambda mod, inp, out: rows_run.append(inp[0].shape[0] * inp[0].shape[1]))
+    results = {}
+    for packed in (False, True):
+        m.zero_grad()
+        rows_run.clear()
+        loss, metrics = eagle_loss(m, embed, head_w, batch, f, ecfg, aux=aux, packed=packed)
+        loss.backward()
+        results[packed] = (loss.detach(), metrics, {n: p.grad.clone() for n, p in m.named_parameters()}, sum(rows_run))
+    hook.remove()
+    (l0, m0, g0, r0), (l1, m1, g1, r1) = results[False], results[True]
+    assert l1.item() == pytest.approx(l0.item(), rel=1e-5) and l0.item() > 0
+    assert m1 == pytest.approx(m0, rel=1e-5, abs=1e-6)
+    for n in g0:
+        assert torch.allclose(g1[n], g0[n], rtol=1e-4, atol=1e-6), n
+    assert r1 < r0, (r1, r0)  # the MLP ran on fewer rows

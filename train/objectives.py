@@ -96,14 +96,18 @@ class TargetProbs:
 
 def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softcap: float | None = None,
                generator: torch.Generator | None = None, aux: torch.Tensor | None = None,
-               p0: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+               p0: torch.Tensor | None = None, packed: bool = True) -> tuple[torch.Tensor, dict]:
     """EAGLE-1 objective, optionally unrolled ``cfg.ttt_steps`` times (EAGLE-3 training-time test).
 
     Step i predicts f_{t+1+i} from [embed(x_{t+1+i}) ‖ g_t], where g = f (+ noise) at step 0 and the
     drafter's own step-(i-1) predictions afterwards; weight ``ttt_decay**i``. Loss: SmoothL1 to the next
     feature + CE against the target's distribution restricted to the same s ids, on loss-mask positions.
     EAGLE-3 (``aux`` = fused target layers as the step-0 input): CE through the drafter's own head only.
-    ``p0``: the step-0 target distribution at the loss rows, kept from an earlier epoch (:class:`TargetProbs`).
+    ``p0``: the step-0 target distribution at the loss rows, kept from an earlier epoch (:class:`TargetProbs`);
+    step i's are step 0's, i rows on (both are the target's at token t+2+i).
+    ``packed`` (EAGLE-3): each step runs only the entries the loss reads — step i's loss rows and the entries
+    later steps continue from —; step 0's other entries give keys and values only (``query_rows``). The same
+    loss as running every entry (``packed=False``, the reference), with a finetune's prompt rows skipped.
     """
     eagle3 = is_eagle3(drafter)
     ids, mask = batch["input_ids"], batch["loss_mask"]
@@ -120,34 +124,53 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
     # EAGLE-3's training-time test: step i's entry t attends as the decoder's (i+1)-th draft does — to the entries
     # of the verified prefix (step 0, entries ≤ t: true features) and to its own chain (entry t of steps 1..i) —
     # through one KV cache that keeps every step's keys (``ttt_mask``). EAGLE-1 unrolls without it.
+    steps = min(cfg.ttt_steps, T - 2)
     ttt = eagle3 and cfg.ttt_steps > 1
-    cache, lengths = None, []
-    for i in range(min(cfg.ttt_steps, T - 2)):
+    masks = [loss_rows(mask, i) for i in range(steps)]
+    packs = _step_rows(masks) if eagle3 and packed else None
+    cache, lengths, row0 = (DynamicCache() if ttt else None), [], None
+    for i in range(steps):
         L = T - 1 - i  # positions t = 0..T-2-i
         pos = torch.arange(1 + i, T, device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
-        kw = {} if hints is None else {"hints": (hints[0][:, 1 + i :], hints[1][:, 1 + i :])}
-        if ttt:
-            if cache is None:
-                cache = DynamicCache()
-            mask4 = ttt_mask(lengths, L, ids.shape[0], emb.dtype, ids.device) if lengths else None
-            pred, cache = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, attention_mask=mask4,
-                                  past_key_values=cache, use_cache=True)
-            lengths.append(L)
+        m = masks[i]
+        at = m.nonzero(as_tuple=True)  # the loss rows (batch row, position), in row-major order
+        if packs is not None:
+            rows, where = packs[i]
+            if i == 0:
+                pred, cache = drafter(emb[:, 1:], g[:, :L], position_ids=pos, past_key_values=cache, use_cache=ttt,
+                                      query_rows=rows)
+            else:  # the entries at ``rows`` only, each reading the previous step's output at its position
+                prev = packs[i - 1][1].gather(1, rows.clamp_min(0))
+                pred, cache = drafter(_take(emb[:, 1 + i :], rows), _take(g, prev), position_ids=_take(pos, rows),
+                                      attention_mask=ttt_mask_rows(T - 1, [r for r, _ in packs[1 : i + 1]], emb.dtype),
+                                      past_key_values=cache, use_cache=True)
+            out = pred[at[0], where[at]]
         else:
-            pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, **kw)
-        tgt = f[:, 1 + i :]
-        m = loss_rows(mask, i)
+            kw = {} if hints is None else {"hints": (hints[0][:, 1 + i :], hints[1][:, 1 + i :])}
+            if ttt:
+                mask4 = ttt_mask(lengths, L, ids.shape[0], emb.dtype, ids.device) if lengths else None
+                pred, cache = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, attention_mask=mask4,
+                                      past_key_values=cache, use_cache=True)
+                lengths.append(L)
+            else:
+                pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, **kw)
+            out = pred[at]
         denom = m.sum().clamp_min(1.0)
+        w_rows = m[at]
         if eagle3:  # its features are its own (no regression target)
             feat = torch.zeros((), device=pred.device)
         else:
+            tgt = f[:, 1 + i :]
             feat = (F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1) * m).sum() / denom
         # the head only where the loss reads it (prompt and padding rows are ~40 % of a finetune batch): rows
         # are picked before the [·, s] GEMMs, forward and backward
-        keep = m.reshape(-1).nonzero().squeeze(-1)
-        w_rows = m.reshape(-1)[keep]
-        p = p0 if i == 0 and p0 is not None else target_probs(tgt.reshape(-1, tgt.shape[-1])[keep], head_w, softcap)
-        logq = torch.log_softmax(draft_logits(drafter, pred.reshape(-1, pred.shape[-1])[keep], head_w, softcap).float(), dim=-1)
+        if i == 0:
+            p = p0 if p0 is not None else target_probs(f[:, 1:][at], head_w, softcap)
+            row0 = torch.cumsum((m != 0).reshape(-1), 0).view_as(m) - 1  # a step-0 loss row's place in p
+            p_all = p
+        else:  # step i's row t is step 0's row t + i (loss_rows)
+            p = p_all[row0[:, i:][at]]
+        logq = torch.log_softmax(draft_logits(drafter, out, head_w, softcap).float(), dim=-1)
         ce = (-(p * logq).sum(-1) * w_rows).sum() / denom
         w = cfg.ttt_decay**i
         total = total + w * (cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce)
@@ -156,6 +179,33 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         metrics.update({f"feat_loss_{i}": float(feat.detach()), f"ce_{i}": float(ce.detach()), f"top1_{i}": float(acc)})
         g = pred  # next step reads the drafter's own features
     return total, metrics
+
+
+def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x [B, L, ·] at rows [B, N] (-1 reads entry 0) → [B, N, ·]."""
+    rows = rows.clamp_min(0)
+    return x.gather(1, rows.view(*rows.shape, *([1] * (x.dim() - 2))).expand(*rows.shape, *x.shape[2:]))
+
+
+def _step_rows(masks: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The entries each unrolled step runs when packed: step i's loss rows and every entry step i+1 continues
+    from (step i+1's entry t reads step i's output at t). Per step: rows [B, N] (a batch row's entries in
+    order, -1 after them) and where [B, L] (an entry's index in rows, -1 if it is not run)."""
+    need, out = None, []
+    for m in reversed(masks):
+        q = m != 0
+        if need is not None:
+            q = q.clone()
+            q[:, : need.shape[1]] |= need
+        need = q
+        B, L = q.shape
+        n = max(int(q.sum(1).max()), 1)
+        t = torch.arange(L, device=q.device).expand(B, L)
+        rows = torch.where(q, t, t + L).sort(dim=1).values[:, :n]
+        rows = torch.where(rows < L, rows, torch.full_like(rows, -1))
+        where = torch.where(q, torch.cumsum(q.long(), 1) - 1, torch.full_like(t, -1))
+        out.append((rows, where))
+    return out[::-1]
 
 
 def ttt_mask(lengths: list[int], L: int, batch: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -168,6 +218,19 @@ def ttt_mask(lengths: list[int], L: int, batch: int, dtype: torch.dtype, device)
     allowed = torch.cat(blocks, dim=1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None].expand(batch, 1, *allowed.shape)
+
+
+def ttt_mask_rows(prefix: int, rows: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """:func:`ttt_mask` for packed steps: step i = len(rows) runs the entries ``rows[-1]`` [B, N]; the keys are
+    step 0's ``prefix`` entries (all of them), then each packed step's. Entry t sees step 0's keys 0..t and its
+    own position's key in every later step (padding entries, -1, see each other, never a real entry)."""
+    q = rows[-1]
+    t = q.clamp_min(0).unsqueeze(-1)
+    blocks = [torch.arange(prefix, device=q.device).view(1, 1, prefix) <= t]
+    blocks += [r.unsqueeze(1) == q.unsqueeze(-1) for r in rows]
+    allowed = torch.cat(blocks, dim=-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=q.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(1)
 
 
 def small_lm_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
