@@ -43,6 +43,9 @@ class Stage:
     config: dict = field(default_factory=dict)  # what the DONE hash covers besides the command
     check: tuple | None = None  # (pydantic model, yaml path, overrides): validated by dry runs
     data: list[str] = field(default_factory=list)  # repository data files it reads (prompts): in the DONE hash
+    # its resumable work (synth stores, trainer checkpoints): a crashed stage's rerun resumes from it, an explicit
+    # redo (FROM, FORCE) clears it first — else a finished trainer's last checkpoint would make the redo train nothing
+    work: list[Path] = field(default_factory=list)
 
 
 def repo_path(p: str) -> str:
@@ -82,7 +85,7 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
         stages.append(Stage(f"synth:{lang}", "synth",
                             [py, "-m", "synth", "--config", p.synth.config, "--lang", lang, "--n", str(p.synth.n),
                              "--target", target, "--run", r, *ov],
-                            run / "synth" / lang / "DONE.json",
+                            run / "synth" / lang / "DONE.json", work=[run / "synth" / lang],
                             check=(SynthConfig, p.synth.config, [f"lang={lang}", f"n={p.synth.n}", f"target={target}", *ov])))
         dov = [f"seed={p.seed}", *p.distill.overrides]
         temps = ",".join(str(t) for t in p.distill.temperatures)
@@ -101,13 +104,14 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                                      "--prompts", prompts, "--out-name", name, "--temperatures", t, "--target", target,
                                      "--run", r, *ov],
                                     run / "synth" / f"{lang}-{name}" / "DONE.json", deps=deps,
+                                    work=[run / "synth" / f"{lang}-{name}"],
                                     check=(DistillConfig, p.distill.config, [f"lang={lang}", f"target={target}", *ov]),
                                     data=[f for f in files if Path(f).is_file()]))
             continue
         stages.append(Stage(f"distill:{lang}", "distill",
                             [py, "-m", "synth", "distill", "--config", p.distill.config, "--lang", lang, "--continuation",
                              "--out-name", "pretrain", "--temperatures", temps, "--target", target, "--run", r, *dov],
-                            run / "synth" / f"{lang}-pretrain" / "DONE.json",
+                            run / "synth" / f"{lang}-pretrain" / "DONE.json", work=[run / "synth" / f"{lang}-pretrain"],
                             check=(DistillConfig, p.distill.config, [f"lang={lang}", f"target={target}", *dov])))
     stages.append(Stage("vocab", "vocab",
                         [py, "-m", "vocab", "--config", p.vocab.config, "--langs", ",".join(langs), "--sources",
@@ -138,7 +142,7 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
         pre_ov = [f"lang={first}", f"target={target}", f"run={r}", "stage=pretrain", f"seed={p.seed}", *where,
                   f"data.pretrain={pre_data}", *captured, *multi, *pre_extra]
         stages.append(Stage(f"{prefix}:pretrain", "pretrain", [*launch, *pre_ov],
-                            run / tdir / first / "pretrain" / "DONE.json",
+                            run / tdir / first / "pretrain" / "DONE.json", work=[run / tdir / first / "pretrain"],
                             deps=["vocab", *(f"distill:{lang}" for lang in langs)], check=(TrainConfig, recipe, pre_ov)))
         for lang in langs:
             data = [f"data.finetune=[{r}/synth/{lang}-distill/data.jsonl]",  # the held-out answers score it
@@ -147,6 +151,7 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                   f"init_from={r}/{tdir}/{first}/pretrain/final", *captured, *data, *fine_extra]
             deps = [f"distill:{lang}", f"heldout:{lang}"] if on_policy else [f"synth:{lang}"]
             stages.append(Stage(f"{prefix}:{lang}", "finetune", [*launch, *ov], run / tdir / lang / "DONE.json",
+                                work=[run / tdir / lang / "finetune"],
                                 deps=[f"{prefix}:pretrain", *deps, "vocab"], check=(TrainConfig, recipe, ov)))
     bundle = run / "export" / "bundle"
     e = p.export

@@ -3,8 +3,9 @@
 
 A rerun skips every stage whose record matches and redoes those whose config or inputs changed (their
 dependants follow, since their inputs' hashes change). ``from_stage`` redoes that stage and everything
-after it; ``force`` redoes all. A crash or Ctrl-C inside a stage leaves no record, so the same command
-runs that stage again — which resumes from its own checkpoints (synth store, trainer checkpoints).
+after it; ``force`` redoes all, and a stage redone that way starts afresh (its ``work`` is cleared). A crash or
+Ctrl-C inside a stage leaves no record, so the same command runs that stage again — which resumes from its own
+checkpoints (synth store, trainer checkpoints).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -70,6 +72,8 @@ def run_plan(stages: list[Stage], run: Path, eta_minutes: dict[str, float], from
         eta = sum(remaining.values())
         log(f"[{i + 1}/{len(stages)}] {st.name}: running — elapsed {_fmt(time.time() - t_start)}, "
             f"ETA {_fmt(eta)} (log: {logs / (st.name.replace(':', '-') + '.log')})")
+        if redo:
+            _clear_work(st, run, log)
         t0 = time.time()
         _run(st, logs / f"{st.name.replace(':', '-')}.log")
         done[st.name] = h
@@ -80,6 +84,20 @@ def run_plan(stages: list[Stage], run: Path, eta_minutes: dict[str, float], from
         log(f"      {st.name}: finished in {_fmt(time.time() - t0)}")
     log(f"all {len(stages)} stages done in {_fmt(time.time() - t_start)}")
     return done
+
+
+def _clear_work(st: Stage, run: Path, log) -> None:
+    """An explicit redo starts the stage afresh: its resumable work (inside the run directory only) is removed."""
+    root = run.resolve()
+    for path in st.work:
+        p = path.resolve()
+        if p == root or root not in p.parents:
+            raise PolyspecError(f"stage {st.name}: {path} is not inside the run directory {run}; not cleared")
+        if p.exists():
+            gone = p.with_name(f".{p.name}.cleared-{os.getpid()}")
+            p.rename(gone)  # one rename: an interrupted removal never leaves a half-cleared folder behind
+            shutil.rmtree(gone)
+            log(f"      {st.name}: cleared {path} (FROM/FORCE redoes the stage's work, not a resume)")
 
 
 def _run(st: Stage, log_path: Path) -> None:

@@ -201,3 +201,40 @@ def test_the_prompt_files_a_distill_stage_reads_are_in_its_done_hash(tmp_path):
                                                    "turns": ["Câu hỏi mới?"]}) + "\n")
     after = {n: stage_hash(s, {}) for n, s in stages.items()}
     assert [n for n in stages if before[n] != after[n]] == ["heldout:vi"]
+
+
+def test_an_explicit_redo_starts_the_stage_afresh_and_a_rerun_after_a_crash_resumes(tmp_path):
+    """FROM / FORCE clear a stage's resumable work before running it (a finished trainer's last checkpoint would
+    otherwise make the redo train nothing); a plain rerun of a stage without a record keeps it to resume from; a
+    work path outside the run directory is refused."""
+    import sys
+
+    from pipelines.plan import Stage
+    from pipelines.run import run_plan
+    from polyspec.errors import PolyspecError
+
+    run = tmp_path / "run"
+    work = run / "train" / "vi" / "pretrain"
+    # the stage "resumes": it counts the checkpoints it finds, then writes one more
+    script = ("import pathlib, sys; w = pathlib.Path(sys.argv[1]); w.mkdir(parents=True, exist_ok=True); "
+              "n = len(list(w.glob('checkpoint-*'))); (w / f'checkpoint-{n}').write_text(str(n))")
+    st = Stage("train:pretrain", "pretrain", [sys.executable, "-c", script, str(work)], work / "DONE.json", work=[work])
+    logs = []
+    run_plan([st], run, {}, log=logs.append)
+    assert sorted(p.name for p in work.glob("checkpoint-*")) == ["checkpoint-0"]
+    run_plan([st], run, {}, log=logs.append)  # done before: skipped, nothing touched
+    assert sorted(p.name for p in work.glob("checkpoint-*")) == ["checkpoint-0"]
+    (work / "DONE.json").unlink()  # as after a crash: no record, the work stays and the stage resumes from it
+    run_plan([st], run, {}, log=logs.append)
+    assert sorted(p.name for p in work.glob("checkpoint-*")) == ["checkpoint-0", "checkpoint-1"]
+    for kw in ({"from_stage": "train"}, {"force": True}):  # redo: cleared first, so the stage starts from nothing
+        logs.clear()
+        run_plan([st], run, {}, log=logs.append, **kw)
+        assert sorted(p.name for p in work.glob("checkpoint-*")) == ["checkpoint-0"], kw
+        assert any("cleared" in line for line in logs), logs
+    assert not list(work.parent.glob(".pretrain.cleared-*"))
+    outside = Stage("x", "pretrain", [sys.executable, "-c", "pass"], run / "x" / "DONE.json", work=[tmp_path / "elsewhere"])
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(PolyspecError, match="not inside the run directory"):
+        run_plan([outside], run, {}, force=True, log=logs.append)
+    assert (tmp_path / "elsewhere").is_dir()
