@@ -71,6 +71,12 @@ def eagle_layer_config(target_config, num_layers: int = 1) -> Any:
     return cfg
 
 
+def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x [B, L, ·] at rows [B, N] (-1 reads entry 0) → [B, N, ·]."""
+    rows = rows.clamp_min(0)
+    return x.gather(1, rows.view(*rows.shape, *([1] * (x.dim() - 2))).expand(*rows.shape, *x.shape[2:]))
+
+
 class EagleDrafter(nn.Module):
     drafter_type = "eagle"
     arch_name = "eagle1"
@@ -250,7 +256,7 @@ class Eagle3Drafter(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(T, device=g.device).unsqueeze(0)
         rows = query_rows.clamp_min(0)  # a padding row reads entry 0; its output is never used
-        take = lambda x: x.gather(1, rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # noqa: E731
+        take = lambda x: gather_rows(x, rows)  # noqa: E731
         x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(g)], dim=-1)
         q = a.q_proj(take(x)).view(B, rows.shape[1], -1, a.head_dim).transpose(1, 2)
         k = a.k_proj(x).view(B, T, -1, a.head_dim).transpose(1, 2)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from polyspec.drafter_models import gather_rows
 from polyspec.lookup import hint_inputs, hint_tensors
 
 
@@ -141,8 +142,9 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
                                       query_rows=rows)
             else:  # the entries at ``rows`` only, each reading the previous step's output at its position
                 prev = packs[i - 1][1].gather(1, rows.clamp_min(0))
-                pred, cache = drafter(_take(emb[:, 1 + i :], rows), _take(g, prev), position_ids=_take(pos, rows),
-                                      attention_mask=ttt_mask_rows(T - 1, [r for r, _ in packs[1 : i + 1]], emb.dtype),
+                mask4 = ttt_mask_rows(T - 1, [r for r, _ in packs[1 : i + 1]], emb.dtype)
+                pred, cache = drafter(gather_rows(emb[:, 1 + i :], rows), gather_rows(g, prev),
+                                      position_ids=gather_rows(pos, rows), attention_mask=mask4,
                                       past_key_values=cache, use_cache=True)
             out = pred[at[0], where[at]]
         else:
@@ -179,12 +181,6 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         metrics.update({f"feat_loss_{i}": float(feat.detach()), f"ce_{i}": float(ce.detach()), f"top1_{i}": float(acc)})
         g = pred  # next step reads the drafter's own features
     return total, metrics
-
-
-def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """x [B, L, ·] at rows [B, N] (-1 reads entry 0) → [B, N, ·]."""
-    rows = rows.clamp_min(0)
-    return x.gather(1, rows.view(*rows.shape, *([1] * (x.dim() - 2))).expand(*rows.shape, *x.shape[2:]))
 
 
 def _step_rows(masks: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
