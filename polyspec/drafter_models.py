@@ -71,6 +71,11 @@ def eagle_layer_config(target_config, num_layers: int = 1) -> Any:
     return cfg
 
 
+def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (True: may attend) → the additive mask of the same shape (0 or dtype's lowest) transformers takes."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """x [B, L, ·] at rows [B, N] (-1 reads entry 0) → [B, N, ·]."""
     rows = rows.clamp_min(0)
@@ -239,8 +244,7 @@ class Eagle3Drafter(nn.Module):
             allowed = allowed.view(1, 1, T, past + T).expand(B, 1, T, past + T)
             if attention_mask is not None:
                 allowed = allowed & attention_mask.bool()[:, None, None, -(past + T):]
-            attention_mask = torch.zeros(allowed.shape, dtype=g.dtype, device=g.device).masked_fill(
-                ~allowed, torch.finfo(g.dtype).min)
+            attention_mask = attention_bias(allowed, g.dtype)
         x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(g)], dim=-1)
         attn, _ = self.self_attn(x, position_embeddings=self.rotary(g, position_ids), attention_mask=attention_mask,
                                  past_key_values=past_key_values if use_cache else None)
@@ -255,8 +259,8 @@ class Eagle3Drafter(nn.Module):
         a, (B, T, _) = self.self_attn, input_embeds.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=g.device).unsqueeze(0)
-        rows = query_rows.clamp_min(0)  # a padding row reads entry 0; its output is never used
-        take = lambda x: gather_rows(x, rows)  # noqa: E731
+        take = lambda x: gather_rows(x, query_rows)  # noqa: E731  (a padding row, -1, reads entry 0; never used)
+        rows = query_rows.clamp_min(0)
         x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(g)], dim=-1)
         q = a.q_proj(take(x)).view(B, rows.shape[1], -1, a.head_dim).transpose(1, 2)
         k = a.k_proj(x).view(B, T, -1, a.head_dim).transpose(1, 2)
@@ -267,8 +271,7 @@ class Eagle3Drafter(nn.Module):
         _, k = apply_rotary_pos_emb(k, k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, 0)
-        allowed = torch.arange(T, device=g.device).view(1, 1, T) <= rows.unsqueeze(-1)  # causal: entry t sees 0..t
-        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=g.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
+        mask = attention_bias(torch.arange(T, device=g.device).view(1, 1, T) <= rows.unsqueeze(-1), q.dtype)  # causal
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.layer_config._attn_implementation, eager_attention_forward)
         out, _ = attend(a, q, k, v, mask.unsqueeze(1), dropout=0.0, scaling=a.scaling)
         h = take(g) + a.o_proj(out.reshape(B, rows.shape[1], -1).contiguous())

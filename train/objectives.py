@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from polyspec.drafter_models import gather_rows
+from polyspec.drafter_models import attention_bias, gather_rows
 from polyspec.lookup import hint_inputs, hint_tensors
 
 
@@ -129,7 +129,7 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
     ttt = eagle3 and cfg.ttt_steps > 1
     masks = [loss_rows(mask, i) for i in range(steps)]
     packs = _step_rows(masks) if eagle3 and packed else None
-    cache, lengths, row0 = (DynamicCache() if ttt else None), [], None
+    cache, lengths = (DynamicCache() if ttt else None), []
     for i in range(steps):
         L = T - 1 - i  # positions t = 0..T-2-i
         pos = torch.arange(1 + i, T, device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
@@ -141,7 +141,7 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
                 pred, cache = drafter(emb[:, 1:], g[:, :L], position_ids=pos, past_key_values=cache, use_cache=ttt,
                                       query_rows=rows)
             else:  # the entries at ``rows`` only, each reading the previous step's output at its position
-                prev = packs[i - 1][1].gather(1, rows.clamp_min(0))
+                prev = gather_rows(packs[i - 1][1], rows)
                 mask4 = ttt_mask_rows(T - 1, [r for r, _ in packs[1 : i + 1]], emb.dtype)
                 pred, cache = drafter(gather_rows(emb[:, 1 + i :], rows), gather_rows(g, prev),
                                       position_ids=gather_rows(pos, rows), attention_mask=mask4,
@@ -167,11 +167,10 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         # the head only where the loss reads it (prompt and padding rows are ~40 % of a finetune batch): rows
         # are picked before the [·, s] GEMMs, forward and backward
         if i == 0:
-            p = p0 if p0 is not None else target_probs(f[:, 1:][at], head_w, softcap)
-            row0 = torch.cumsum((m != 0).reshape(-1), 0).view_as(m) - 1  # a step-0 loss row's place in p
-            p_all = p
+            p = p_step0 = p0 if p0 is not None else target_probs(f[:, 1:][at], head_w, softcap)
+            row0 = torch.cumsum((m != 0).reshape(-1), 0).view_as(m) - 1  # a step-0 loss row's place in p_step0
         else:  # step i's row t is step 0's row t + i (loss_rows)
-            p = p_all[row0[:, i:][at]]
+            p = p_step0[row0[:, i:][at]]
         logq = torch.log_softmax(draft_logits(drafter, out, head_w, softcap).float(), dim=-1)
         ce = (-(p * logq).sum(-1) * w_rows).sum() / denom
         w = cfg.ttt_decay**i
@@ -212,8 +211,7 @@ def ttt_mask(lengths: list[int], L: int, batch: int, dtype: torch.dtype, device)
     blocks = [torch.arange(lengths[0], device=device)[None, :] <= t]
     blocks += [torch.arange(n, device=device)[None, :] == t for n in (*lengths[1:], L)]
     allowed = torch.cat(blocks, dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].expand(batch, 1, *allowed.shape)
+    return attention_bias(allowed, dtype)[None, None].expand(batch, 1, *allowed.shape)
 
 
 def ttt_mask_rows(prefix: int, rows: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -224,9 +222,7 @@ def ttt_mask_rows(prefix: int, rows: list[torch.Tensor], dtype: torch.dtype) -> 
     t = q.clamp_min(0).unsqueeze(-1)
     blocks = [torch.arange(prefix, device=q.device).view(1, 1, prefix) <= t]
     blocks += [r.unsqueeze(1) == q.unsqueeze(-1) for r in rows]
-    allowed = torch.cat(blocks, dim=-1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=q.device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask.unsqueeze(1)
+    return attention_bias(torch.cat(blocks, dim=-1), dtype).unsqueeze(1)
 
 
 def small_lm_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
