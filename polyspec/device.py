@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -20,7 +23,39 @@ _DTYPES = {
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """``auto`` -> ``cuda`` when available, else ``mps`` when available, else ``cpu``."""
+    """``auto`` -> ``cuda`` when available, else ``mps`` when available, else ``cpu``. A process that runs a model on
+    the CPU keeps the memory it frees (:func:`retain_freed_memory`)."""
+    dev = _resolve_device(device)
+    if dev.type == "cpu":
+        retain_freed_memory()
+    return dev
+
+
+# glibc's mallopt(3) parameters
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+@functools.cache
+def retain_freed_memory() -> bool:
+    """Make glibc's malloc serve large CPU tensors from its heap and keep freed memory for reuse; True when applied.
+
+    By default glibc gives every allocation above its mmap threshold (at most 32 MB) fresh pages from ``mmap`` and
+    unmaps them when freed, and returns the heap's free top above the trim threshold to the kernel. A forward then
+    page-faults its large temporaries in anew at every step: a 32-row step's logits over Gemma-3's 262K vocabulary
+    are 33.5 MB. Measured on the Xeon limited to AVX2 and fp32: ``torch.logsumexp`` over them 32.5 → 15.6 ms,
+    ``x - max`` 19.4 → 4.0 ms; distillation +5–8 % tokens/s. ``POLYSPEC_MALLOC=default`` leaves malloc as it is;
+    nothing happens off Linux or without glibc's ``mallopt``."""
+    if os.environ.get("POLYSPEC_MALLOC", "") == "default" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    # no mmap()ed chunks at all (a raised mmap threshold caps at 32 MB); free memory is trimmed only past 1 GB
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
     if isinstance(device, torch.device):
         return device
     if device in (None, "auto"):

@@ -1,5 +1,10 @@
 """dtype auto: bf16 where the device computes it natively, fp32 elsewhere; POLYSPEC_DTYPE overrides auto."""
 
+import ctypes
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -34,3 +39,35 @@ def test_native_bf16_probe_reads_cpu_flags_when_torch_cannot_tell(monkeypatch, t
     assert device.cpu_native_bf16() is False  # AVX512 without BF16 only emulates it
     info.write_text("flags : fpu avx2 avx512f avx512bw avx512_bf16\n")
     assert device.cpu_native_bf16() is True
+
+
+_MMAP_PROBE = """
+import ctypes, sys, torch
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+def mmapped_by(n):  # how many more mmap()ed chunks malloc holds while an n-byte tensor lives
+    before = libc.mallinfo2().hblks
+    x = torch.empty(n, dtype=torch.uint8)
+    return libc.mallinfo2().hblks - before
+first = mmapped_by(40 << 20)
+from polyspec.device import resolve_device
+resolve_device(sys.argv[1])
+print(first, mmapped_by(40 << 20), mmapped_by(80 << 20))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize("malloc", ["", "default"])
+def test_a_cpu_process_keeps_large_tensors_on_the_heap(malloc):
+    """resolve_device("cpu") stops glibc from mmap()ing (and page-faulting anew) every large temporary;
+    POLYSPEC_MALLOC=default leaves malloc as it is."""
+    env = {**os.environ, "POLYSPEC_MALLOC": malloc}
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("no glibc mallinfo2 (glibc < 2.33 or another libc)")
+    out = subprocess.run([sys.executable, "-c", _MMAP_PROBE, "cpu"], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    first, after, larger = map(int, out)
+    assert first == 1  # glibc's default: a 40 MB tensor is its own mmap()
+    assert (after, larger) == ((1, 1) if malloc == "default" else (0, 0))
