@@ -42,7 +42,7 @@ def retain_freed_memory() -> bool:
     By default glibc gives every allocation above its mmap threshold (at most 32 MB) fresh pages from ``mmap`` and
     unmaps them when freed, and returns the heap's free top above the trim threshold to the kernel. A forward then
     page-faults its large temporaries in anew at every step: a 32-row step's logits over Gemma-3's 262K vocabulary
-    are 33.5 MB. Measured on the Xeon limited to AVX2 and fp32: ``torch.logsumexp`` over them 32.5 → 15.6 ms,
+    are 33.5 MB. Measured on the AVX2 host (AMD EPYC, fp32): ``torch.logsumexp`` over them 32.5 → 15.6 ms,
     ``x - max`` 19.4 → 4.0 ms; distillation +5–8 % tokens/s. ``POLYSPEC_MALLOC=default`` leaves malloc as it is;
     nothing happens off Linux or without glibc's ``mallopt``."""
     if os.environ.get("POLYSPEC_MALLOC", "") == "default" or not sys.platform.startswith("linux"):
