@@ -1,4 +1,5 @@
-"""``device=auto`` and dtype resolution, shared by every stage that runs a model."""
+"""``device=auto`` and dtype resolution, shared by every stage that runs a model, and the CPU allocator setting
+that a process running a model on the CPU gets (:func:`retain_freed_memory`)."""
 
 from __future__ import annotations
 

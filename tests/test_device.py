@@ -63,9 +63,9 @@ print(first, mmapped_by(40 << 20), mmapped_by(80 << 20))
 def test_a_cpu_process_keeps_large_tensors_on_the_heap(malloc):
     """resolve_device("cpu") stops glibc from mmap()ing (and page-faulting anew) every large temporary;
     POLYSPEC_MALLOC=default leaves malloc as it is."""
-    env = {**os.environ, "POLYSPEC_MALLOC": malloc}
     if not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("no glibc mallinfo2 (glibc < 2.33 or another libc)")
+    env = {**os.environ, "POLYSPEC_MALLOC": malloc}
     out = subprocess.run([sys.executable, "-c", _MMAP_PROBE, "cpu"], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     first, after, larger = map(int, out)
