@@ -46,9 +46,8 @@ class _Arm:
 # (49, seven languages + mixed; demo bundle, bf16 Xeon, interleaved runs, ±3–4 % run to run): these two arms ran
 # 1.03, 1.11 and 1.06× pld, the old four arms (plain and drafter included) 1.03–1.07× in five runs (means 1.07 and
 # 1.04: probing two dominated arms costs), SPECTRA alone 1.08–1.10×. Without SPECTRA (no n-gram tables), the arms are the plain forward and the drafter.
-# Where the node budget was not measured on this device and dtype (no calibration entry, or nodes chosen by hand), or
-# the tree holds more nodes than the measured budget (it holds at least 10: ``decoder.methods``), nothing says a
-# SPECTRA tree costs about a forward, so the plain forward stays an arm (``plain_arm``): measured in
+# Where the node budget was not measured on this device and dtype (no calibration entry, or nodes chosen by hand)
+# nothing says a SPECTRA tree costs about a forward, so the plain forward stays an arm (``plain_arm``): measured in
 # fp32 on the bf16 host with the bf16 calibration's bundle (12 default nodes), the two arms ran 1.00× pld (ja 0.92,
 # mixed 0.91) where the four had run 1.02×.
 NO_MATCH_ARMS = ("spectra", "drafter+spectra")
@@ -65,17 +64,12 @@ BLANK_ARMS = NO_SPECTRA_ARMS
 # 10 prompts), match steps ran at 134 tok/s with prompt lookup's chain alone and 112 with SPECTRA's fill (its wider
 # trees cost verification time, its extra nodes were rarely the kept branch), and the hybrid without that arm was
 # 1.05–1.07× the hybrid with it on two prompt sets (16 and 8 prompts, one interleaved run each)
-# ``pld10`` is ``pld``'s own step at a match (its chain as the ``pld`` method proposes it: 10 deep, not run on into
-# a loop, not grown): with it and the plain forward every step kind has the step ``pld`` would take as an arm, so
-# the measured choice cannot fall behind ``pld`` beyond its probes and the noise. Measured on the AMD EPYC host
-# (fp32, verify(20) ≈ 1.7 forwards against ≈ 1.3 at 10), the hybrid's grown chains made its match steps slower
-# than ``pld``'s in ja (18 against 20 tok/s) and it ran 0.90× ``pld`` in ja and mixed (held-out prompts).
-MATCH_ARMS = ("pld", "pld10")
+MATCH_ARMS = ("pld",)
 # A *weak* match: prompt lookup matched only the last token (a 1-gram). Measured on the held-out prompts (demo
 # bundle, bf16 Xeon), such chains kept nothing at 44–47 % of their steps (2- and 3-gram matches: 4–21 %), so there
 # SPECTRA's guesses beside the chain (the rest of the flat budget) are an arm of their own. The bandit ran the two
 # about evenly and the kind added ~1 % (within the runs' ±3 %).
-WEAK_ARMS = ("pld", "pld+spectra", "pld10")
+WEAK_ARMS = ("pld", "pld+spectra")
 
 
 class HybridSource(DraftSource):
@@ -85,19 +79,17 @@ class HybridSource(DraftSource):
     Each step prompt lookup's loop-aware chain (``PromptLookup(grow_to=)``) and SPECTRA's guesses are looked up
     first (free, ~0.2 ms); what they found makes the step's kind, and each kind has its arms:
 
-    - *match* (a 2- or 3-gram lookup match; ``MATCH_ARMS``): prompt lookup's loop-aware chain alone (SPECTRA's
-      fill beside it was measured slower), or ``pld``'s own chain (``pld10``);
-    - *weak* (a 1-gram match; ``WEAK_ARMS``): the loop-aware chain, with or without SPECTRA's guesses filling the
-      rest of the budget, or ``pld``'s own chain;
+    - *match* (a 2- or 3-gram lookup match; ``MATCH_ARMS``): prompt lookup's chain alone (SPECTRA's fill beside it
+      was measured slower);
+    - *weak* (a 1-gram match; ``WEAK_ARMS``): the chain, with or without SPECTRA's guesses filling the rest of the
+      budget;
     - *no-match* (no lookup match, SPECTRA guesses; ``NO_MATCH_ARMS``): SPECTRA's guesses filling the device's
       flat-verify budget (``nodes``: ``calibration.json`` ``tree_budget`` − 1; merged into one trie, shared
       prefixes share nodes), with or without the trained drafter's chain first (where the node budget was not
-      measured on this device, or exceeds the measured one, ``plain_arm``: the plain forward as well);
+      measured on this device, ``plain_arm``: the plain forward as well);
     - *blank* (neither; ``BLANK_ARMS``, also every no-match step of a hybrid without SPECTRA): a plain forward,
       what ``pld`` does, or the drafter's chain.
 
-    So each kind has ``pld``'s own step among its arms (``pld10`` at a match, the plain forward where prompt lookup
-    found nothing; beside SPECTRA's calibrated tree only where that tree is not known to cost about a forward).
     Which arm pays is measured, not modelled (SPIDE's "measure, then decide" applied to whole steps; a bandit
     over step kinds): per request language (``lang_of``: fastText's label of the prompt), drafter language
     and step kind, running means of the tokens and the seconds of the steps each arm ran (each from the start of
@@ -131,7 +123,6 @@ class HybridSource(DraftSource):
         # blank steps (no lookup match, no SPECTRA guess) and weak matches (a 1-gram) are kinds of their own
         # (``scripts/hybrid_ab.py``'s ``noblank`` and ``noweak`` turn them off to compare)
         self.split_blank = self.split_weak = True
-        self.pld_arm = True  # ``pld10`` among the match and weak arms (``scripts/hybrid_ab.py``'s ``nopld10``: not)
         self.request_lang: str | None = None
         self.draft_tok_s = 0.002  # running mean cost of one drafted token (s); measured from the first step
         # (request language, drafter language, step kind) → arm → its measured steps
@@ -207,8 +198,7 @@ class HybridSource(DraftSource):
             names = tuple(dict.fromkeys(("plain",) * self.plain_arm + NO_MATCH_ARMS))
         else:
             names = NO_SPECTRA_ARMS
-        return tuple(a for a in names if (self.drafter is not None or "drafter" not in a)
-                     and (self.pld_arm or a != "pld10"))
+        return tuple(a for a in names if self.drafter is not None or "drafter" not in a)
 
     def arm(self, name: str, kind: str = "no-match") -> _Arm:
         """The measured steps of arm ``name`` of step kind ``kind`` for the current request and drafter language."""
@@ -259,8 +249,6 @@ class HybridSource(DraftSource):
         self.by_kind[f"{kind}:{arm}"] = self.by_kind.get(f"{kind}:{arm}", 0) + 1
         self._measured = self.arm(arm, kind)
         self.used_drafter = "drafter" in arm
-        if arm == "pld10":
-            lookup = self.ngram[0].as_pld(ctx)
         cands = [lookup]
         if self.used_drafter:
             if self.drafter.lang != self._warm_lang:  # its first step of a request or language syncs a whole

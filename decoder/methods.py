@@ -211,11 +211,9 @@ def _hybrid(o: SourceOptions):
     # 2-core CPU: a 5-node flat budget cut the base model's long, looping guesses; spectra at 10 nodes ran 3.8× AR,
     # hybrid at 5 branch nodes 3.2×)
     nodes = max(o.tree_nodes, 10)
-    # the plain forward stays a no-match arm unless SPECTRA's tree is known to cost about a forward here: a budget
-    # measured on this device, and no more nodes than it (the AMD host's fp32 budget is 3: 10 nodes cost 1.3 forwards)
     return HybridSource(d, [_loop_lookup(), SpectraSource(_spectra_tables(o), nodes)], nodes=nodes,
                         gamma_max=o.gamma_max, lang_of=_request_language(o.target.tokenizer),
-                        plain_arm=not o.tree_measured or nodes > o.tree_nodes)
+                        plain_arm=not o.tree_measured)
 
 
 def _request_language(tokenizer):

@@ -29,22 +29,15 @@ class PromptLookup(DraftSource):
         self.gamma, self.max_ngram, self.grow_to = gamma, max_ngram, grow_to
         self.depth = gamma
         self.match_len = 0  # n of the last proposal's suffix n-gram (0: no match)
-        self.found: tuple[int, int] | None = None  # the last proposal's earlier occurrence (``as_pld``)
 
     def begin(self, ctx: DecodeState) -> None:
         self.depth = self.gamma
 
     def propose(self, ctx: DecodeState) -> Proposal:
         g, seen = min(self.depth, ctx.max_depth), ctx.tokens[: ctx.pend + 1]
-        found = self.found = earlier_occurrence(seen, self.max_ngram) if g > 0 else None
+        found = earlier_occurrence(seen, self.max_ngram) if g > 0 else None
         self.match_len = found[1] if found else 0
         return Proposal.chain(copy_after(seen, found, g, extend=self.grow_to is not None), self.name)
-
-    def as_pld(self, ctx: DecodeState) -> Proposal:
-        """The chain ``pld`` itself proposes at the step :meth:`propose` just looked up: ``gamma`` deep from the same
-        occurrence, neither run on into a loop nor grown (the hybrid's ``pld10`` arm)."""
-        seen = ctx.tokens[: ctx.pend + 1]
-        return Proposal.chain(copy_after(seen, self.found, min(self.gamma, ctx.max_depth)), self.name)
 
     def update(self, ctx: DecodeState, v: Verified) -> None:
         if self.grow_to is None:

@@ -10,9 +10,7 @@ drafter+spectra), ``nolid`` (no request-language key: arms measured per drafter 
 requests), ``noblank`` (no ``blank`` step kind: steps with neither a lookup match nor a SPECTRA guess count as
 no-match steps, as before 5c964f3), ``noweak`` (no ``weak`` step kind: a 1-gram lookup match is a match like any
 other), ``nodes=N`` (SPECTRA's and the merged tree's node budget), ``grow=N`` (prompt lookup's loop-aware chain
-grows to N tokens, not 20), ``plain`` / ``noplain`` (the plain forward as a no-match arm beside SPECTRA's, or not,
-whatever the calibration says: ``plain_arm``), ``nopld10`` (no ``pld10`` arm: at a match only the loop-aware
-chain, as before 2026-11-27). Prints
+grows to N tokens, not 20), ``plain`` (the plain forward as a no-match arm beside SPECTRA's, ``plain_arm``). Prints
 tokens/s, τ, the answers identical to ``pld``'s, each language's ratio to ``pld`` in tokens/s (wall time after the
 prefill) and in τ, how many steps each hybrid variant ran per step kind and arm, and per language the share of
 ``pld``'s step time spent on steps where prompt lookup had no match (one plain forward, one token) with the bound it
@@ -50,10 +48,6 @@ def build(variant: str, target, bundle):
             arms = ("plain", "spectra", "drafter", "drafter+spectra")
         elif c == "plain":  # the plain forward as a no-match arm beside SPECTRA's (``plain_arm``)
             dec.source.plain_arm = True
-        elif c == "noplain":
-            dec.source.plain_arm = False
-        elif c == "nopld10":  # at a match only the loop-aware chain (``pld``'s own chain is no arm)
-            dec.source.pld_arm = False
         elif c == "nolid":
             dec.source.lang_of = None
         elif c == "noblank":

@@ -88,7 +88,7 @@ def test_hybrid_runs_the_drafter_only_on_no_match_steps_whose_arm_is_the_drafter
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10)
     fresh = state([10, 11, 12, 13])  # no earlier n-gram: prompt lookup has nothing
     hyb.begin(fresh)
-    assert hyb.arm_names("no-match") == ("plain", "drafter") and hyb.arm_names("match") == ("pld", "pld10")  # no SPECTRA
+    assert hyb.arm_names("no-match") == ("plain", "drafter") and hyb.arm_names("match") == ("pld",)  # no SPECTRA
     hyb.arms[(None, "en", "no-match")] = {"plain": _Arm(5, 1.0, 0.05, 5), "drafter": _Arm(5, 3.0, 0.06, 5)}  # 20 vs 50 tok/s
     p = hyb.propose(fresh)
     assert hyb.choice == "drafter" and drafter.calls == 1
@@ -96,7 +96,7 @@ def test_hybrid_runs_the_drafter_only_on_no_match_steps_whose_arm_is_the_drafter
     looping = state([10, 11, 12, 10, 11])  # "10 11" occurred before: prompt lookup proposes what followed
     for _ in range(10):  # a match step never runs the drafter, probes included
         p = hyb.propose(looping)
-        assert hyb.choice in ("pld", "pld10") and p.tokens[0] == 12 and "drafter" not in p.origin
+        assert hyb.choice == "pld" and p.tokens[0] == 12 and "drafter" not in p.origin
     assert drafter.calls == 1
 
 
@@ -125,7 +125,7 @@ def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest()
                        warmup=2, probe_every=5)
     # beside SPECTRA neither a plain forward nor the drafter's chain alone is an arm (decoder.hybrid: dominated)
     assert hyb.arm_names("no-match") == ("spectra", "drafter+spectra")
-    assert hyb.arm_names("match") == ("pld", "pld10")  # SPECTRA's fill beside a match was measured slower (decoder.hybrid)
+    assert hyb.arm_names("match") == ("pld",)  # SPECTRA's fill beside a match was measured slower (decoder.hybrid)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
     p = hyb.propose(ctx)
@@ -151,30 +151,26 @@ def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest()
 
 def test_hybrid_falls_back_to_prompt_lookups_own_step_where_nothing_beats_it():
     """The measured rates decide: without SPECTRA, with the drafter slower than a plain forward on no-match steps and
-    ``pld``'s own chain faster than the loop-aware one at a match, the hybrid runs what `pld` runs on all but its
-    probing steps; with SPECTRA, a drafter that does not pay costs only its probes (SPECTRA's trees run the other
-    steps)."""
+    prompt lookup's chain the one match arm, the hybrid runs what `pld` runs on all but its probing steps; with
+    SPECTRA, a drafter that does not pay costs only its probes (SPECTRA's trees run the other steps)."""
     for ngram, fallback in (([], "plain"), ([SpectraSource(guessing_spectra(), 10)], "spectra")):
         drafter = FakeDrafter([40, 41, 42])
         hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), *ngram], nodes=10, probe_every=8)
         hyb.begin(state([10, 11, 12, 13]))
         with_drafter = "drafter+spectra" if ngram else "drafter"
         hyb.arms[(None, "en", "no-match")] = {fallback: _Arm(9, 1.0, 0.04, 9), with_drafter: _Arm(9, 1.2, 0.06, 9)}
-        hyb.arms[(None, "en", "match")] = {"pld": _Arm(9, 4.0, 0.05, 9), "pld10": _Arm(9, 3.0, 0.03, 9)}
+        hyb.arms[(None, "en", "match")] = {"pld": _Arm(9, 4.0, 0.05, 9)}
         no_match, match = state([10, 11, 12, 13]), state([10, 11, 12, 10, 11])
         picks = {"no-match": [], "match": []}
         for _ in range(40):
             for kind, ctx in (("no-match", no_match), ("match", match)):
                 p = hyb.propose(ctx)
                 picks[kind].append(hyb.choice)
-                if hyb.choice in ("plain", "pld10"):  # exactly `pld`'s step (10 deep, not run on into the loop)
-                    assert p.tokens == PromptLookup(10).propose(ctx).tokens and set(p.origin) <= {"pld"}
-                    assert len(p.tokens) == (3 if kind == "match" else 0)  # the loop-aware chain: 10
-                if hyb.choice == "pld":
-                    assert p.tokens == PromptLookup(10, grow_to=20).propose(ctx).tokens and len(p.tokens) == 10
+                if hyb.choice in ("plain", "pld"):  # exactly prompt lookup's step
+                    assert p.tokens == PromptLookup(10, grow_to=20).propose(ctx).tokens and set(p.origin) <= {"pld"}
                 if hyb.choice == "spectra":  # SPECTRA's tree alone, the drafter idle
                     assert set(p.origin) <= {"spectra"} and not hyb.used_drafter
-        assert picks["no-match"].count(fallback) == 35 and picks["match"].count("pld10") == 35  # 1 in 8 probes
+        assert picks["no-match"].count(fallback) == 35 and picks["match"].count("pld") == 40  # 1 in 8 probes
         assert hyb.chosen[fallback] == 35 and sum(hyb.chosen.values()) == 80 and drafter.calls == 5
 
 
@@ -271,8 +267,7 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     llama = load_target(str(tiny_llama_dir))
     bundle = make_tiny_bundle(tmp_path / "oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768))
     prompts = [(lang, p) for lang, p in zip(("en", "de", "en"), random_prompts(llama, 3, seed=5, max_len=30))]
-    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra", "hybrid:plain",
-                "hybrid:nopld10:noplain"]
+    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra", "hybrid:plain"]
     no_match: dict = {}
     agg, outputs = ab.compare(llama, bundle, prompts, variants, 24, no_match_out=no_match)
     refs = [greedy_generate(llama, p, 24) for _, p in prompts]
@@ -286,9 +281,6 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     assert 0 < blank < every <= agg["pld"]["all"][0]
     with pytest.raises(SystemExit, match="unknown change"):
         ab.build("hybrid:what", llama, bundle)
-    before, _ = ab.build("hybrid:nopld10:noplain", llama, bundle)  # the arms before 2026-11-27
-    assert before.source.arm_names("match") == ("pld",) and before.source.arm_names("weak") == ("pld", "pld+spectra")
-    assert before.source.arm_names("no-match") == ("spectra", "drafter+spectra")
 
 
 def test_a_node_budget_not_measured_here_keeps_the_plain_forward_as_an_arm():
@@ -317,7 +309,7 @@ def test_hybrid_tells_blank_steps_and_weak_matches_from_the_others():
     blank, no_match = state([10, 11, 12, 14]), state([10, 11, 12, 13])
     weak, strong = state([13, 20, 5, 12, 13]), state([10, 13, 20, 10, 13])
     for ctx, kind, arms in ((blank, "blank", ("plain", "drafter")), (no_match, "no-match", ("spectra", "drafter+spectra")),
-                            (weak, "weak", ("pld", "pld+spectra", "pld10")), (strong, "match", ("pld", "pld10"))):
+                            (weak, "weak", ("pld", "pld+spectra")), (strong, "match", ("pld",))):
         hyb = hybrid()
         hyb.begin(ctx)
         assert hyb.arm_names(kind) == arms
@@ -330,9 +322,6 @@ def test_hybrid_tells_blank_steps_and_weak_matches_from_the_others():
             if hyb.choice == "pld+spectra":  # prompt lookup's chain first, SPECTRA's guesses beside it (12 nodes)
                 assert p.tokens[:10] == PromptLookup(10, grow_to=20).propose(ctx).tokens
                 assert p.tokens[10:] == [30, 31] and p.parents[10:] == [-1, 10] and p.origin[10:] == ["spectra"] * 2
-            if hyb.choice == "pld10":  # `pld`'s own chain: it stops at the end of the context
-                assert p.tokens == PromptLookup(10).propose(ctx).tokens and p.origin == ["pld"] * len(p.tokens)
-                assert p.tokens != PromptLookup(10, grow_to=20).propose(ctx).tokens
         assert ran == list(arms) and set(hyb.by_kind) == {f"{kind}:{a}" for a in arms}
     hyb = hybrid()
     hyb.split_blank = hyb.split_weak = False  # scripts/hybrid_ab.py's noblank / noweak: the kinds before
