@@ -10,7 +10,8 @@ drafter+spectra), ``nolid`` (no request-language key: arms measured per drafter 
 requests), ``noblank`` (no ``blank`` step kind: steps with neither a lookup match nor a SPECTRA guess count as
 no-match steps, as before 5c964f3), ``noweak`` (no ``weak`` step kind: a 1-gram lookup match is a match like any
 other), ``nodes=N`` (SPECTRA's and the merged tree's node budget), ``grow=N`` (prompt lookup's loop-aware chain
-grows to N tokens, not 20), ``plain`` (the plain forward as a no-match arm beside SPECTRA's, ``plain_arm``). Prints
+grows to N tokens, not 20), ``plain`` (the plain forward as a no-match arm beside SPECTRA's, ``plain_arm``),
+``warmup=N`` (each arm's measured steps before the fastest one runs, not 3). Prints
 tokens/s, τ, the answers identical to ``pld``'s, each language's ratio to ``pld`` in tokens/s (wall time after the
 prefill) and in τ, how many steps each hybrid variant ran per step kind and arm, and per language the share of
 ``pld``'s step time spent on steps where prompt lookup had no match (one plain forward, one token) with the bound it
@@ -56,6 +57,8 @@ def build(variant: str, target, bundle):
             dec.source.split_weak = False
         elif c.startswith("nodes="):  # SPECTRA's and the merged tree's node budget (default: calibrated, ≥ 10)
             dec.source.nodes = dec.source.ngram[1].nodes = int(c.removeprefix("nodes="))
+        elif c.startswith("warmup="):  # measured steps each arm of a step kind gets before the fastest runs (default 3)
+            dec.source.warmup = int(c.removeprefix("warmup="))
         elif c.startswith("grow="):  # how deep prompt lookup's loop-aware chain may grow (default 20)
             dec.source.ngram[0].grow_to = int(c.removeprefix("grow="))
         else:

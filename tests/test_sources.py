@@ -267,7 +267,7 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     llama = load_target(str(tiny_llama_dir))
     bundle = make_tiny_bundle(tmp_path / "oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768))
     prompts = [(lang, p) for lang, p in zip(("en", "de", "en"), random_prompts(llama, 3, seed=5, max_len=30))]
-    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra", "hybrid:plain"]
+    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra", "hybrid:plain:warmup=1"]
     no_match: dict = {}
     agg, outputs = ab.compare(llama, bundle, prompts, variants, 24, no_match_out=no_match)
     refs = [greedy_generate(llama, p, 24) for _, p in prompts]
@@ -281,6 +281,7 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     assert 0 < blank < every <= agg["pld"]["all"][0]
     with pytest.raises(SystemExit, match="unknown change"):
         ab.build("hybrid:what", llama, bundle)
+    assert ab.build("hybrid:warmup=1", llama, bundle)[0].source.warmup == 1
 
 
 def test_a_node_budget_not_measured_here_keeps_the_plain_forward_as_an_arm():
