@@ -16,10 +16,14 @@
 # stage N copies .gpu-real/N to $STAGE (outside the checkout, which each call replaces) and installs the carried wheels
 # into $SITE once. run rebuilds the package's installed layout in $SITE from the parts (the GGUF, checked against the
 # sha256 recorded when packing, and the package's dist-info, which polyspec reads to find the GGUF; BENCH=0 stops
-# there), then decoder.bench on the held-out English prompts: bf16 (the device's dtype: ar, hf-generate, pld, spectra,
-# eagle3, adaspec, hybrid; PER_CELL=2 of each category's 4, TOKENS=128) and fp32 (FP32_PER_CELL=1: every answer must
-# equal ar's), reports to $OUT/bf16.* and $OUT/fp32.*, the log to $OUT/gpu-real.log. Rehearsed on CPU 2026-11-27
-# (a cpu-chat bundle of 291006e, 6 prompts, 48 tokens, 2:23 in all).
+# there), calibrates the bundle for this device (decoder.calibrate, ≤ CAL_S=150 s, verify curve to CAL_MAX_K=32;
+# CALIBRATE=0 skips it), then decoder.bench on the held-out English prompts: bf16 (the device's dtype: ar, hf-generate,
+# pld, spectra, eagle3, adaspec, hybrid; PER_CELL=2 of each category's 4, TOKENS=128) and fp32 (FP32_PER_CELL=1: every
+# answer must equal ar's; BF16_METHODS, FP32_METHODS), reports to $OUT/bf16.* and $OUT/fp32.* as each run ends, the log to
+# $OUT/gpu-real.log, the device's calibration to $OUT/calibration.json. Part 3 also holds the tokenizer the bundle was
+# built with: another transformers converts the GGUF's tokenizer to another one (the H200 image's 5.17 did), and run
+# gives the device's target cache the bundle's where the pins differ (scripts/gpu_real_tokenizer.py).
+# Run on an H200 2026-11-27 (docs/experiments.md: 6 prompts × 128 tokens, bf16 and fp32, ~4 minutes with the cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -54,6 +58,12 @@ print(next(p for p in f if str(p).endswith(".gguf")), next(p for p in f if str(p
   (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") >"$PACK/2/gguf.sha256"
   cp -r "$dist" "$PACK/2/"
   cp -r "$bundle" "$PACK/3/bundle"
+  # the tokenizer this machine's transformers made of the GGUF, which the bundle was built with and pins: another
+  # transformers converts it differently (5.17 gives SmolLM2 <|im_start|> as EOS, 5.24 <|im_end|>), see run
+  cache=$("$PY" -c "from polyspec.gguf_cache import prepare_gguf_cache; from polyspec.target_registry import resolve_target
+print(prepare_gguf_cache(resolve_target('$TARGET')))" | tail -n 1)  # built first where this machine has none
+  mkdir -p "$PACK/3/tokenizer"
+  cp "$cache"/tokenizer.json "$cache"/tokenizer_config.json "$cache"/chat_template.jinja "$PACK/3/tokenizer/"
   for n in 1 2 3; do
     size=$(du -sb "$PACK/$n" | cut -f1)
     echo "$PACK/$n: $((size / MIB)) MiB"
@@ -85,18 +95,28 @@ print(locate_gguf(resolve_target('$TARGET')))")
   if [ "$DEVICE" = cpu ]; then PER_CELL=1; TOKENS=48; fi
   common=(--bundle "$STAGE/3/bundle" --engine-bundle "$STAGE/3/bundle" --target "$TARGET"
           --questions synth/data/heldout.jsonl --langs en --max-new-tokens "$TOKENS" --repeats 1)
+  reports() { for f in report.md report.json; do [ ! -f "$STAGE/$1/$f" ] || cp "$STAGE/$1/$f" "$OUT/$1.$f"; done; }
   rc=0
   {  # the first load builds polyspec's safetensors cache from the reassembled GGUF
     "$PY" -m polyspec.targets info "$TARGET" || rc=1
+    # the bundle pins the tokenizer it was built with; where this device's transformers converted the GGUF's
+    # tokenizer to another one, the cache takes the bundle's (packed beside it; scripts/gpu_real_tokenizer.py)
+    "$PY" scripts/gpu_real_tokenizer.py "$TARGET" "$STAGE/3" || rc=1
+    # this device's own calibration (UNISPEC: γ and the tree budget), as a user serving on it would run; bounded, so a
+    # slow one leaves the benchmark its time (without it the decoder takes the device's defaults and says so)
+    if [ "${CALIBRATE:-1}" = 1 ]; then
+      timeout -k 10 "${CAL_S:-150}" "$PY" -m decoder.calibrate --bundle "$STAGE/3/bundle" --target "$TARGET" \
+        --max-k "${CAL_MAX_K:-32}" || echo "calibration: exit $? (the benchmark runs on the device's defaults)"
+    fi
     "$PY" -m decoder.bench "${common[@]}" --per-cell "$PER_CELL" \
-      --methods ar,hf-generate,pld,spectra,eagle3,adaspec,hybrid --out "$STAGE/bf16" || rc=1
+      --methods "${BF16_METHODS:-ar,hf-generate,pld,spectra,eagle3,adaspec,hybrid}" --out "$STAGE/bf16" || rc=1
+    reports bf16  # now, so a call cut during the fp32 run still brings these back
     POLYSPEC_DTYPE=float32 "$PY" -m decoder.bench "${common[@]}" --per-cell "$FP32_PER_CELL" \
-      --methods ar,pld,eagle3,adaspec,hybrid --out "$STAGE/fp32" || rc=1
+      --methods "${FP32_METHODS:-ar,pld,eagle3,adaspec,hybrid}" --out "$STAGE/fp32" || rc=1
+    reports fp32
+    cp "$STAGE/3/bundle/calibration.json" "$OUT/" 2>/dev/null || true
     echo "gpu-real: exit $rc"
   } > >(tee "$OUT/gpu-real.log") 2>&1
-  for d in bf16 fp32; do
-    for f in report.md report.json; do if [ -f "$STAGE/$d/$f" ]; then cp "$STAGE/$d/$f" "$OUT/$d.$f"; fi; done
-  done
   exit "$rc"
   ;;
 *)
