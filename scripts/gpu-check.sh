@@ -76,13 +76,14 @@ EOF
 export -f wheels
 
 # reserves: what the later steps need at least (measured on an H100, 2026-11-26: wheels 8 s, cuda-tests 72 s,
-# target 25 s, smoke 350 s — every stage loads the 16 GB target —, figures ~60 s)
+# target 25 s, smoke 350 s — every stage loads the 16 GB target —, figures ~60 s; on an H200, 2026-11-27: wheels 10 s,
+# cuda-tests 102 s, target 29 s, figures 143 s, then +~20 s for sdpa_ab)
 step wheels 60 480 bash -c wheels
 step cuda-tests 150 440 "$PY" -m pytest -q -m cuda -p no:cacheprovider -rs tests/test_cuda.py --junitxml="$WORK/cuda-tests.xml"
 if step target 120 420 "$PY" -m polyspec.random_target --preset "$PRESET" --tokenizer "$TOKENIZER" --out "$WORK/target"; then
   [ "${SMOKE:-1}" = 0 ] || step smoke 400 90 "$PY" -m pipelines run --profile gpu-smoke --target "$WORK/target" --run "$WORK/smoke"
   bundle=$WORK/smoke/export/engines/bundle
-  step figures 150 0 "$PY" scripts/gpu_figures.py --target "$WORK/target" --out "$WORK/figures.json" \
+  step figures 190 0 "$PY" scripts/gpu_figures.py --target "$WORK/target" --out "$WORK/figures.json" \
     $([ -f "$bundle/manifest.json" ] && echo --bundle "$bundle")
 fi
 [ -f "$WORK/smoke/eval/report.md" ] && cp "$WORK/smoke/eval/report.md" "$OUT/smoke-eval.md"

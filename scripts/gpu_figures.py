@@ -3,12 +3,15 @@
     python scripts/gpu_figures.py --target /tmp/gpu-check/target [--bundle <engines bundle>] [--max-k 64] --out f.json
 
 - verify(k)/forward(1) for k = 1…max-k at a 200-token context (decoder.costs' protocol: a KV-cached forward of k
-  tokens, rolled back after each; medians of --reps), and tree_budget (the flat region UNISPEC-style calibration uses);
+  tokens, rolled back after each; ``stable_curve``: --passes passes over every k, each k keeping the smallest of its
+  medians of --reps, as ``decoder.calibrate`` measures it), and tree_budget (the flat region UNISPEC-style calibration
+  uses; read off the monotone fit);
 - the draft cost per drafted token of every drafter kind shaped for the target (random weights: cost does not depend
   on them) and of the bundle's EAGLE-3 drafter when given (EAGLE-3, Li et al. 2025);
 - autoregressive tokens/s of polyspec's own loop (``Decoder(method="ar")``) and of transformers' ``generate``, greedy,
   on the built-in English seed instructions, no stop strings (both produce the same tokens; checked), and where each
-  loop's time per token goes (``ar_profile``: host calls, kernels, device time, synchronizing calls).
+  loop's time per token goes (``ar_profile``: host calls, kernels, device time, synchronizing calls);
+- ``sdpa_ab``: the ``ar`` and ``pld`` loops with PyTorch's cuDNN attention allowed and not (CUDA only).
 """
 
 from __future__ import annotations
@@ -89,6 +92,45 @@ def ar_speed(target, max_new_tokens: int, prompts: int, rounds: int = 2) -> dict
     return out
 
 
+def sdpa_ab(target, max_new_tokens: int = 96) -> dict:
+    """tok/s of polyspec's ``ar`` and ``pld`` loops with PyTorch's cuDNN attention backend allowed and not
+    (``torch.backends.cuda.enable_cudnn_sdp``; the order on, off, off, on, so drift falls on both), on prompts the
+    process has not decoded before. The H200 run of 2026-11-27 (bf16) had every method's first answers and the
+    speculative methods' answers at a third to a half of their later speed while fp32 (where SDPA takes no cuDNN path)
+    ran evenly: cuDNN builds an attention graph for every new (query, key) length pair, several hundred ms each
+    (sglang#4650, mlx#2743), and speculative steps keep making new pairs."""
+    from decoder.core import Decoder
+    from polyspec.languages import get_language
+    from polyspec.prompts import encode, render
+
+    if target.device.type != "cuda":
+        return {"skipped": "CUDA only"}
+    fmt = target.spec.prompt_format
+    seeds = get_language("en").seeds
+    ids = [encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": s.instruction}]))
+           for s in seeds[-4:]]  # not the prompts ar_speed decoded
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    out: dict = {"cudnn_sdp_enabled_by_default": before}
+    try:
+        for i, on in enumerate((True, False, False, True)):
+            torch.backends.cuda.enable_cudnn_sdp(on)
+            for method in ("ar", "pld"):
+                dec = Decoder(target, None, method=method)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                n = len(dec.generate(ids[i], max_new_tokens, stop=[]).tokens)
+                torch.cuda.synchronize()
+                rec = out.setdefault(f"{method}-cudnn-{'on' if on else 'off'}", {"tokens": 0, "seconds": 0.0})
+                rec["tokens"] += n
+                rec["seconds"] += time.perf_counter() - t0
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+    for rec in out.values():
+        if isinstance(rec, dict):
+            rec["tok_s"] = rec["tokens"] / rec["seconds"]
+    return out
+
+
 def ar_profile(target, max_new_tokens: int = 32, top: int = 8) -> dict:
     """Where each AR loop's time per token goes, one profiled answer each (torch.profiler, after a warm-up): aten
     calls per token (host-side work: a launch-bound GPU runs at the pace its host issues kernels), the ops with the
@@ -140,14 +182,17 @@ def main() -> int:
     ap.add_argument("--target", required=True)
     ap.add_argument("--bundle", default=None, help="also time this bundle's drafter (the smoke run's engines bundle)")
     ap.add_argument("--max-k", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=6)
+    # 2 passes of 3 cost what one pass of 6 did, and a slow spell of the machine (the H200 run of 2026-11-27: k = 4–12
+    # and 28–32 at ~2× in one pass, every rep of them) falls on other k in the other pass
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    from decoder.costs import calibration_context, monotone, tree_budget, verify_curve
+    from decoder.costs import calibration_context, stable_curve, tree_budget, verify_curve
     from polyspec.io import atomic_write_json
     from polyspec.targets import load_target
 
@@ -158,11 +203,13 @@ def main() -> int:
               "layers": target.num_layers, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
               "load_s": round(time.time() - t0, 1)}
     ctx = calibration_context(target, args.context)
-    for name, fn in (("verify", lambda: verify_curve(target, ctx, list(range(1, args.max_k + 1)), args.reps)),
+    ks = list(range(1, args.max_k + 1))
+    for name, fn in (("verify", lambda: stable_curve(target, ctx, ks, args.reps, args.passes)),
                      ("ar", lambda: ar_speed(target, args.max_new_tokens, args.prompts)),  # before any drafter's hooks
                      ("ar_profile", lambda: ar_profile(target)),
+                     ("sdpa_ab", lambda: sdpa_ab(target)),  # before the drafters' hooks too
                      ("draft_s_per_token", lambda: draft_costs(target, ctx, args.bundle)),
-                     ("forward1_after", lambda: verify_curve(target, ctx, [1], args.reps))):  # the same process later
+                     ("forward1_after", lambda: verify_curve(target, ctx, [1], args.reps * args.passes))):  # the same process later
         t1 = time.time()
         try:  # one failing figure must not lose the others
             result[name] = fn()
@@ -172,7 +219,6 @@ def main() -> int:
         atomic_write_json(args.out, result)
         print(f"{name}: {time.time() - t1:.1f}s", flush=True)
     if "ratio" in result["verify"]:
-        result["verify"]["monotone"] = monotone(result["verify"]["ratio"])  # one noisy row cannot cut the budget
         result["tree_budget"] = tree_budget(result["verify"]["monotone"])
         f1 = result["verify"]["forward1_s"]
         if "error" not in result["draft_s_per_token"]:
