@@ -75,8 +75,8 @@ def ar_speed(target, max_new_tokens: int, prompts: int, rounds: int = 2) -> dict
     steps.clear()
     seconds, tokens, outputs = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0), {n: [] for n in runs}
     for r in range(rounds):
-        for p in ids:
-            for name in (runs if r % 2 == 0 else reversed(runs)):
+        for i, p in enumerate(ids):  # who goes first alternates by prompt too: a first-seen shape's cost is shared
+            for name in (runs if (r + i) % 2 == 0 else reversed(runs)):
                 sync()
                 t0 = time.perf_counter()
                 toks = runs[name](p)
@@ -97,7 +97,7 @@ def sdpa_ab(target, max_new_tokens: int = 96) -> dict:
     (``torch.backends.cuda.enable_cudnn_sdp``; the order on, off, off, on, so drift falls on both), on prompts the
     process has not decoded before. The H200 run of 2026-11-27 (bf16) had every method's first answers and the
     speculative methods' answers at a third to a half of their later speed while fp32 (where SDPA takes no cuDNN path)
-    ran evenly: cuDNN builds an attention graph for every new (query, key) length pair, several hundred ms each
+    ran evenly: cuDNN builds an attention graph for new (query, key) shapes, up to several hundred ms each
     (sglang#4650, mlx#2743), and speculative steps keep making new pairs."""
     from decoder.core import Decoder
     from polyspec.languages import get_language
