@@ -183,7 +183,7 @@ def main() -> int:
     ap.add_argument("--bundle", default=None, help="also time this bundle's drafter (the smoke run's engines bundle)")
     ap.add_argument("--max-k", type=int, default=64)
     # 2 passes of 3 cost what one pass of 6 did, and a slow spell of the machine (the H200 run of 2026-11-27: k = 4–12
-    # and 28–32 at ~2× in one pass, every rep of them) falls on other k in the other pass
+    # and 28–32 at ~2× in one pass, their medians slow) falls on other k in the other pass
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--context", type=int, default=200)
