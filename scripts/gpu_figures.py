@@ -42,17 +42,23 @@ def draft_costs(target, context: list[int], bundle: str | None) -> dict:
     return {kind: draft_cost(target, rt, head, context) for kind, (rt, head) in kinds.items()}
 
 
+def seed_prompt_ids(target, seeds) -> list[list[int]]:
+    """The seed instructions as one-turn user prompts in the target's prompt format, encoded."""
+    from polyspec.prompts import encode, render
+
+    fmt = target.spec.prompt_format
+    return [encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": s.instruction}]))
+            for s in seeds]
+
+
 def ar_loops(target, max_new_tokens: int, prompts: int):
     """→ ({"polyspec-ar": fn, "hf-generate": fn}: prompt ids → greedy tokens, the English seed prompts' ids, the
     polyspec loop's per-step forward + argmax seconds as it runs, StepStat.verify_s)."""
     from decoder.core import Decoder
     from polyspec.languages import get_language
-    from polyspec.prompts import encode, render
     from polyspec.targets import greedy_generate
 
-    fmt = target.spec.prompt_format
-    ids = [encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": s.instruction}]))
-           for s in get_language("en").seeds[:prompts]]
+    ids = seed_prompt_ids(target, get_language("en").seeds[:prompts])
     dec = Decoder(target, None, method="ar")
     steps: list[float] = []
 
@@ -101,14 +107,10 @@ def sdpa_ab(target, max_new_tokens: int = 96) -> dict:
     (sglang#4650, mlx#2743), and speculative steps keep making new pairs."""
     from decoder.core import Decoder
     from polyspec.languages import get_language
-    from polyspec.prompts import encode, render
 
     if target.device.type != "cuda":
         return {"skipped": "CUDA only"}
-    fmt = target.spec.prompt_format
-    seeds = get_language("en").seeds
-    ids = [encode(fmt, target.tokenizer, render(fmt, target.tokenizer, [{"role": "user", "content": s.instruction}]))
-           for s in seeds[-4:]]  # not the prompts ar_speed decoded
+    ids = seed_prompt_ids(target, get_language("en").seeds[-4:])  # not the prompts ar_speed decoded
     before = torch.backends.cuda.cudnn_sdp_enabled()
     out: dict = {"cudnn_sdp_enabled_by_default": before}
     try:

@@ -24,13 +24,13 @@ def adopt_bundle_tokenizer(target: str, staged: Path) -> bool:
     """→ True when the cache took the packed tokenizer, False when its pin already was the bundle's."""
     import transformers
 
-    from polyspec.gguf_cache import CACHE_RECORD, target_cache_path
+    from polyspec.gguf_cache import CACHE_RECORD, read_record, target_cache_path
     from polyspec.io import atomic_write_json
     from polyspec.target_registry import resolve_target
 
     cache = target_cache_path(resolve_target(target))
     want = json.loads((staged / "bundle" / "manifest.json").read_text(encoding="utf-8"))["target"]["tokenizer_sha256"]
-    record = json.loads((cache / CACHE_RECORD).read_text(encoding="utf-8"))
+    record = read_record(cache)
     if record.get("tokenizer_sha256") == want:
         return False
     print(f"transformers {transformers.__version__} made tokenizer {str(record.get('tokenizer_sha256'))[:12]} of the "
