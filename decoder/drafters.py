@@ -204,11 +204,8 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
     """Load every drafter of a bundle (safetensors, via ``polyspec.drafter_models.load_drafter``) and its head bank."""
     from polyspec.drafter_models import load_drafter
     from polyspec.packed import pack_linears
-    from vocab.files import load_ranked
-
     max_size = max(bundle.vocab_sizes)
-    ranked = {lang: torch.as_tensor(load_ranked(bundle.vocab_file(lang), tokenizer_sha256=target.tokenizer_sha256).ranked_ids).long()
-              for lang in bundle.languages}
+    ranked = {lang: torch.as_tensor(bundle.ranked(lang).ranked_ids).long() for lang in bundle.languages}
     runtimes, banks = {}, {}
     softcap = getattr(target.model.config, "final_logit_softcapping", None)
     dtype = target.model.get_output_embeddings().weight.dtype

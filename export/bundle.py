@@ -59,6 +59,13 @@ class Bundle:
     def vocab_file(self, lang: str) -> Path:
         return self.path(f"vocab/{lang}.safetensors")
 
+    def ranked(self, lang: str) -> Any:
+        """``lang``'s ranked vocabulary (``vocab.files.RankedVocab``), checked against the tokenizer the bundle was
+        built with: the bundle's target pin, which ``load_bundle`` compared with the serving target's."""
+        from vocab.files import load_ranked
+
+        return load_ranked(self.vocab_file(lang), tokenizer_sha256=self.manifest["target"]["tokenizer_sha256"])
+
     def masks_file(self) -> Path:
         return self.path("language_masks.safetensors")
 

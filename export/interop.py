@@ -31,7 +31,6 @@ from polyspec.errors import PolyspecError
 from polyspec.io import atomic_directory, atomic_write_bytes, atomic_write_json
 from polyspec.languages import get_language
 from polyspec.targets import model_path
-from vocab.files import load_ranked
 
 
 def write_hf_assistant(bundle, target, out: str | Path) -> list[Path]:
@@ -137,8 +136,7 @@ def write_speculators(bundle, target, out: str | Path, speculative_tokens: int =
     out = Path(out)
     written = []
     for lang, model in _eagle3_drafters(bundle, "speculators"):
-        ranked = torch.as_tensor(load_ranked(bundle.vocab_file(lang), tokenizer_sha256=target.tokenizer_sha256)
-                                 .ranked_ids[: model.draft_vocab_size]).long()
+        ranked = torch.as_tensor(bundle.ranked(lang).ranked_ids[: model.draft_vocab_size]).long()
         if not torch.equal(ranked, model.draft_ids.cpu()):
             raise PolyspecError(f"drafter {lang}: its draft vocabulary differs from the bundle's ranked list")
         written.append(write_speculators_folder(model, target, out / lang, speculative_tokens, {

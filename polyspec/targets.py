@@ -21,7 +21,10 @@ CLI::
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,12 +44,12 @@ from polyspec.gguf_cache import (
 from polyspec.packed import pack_linears
 from polyspec.prompts import PromptFormat
 from polyspec.target_registry import DEFAULT_TARGET, TargetSpec, registry_names, resolve_target
-from polyspec.tokenizer_hash import ensure_pad, tokenizer_sha256
+from polyspec.tokenizer_hash import ensure_pad, special_token_ids, tokenizer_sha256, vocab_sha256
 
 __all__ = [
     "CACHE_RECORD", "DEFAULT_TARGET", "PromptFormat", "Target", "TargetSpec", "check_pin", "eagle3_layers",
     "ensure_pad", "greedy_generate", "load_from_gguf", "load_target", "locate_gguf", "model_path", "prepare_gguf_cache",
-    "registry_names", "resolve_target", "target_cache_path", "text_config", "tokenizer_sha256",
+    "registry_names", "resolve_target", "target_cache_path", "text_config", "tokenizer_sha256", "vocab_sha256",
 ]
 
 # What a pin must agree on for a drafter trained on one target to serve another. Pins written before the layer
@@ -68,6 +71,11 @@ class Target:
     path: Path | None  # local directory the weights were read from (None for a hub id not yet cached)
     config: Any  # model config, also present when the weights were not loaded (with_model=False)
     packed_linears: int = 0  # linears running oneDNN-prepacked weights (CPU bf16/fp32: ``polyspec.packed``)
+
+    @functools.cached_property
+    def vocab_sha256(self) -> str:
+        """The id → token table's hash (:mod:`polyspec.tokenizer_hash`): what the ids of drafters built for it mean."""
+        return vocab_sha256(self.tokenizer)
 
     @property
     def vocab_size(self) -> int:
@@ -98,6 +106,8 @@ class Target:
             "num_hidden_layers": self.num_layers,
             "architecture": self.architecture,
             "tokenizer_sha256": self.tokenizer_sha256,
+            "vocab_sha256": self.vocab_sha256,
+            "special_token_ids": special_token_ids(self.tokenizer),
         }
 
     def info(self) -> dict[str, Any]:
@@ -113,13 +123,27 @@ class Target:
         }
 
 
-def check_pin(recorded: dict[str, Any], pin: dict[str, Any], what: str) -> None:
+def check_pin(recorded: dict[str, Any], pin: dict[str, Any], what: str,
+              warn: Callable[[str], None] | None = None) -> None:
     """Refuse ``what`` (e.g. ``bundle <path>``), built for the target ``recorded`` pins, for the target of ``pin``:
-    another tokenizer, vocabulary, width, layer count or architecture is a one-line PolyspecError."""
+    another vocabulary, width, layer count or architecture is a one-line PolyspecError.
+
+    A tokenizer whose rules differ but whose id → token table is the same (``vocab_sha256``: another transformers'
+    conversion of the same GGUF tokenizer, say) is served, with one warning line (``warn``, default stderr) that names
+    the special tokens whose ids differ. A pin recorded before ``vocab_sha256`` was must match the whole tokenizer."""
     theirs = pin.get("name")
     if recorded.get("tokenizer_sha256") != pin.get("tokenizer_sha256"):
-        raise PolyspecError(f"{what} was built for target {recorded.get('name')!r} with another tokenizer; "
-                            f"it cannot serve {theirs!r}")
+        if recorded.get("vocab_sha256") is None or recorded.get("vocab_sha256") != pin.get("vocab_sha256"):
+            hint = "" if recorded.get("vocab_sha256") else (" (its pin predates the id table's: export it again where it "
+                                                           "was built to serve a tokenizer with the same ids)")
+            raise PolyspecError(f"{what} was built for target {recorded.get('name')!r} with another tokenizer; "
+                                f"it cannot serve {theirs!r}{hint}")
+        was, now = recorded.get("special_token_ids") or {}, pin.get("special_token_ids") or {}
+        moved = [f"{k} {was.get(k)} there, {now.get(k)} here" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+        (warn or (lambda m: print(m, file=sys.stderr)))(
+            f"warning: {what} was built with another conversion of the tokenizer of {theirs!r}: the same ids, other rules"
+            f"{' (' + '; '.join(moved) + ')' if moved else ''}; its drafts stay valid, but answers may end or split "
+            f"text differently than where it was built")
     for key in (*PIN_SHAPE, *PIN_OPTIONAL):
         if key in PIN_OPTIONAL and (recorded.get(key) is None or pin.get(key) is None):
             continue  # recorded before this fact was pinned: unknown, not a mismatch

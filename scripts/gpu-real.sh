@@ -20,9 +20,9 @@
 # CALIBRATE=0 skips it), then decoder.bench on the held-out English prompts: bf16 (the device's dtype: ar, hf-generate,
 # pld, spectra, eagle3, adaspec, hybrid; PER_CELL=2 of each category's 4, TOKENS=128) and fp32 (FP32_PER_CELL=1: every
 # answer must equal ar's; BF16_METHODS, FP32_METHODS), reports to $OUT/bf16.* and $OUT/fp32.* as each run ends, the log to
-# $OUT/gpu-real.log, the device's calibration to $OUT/calibration.json. Part 3 also holds the tokenizer the bundle was
-# built with: another transformers converts the GGUF's tokenizer to another one (the H200 image's 5.17 did), and run
-# gives the device's target cache the bundle's where the pins differ (scripts/gpu_real_tokenizer.py).
+# $OUT/gpu-real.log, the device's calibration to $OUT/calibration.json. Another transformers may convert the GGUF's
+# tokenizer to the same ids with other rules (the H200 image's 5.17 made <|im_start|> SmolLM2's EOS); the bundle serves
+# it with a warning (polyspec.targets.check_pin), so pack wants a bundle that pins its id table (vocab_sha256).
 # Run on an H200 2026-11-27 (docs/experiments.md: 6 prompts × 128 tokens, bf16 and fp32, ~4 minutes with the cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +48,9 @@ case "${1:-}" in
 pack)
   bundle=${2:?usage: gpu-real.sh pack BUNDLE (the chat target bundle, runs/RUN/export/bundle)}
   [ -f "$bundle/manifest.json" ] || { echo "no bundle at $bundle (manifest.json)"; exit 1; }
+  grep -q '"vocab_sha256"' "$bundle/manifest.json" || {
+    echo "$bundle does not pin its tokenizer's id table, so another transformers' conversion would be refused:"
+    echo "export it again (python -m export --run RUN, or make all ... FROM=export)"; exit 1; }
   where='import importlib.metadata as md, sys; d = md.distribution(sys.argv[1]); f = [d.locate_file(p) for p in d.files]
 print(next(p for p in f if str(p).endswith(".gguf")), next(p for p in f if str(p).endswith(".dist-info/METADATA")).parent)'
   read -r gguf dist < <("$PY" -c "$where" "$PACKAGE")
@@ -58,12 +61,6 @@ print(next(p for p in f if str(p).endswith(".gguf")), next(p for p in f if str(p
   (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") >"$PACK/2/gguf.sha256"
   cp -r "$dist" "$PACK/2/"
   cp -r "$bundle" "$PACK/3/bundle"
-  # the tokenizer this machine's transformers made of the GGUF, which the bundle was built with and pins: another
-  # transformers converts it differently (5.17 gives SmolLM2 <|im_start|> as EOS, 5.24 <|im_end|>), see run
-  cache=$("$PY" -c "from polyspec.gguf_cache import prepare_gguf_cache; from polyspec.target_registry import resolve_target
-print(prepare_gguf_cache(resolve_target('$TARGET')))" | tail -n 1)  # built first where this machine has none
-  mkdir -p "$PACK/3/tokenizer"
-  cp "$cache"/tokenizer.json "$cache"/tokenizer_config.json "$cache"/chat_template.jinja "$PACK/3/tokenizer/"
   for n in 1 2 3; do
     size=$(du -sb "$PACK/$n" | cut -f1)
     echo "$PACK/$n: $((size / MIB)) MiB"
@@ -99,9 +96,6 @@ print(locate_gguf(resolve_target('$TARGET')))")
   rc=0
   {  # the first load builds polyspec's safetensors cache from the reassembled GGUF
     "$PY" -m polyspec.targets info "$TARGET" || rc=1
-    # the bundle pins the tokenizer it was built with; where this device's transformers converted the GGUF's
-    # tokenizer to another one, the cache takes the bundle's (packed beside it; scripts/gpu_real_tokenizer.py)
-    "$PY" scripts/gpu_real_tokenizer.py "$TARGET" "$STAGE/3" || rc=1
     # this device's own calibration (UNISPEC: γ and the tree budget), as a user serving on it would run; bounded, so a
     # slow one leaves the benchmark its time (without it the decoder takes the device's defaults and says so)
     if [ "${CALIBRATE:-1}" = 1 ]; then

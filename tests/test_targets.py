@@ -55,7 +55,8 @@ def test_local_folder_loads_with_facts(tiny_target_dir):
     info = t.info()
     assert info["tokenizer_sha256"] == t.tokenizer_sha256 and len(info["tokenizer_sha256"]) == 64
     assert set(t.pin()) == {"name", "source", "vocab_size", "hidden_size", "num_hidden_layers", "architecture",
-                            "tokenizer_sha256"}
+                            "tokenizer_sha256", "vocab_sha256", "special_token_ids"}
+    assert len(t.pin()["vocab_sha256"]) == 64 and t.pin()["special_token_ids"]["eos"] == t.tokenizer.eos_token_id
 
 
 def test_local_prompt_format_follows_chat_template(tiny_llama_dir, tiny_gemma_dir):
@@ -193,8 +194,67 @@ def test_pin_holds_layer_count_and_architecture_and_a_mismatch_is_refused(tmp_pa
 
 def test_pins_written_before_layers_and_architecture_were_recorded_still_load(tiny_llama_dir):
     pin = load_target(str(tiny_llama_dir), with_model=False).pin()
-    old = {k: v for k, v in pin.items() if k not in ("num_hidden_layers", "architecture")}
+    # recorded before the layer count, the architecture and the tokenizer's id table were pinned
+    old = {k: v for k, v in pin.items()
+           if k not in ("num_hidden_layers", "architecture", "vocab_sha256", "special_token_ids")}
     check_pin(old, pin, "bundle b")  # unknown, not a mismatch
-    with pytest.raises(PolyspecError, match="another tokenizer"):
+    with pytest.raises(PolyspecError, match="another tokenizer; .*export it again"):
         check_pin({**old, "tokenizer_sha256": "0" * 64}, pin, "bundle b")
 
+
+
+def _retokenized_copy(src, out, edit_tokenizer_json=None, **tokenizer_attrs):
+    """``src`` (weights and all) with its tokenizer changed: special roles set through ``tokenizer_attrs``, the
+    serialized tokenizer through ``edit_tokenizer_json(dict)``."""
+    from transformers import AutoTokenizer
+
+    shutil.copytree(src, out)
+    tok = AutoTokenizer.from_pretrained(out)
+    for k, v in tokenizer_attrs.items():
+        setattr(tok, k, v)
+    tok.save_pretrained(out)
+    if edit_tokenizer_json is not None:
+        path = out / "tokenizer.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        edit_tokenizer_json(data)
+        path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return load_target(str(out))
+
+
+def test_a_bundle_serves_another_conversion_of_its_tokenizer_and_refuses_another_id_table(tmp_path, tiny_llama_dir,
+                                                                                          capsys):
+    """The H200 image's transformers (5.17) converted SmolLM2's GGUF tokenizer to the same ids with another EOS, and
+    the bundle built here (5.24) was refused. The same table with other rules is served with a warning naming what
+    moved, losslessly and with drafts kept; another table (two ids swapped) is still refused, in one line."""
+    from conftest import make_tiny_bundle
+    from decoder.core import Decoder
+    from export.bundle import load_bundle
+
+    base = load_target(str(tiny_llama_dir))
+    bundle_dir = make_tiny_bundle(tmp_path / "bundle", base, langs=("vi",), drafter="oracle", noise=0.05, sizes=(64, 768))
+    other_rules = _retokenized_copy(tiny_llama_dir, tmp_path / "other-eos", eos_token="<unk>")
+    assert other_rules.tokenizer.eos_token_id != base.tokenizer.eos_token_id
+    assert other_rules.tokenizer_sha256 != base.tokenizer_sha256 and other_rules.vocab_sha256 == base.vocab_sha256
+    capsys.readouterr()
+    bundle = load_bundle(bundle_dir, target_pin=other_rules.pin())
+    err = capsys.readouterr().err.strip()
+    eos_was, eos_now = base.tokenizer.eos_token_id, other_rules.tokenizer.eos_token_id
+    assert err.startswith("warning: ") and "\n" not in err and f"eos {eos_was} there, {eos_now} here" in err, err
+    dec, ar = Decoder(other_rules, bundle, method="chain", gamma=3, size="full"), Decoder(other_rules, method="ar")
+    accepted = 0
+    for k, prompt in enumerate([[5, 17, 40, 9, 33], [12, 8, 61, 7, 90, 14, 7]]):
+        out = dec.generate(prompt, 24, stop=[])
+        assert out.tokens == ar.generate(prompt, 24, stop=[]).tokens, k
+        accepted += sum(s.accepted for s in out.steps)
+    assert accepted > 0
+
+    def swap_two_ids(data):
+        vocab = data["model"]["vocab"]
+        a, b = sorted(t for t in vocab if vocab[t] >= 300)[:2]
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+
+    other_table = _retokenized_copy(tiny_llama_dir, tmp_path / "swapped", edit_tokenizer_json=swap_two_ids)
+    assert other_table.vocab_size == base.vocab_size and other_table.vocab_sha256 != base.vocab_sha256
+    with pytest.raises(PolyspecError, match="with another tokenizer; it cannot serve") as e:
+        load_bundle(bundle_dir, target_pin=other_table.pin())
+    assert "\n" not in str(e.value)
