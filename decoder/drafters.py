@@ -204,6 +204,7 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
     """Load every drafter of a bundle (safetensors, via ``polyspec.drafter_models.load_drafter``) and its head bank."""
     from polyspec.drafter_models import load_drafter
     from polyspec.packed import pack_linears
+
     max_size = max(bundle.vocab_sizes)
     ranked = {lang: torch.as_tensor(bundle.ranked(lang).ranked_ids).long() for lang in bundle.languages}
     runtimes, banks = {}, {}

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,13 +122,12 @@ class Target:
         }
 
 
-def check_pin(recorded: dict[str, Any], pin: dict[str, Any], what: str,
-              warn: Callable[[str], None] | None = None) -> None:
+def check_pin(recorded: dict[str, Any], pin: dict[str, Any], what: str) -> None:
     """Refuse ``what`` (e.g. ``bundle <path>``), built for the target ``recorded`` pins, for the target of ``pin``:
     another vocabulary, width, layer count or architecture is a one-line PolyspecError.
 
     A tokenizer whose rules differ but whose id → token table is the same (``vocab_sha256``: another transformers'
-    conversion of the same GGUF tokenizer, say) is served, with one warning line (``warn``, default stderr) that names
+    conversion of the same GGUF tokenizer, say) is served, with one warning line on stderr that names
     the special tokens whose ids differ. A pin recorded before ``vocab_sha256`` was must match the whole tokenizer."""
     theirs = pin.get("name")
     if recorded.get("tokenizer_sha256") != pin.get("tokenizer_sha256"):
@@ -138,18 +136,18 @@ def check_pin(recorded: dict[str, Any], pin: dict[str, Any], what: str,
                                                            "was built to serve a tokenizer with the same ids)")
             raise PolyspecError(f"{what} was built for target {recorded.get('name')!r} with another tokenizer; "
                                 f"it cannot serve {theirs!r}{hint}")
-        was, now = recorded.get("special_token_ids") or {}, pin.get("special_token_ids") or {}
-        moved = [f"{k} {was.get(k)} there, {now.get(k)} here" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
-        (warn or (lambda m: print(m, file=sys.stderr)))(
-            f"warning: {what} was built with another conversion of the tokenizer of {theirs!r}: the same ids, other rules"
-            f"{' (' + '; '.join(moved) + ')' if moved else ''}; its drafts stay valid, but answers may end or split "
-            f"text differently than where it was built")
     for key in (*PIN_SHAPE, *PIN_OPTIONAL):
         if key in PIN_OPTIONAL and (recorded.get(key) is None or pin.get(key) is None):
             continue  # recorded before this fact was pinned: unknown, not a mismatch
         if recorded.get(key) != pin.get(key):
             raise PolyspecError(f"{what} was built for a target with {key} {recorded.get(key)}; "
                                 f"{theirs!r} has {key} {pin.get(key)}")
+    if recorded.get("tokenizer_sha256") != pin.get("tokenizer_sha256"):  # the same table (above): other rules
+        was, now = recorded.get("special_token_ids") or {}, pin.get("special_token_ids") or {}
+        moved = [f"{k} {was.get(k)} there, {now.get(k)} here" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+        print(f"warning: {what} was built with another conversion of the tokenizer of {theirs!r}: the same ids, other "
+              f"rules{' (' + '; '.join(moved) + ')' if moved else ''}; its drafts stay valid, but answers may end or "
+              f"split text differently than where it was built", file=sys.stderr)
 
 
 def load_target(
