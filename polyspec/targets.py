@@ -130,7 +130,8 @@ def check_pin(recorded: dict[str, Any], pin: dict[str, Any], what: str) -> None:
     conversion of the same GGUF tokenizer, say) is served, with one warning line on stderr that names
     the special tokens whose ids differ. A pin recorded before ``vocab_sha256`` was must match the whole tokenizer."""
     theirs = pin.get("name")
-    if recorded.get("tokenizer_sha256") != pin.get("tokenizer_sha256"):
+    other_tokenizer = recorded.get("tokenizer_sha256") != pin.get("tokenizer_sha256")
+    if other_tokenizer:
         if recorded.get("vocab_sha256") is None or recorded.get("vocab_sha256") != pin.get("vocab_sha256"):
             hint = "" if recorded.get("vocab_sha256") else (" (its pin predates the id table's: export it again where it "
                                                            "was built to serve a tokenizer with the same ids)")
@@ -142,7 +143,7 @@ def check_pin(recorded: dict[str, Any], pin: dict[str, Any], what: str) -> None:
         if recorded.get(key) != pin.get(key):
             raise PolyspecError(f"{what} was built for a target with {key} {recorded.get(key)}; "
                                 f"{theirs!r} has {key} {pin.get(key)}")
-    if recorded.get("tokenizer_sha256") != pin.get("tokenizer_sha256"):  # the same table (above): other rules
+    if other_tokenizer:  # with the same id table (refused above otherwise): only the rules differ
         was, now = recorded.get("special_token_ids") or {}, pin.get("special_token_ids") or {}
         moved = [f"{k} {was.get(k)} there, {now.get(k)} here" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
         print(f"warning: {what} was built with another conversion of the tokenizer of {theirs!r}: the same ids, other "
