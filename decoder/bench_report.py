@@ -94,6 +94,7 @@ def summarize(results: dict, questions: list[dict], target, bundle, max_new_toke
 
     return {"target": target.spec.name, "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
             "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            **({"cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled()} if target.device.type == "cuda" else {}),
             "bundle": str(bundle.root) if bundle is not None else None, "questions": len(questions),
             "max_new_tokens": max_new_tokens, "repeats": repeats, "ar_baselines": ar_like, "methods": methods}
 

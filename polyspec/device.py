@@ -74,6 +74,25 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def cuda_attention_backends(device: torch.device) -> bool | None:
+    """Whether PyTorch's scaled-dot-product attention may take its cuDNN backend on ``device`` (CUDA only; None
+    elsewhere). ``POLYSPEC_CUDNN_SDPA=0`` turns it off for the process, ``1`` on; unset leaves PyTorch's default.
+
+    In bf16 on Hopper, PyTorch picks the cuDNN backend, which builds an attention graph for every new pair of query
+    and key lengths (sgl-project/sglang#4650; "recreated whenever sequence length increases", ml-explore/mlx#2743):
+    every step of a decoding loop is a new key length and every speculative step a new pair. fp32 never takes it."""
+    if device.type != "cuda":
+        return None
+    setting = os.environ.get("POLYSPEC_CUDNN_SDPA", "").strip().lower()
+    if setting in ("0", "off", "false", "no"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    elif setting in ("1", "on", "true", "yes"):
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    elif setting not in ("", "auto", "default"):
+        raise PolyspecError(f"POLYSPEC_CUDNN_SDPA={setting!r}: use 0 (off), 1 (on) or leave it unset (PyTorch's default)")
+    return torch.backends.cuda.cudnn_sdp_enabled()
+
+
 def cpu_native_bf16() -> bool:
     """Whether this CPU computes bf16 natively (x86 AVX512-BF16 or AMX; Arm BF16): then bf16 matmuls are fast.
     torch's own probes first (``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``; oneDNN's

@@ -258,3 +258,26 @@ def test_a_bundle_serves_another_conversion_of_its_tokenizer_and_refuses_another
     with pytest.raises(PolyspecError, match="with another tokenizer; it cannot serve") as e:
         load_bundle(bundle_dir, target_pin=other_table.pin())
     assert "\n" not in str(e.value)
+
+
+def test_cudnn_attention_switch_follows_the_environment(monkeypatch):
+    """POLYSPEC_CUDNN_SDPA turns PyTorch's cuDNN attention off (0) or on (1) on a CUDA device, unset leaves it, a
+    typo is refused in one line, and a CPU device is left alone (the flag is global: restored after)."""
+    from polyspec.device import cuda_attention_backends
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    cuda = torch.device("cuda")
+    try:
+        monkeypatch.setenv("POLYSPEC_CUDNN_SDPA", "0")
+        assert cuda_attention_backends(torch.device("cpu")) is None and torch.backends.cuda.cudnn_sdp_enabled() == before
+        assert cuda_attention_backends(cuda) is False and not torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setenv("POLYSPEC_CUDNN_SDPA", "1")
+        assert cuda_attention_backends(cuda) is True
+        monkeypatch.delenv("POLYSPEC_CUDNN_SDPA")
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        assert cuda_attention_backends(cuda) is False  # unset: as it was
+        monkeypatch.setenv("POLYSPEC_CUDNN_SDPA", "of")
+        with pytest.raises(PolyspecError, match="POLYSPEC_CUDNN_SDPA"):
+            cuda_attention_backends(cuda)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
