@@ -76,20 +76,23 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
 
 def cuda_attention_backends(device: torch.device) -> bool | None:
     """Whether PyTorch's scaled-dot-product attention may take its cuDNN backend on ``device`` (CUDA only; None
-    elsewhere). ``POLYSPEC_CUDNN_SDPA=0`` turns it off for the process, ``1`` on; unset leaves PyTorch's default.
+    elsewhere). Off by default; ``POLYSPEC_CUDNN_SDPA=1`` allows it (PyTorch's own default), ``0`` says off.
 
     In bf16 on Hopper, PyTorch picks the cuDNN backend, which builds an attention graph for every new pair of query
     and key lengths (sgl-project/sglang#4650; "recreated whenever sequence length increases", ml-explore/mlx#2743):
-    every step of a decoding loop is a new key length and every speculative step a new pair. fp32 never takes it."""
+    every step of a decoding loop is a new key length and every speculative step a new pair; fp32 never takes it.
+    Measured on an H200 (2026-11-27, SmolLM2-135M-Instruct with its EAGLE-3 drafter, bf16, 6 prompts × 128 tokens,
+    docs/experiments.md), cuDNN on → off: ``ar`` 30.5 → 44.5 tok/s, ``eagle3`` 17.4 → 45.1, ``hybrid`` 40.0 → 76.1;
+    on the 8B-shaped target ``ar`` 20.2 → 39.3 tok/s on prompts the process had not seen."""
     if device.type != "cuda":
         return None
     setting = os.environ.get("POLYSPEC_CUDNN_SDPA", "").strip().lower()
-    if setting in ("0", "off", "false", "no"):
+    if setting in ("", "0", "off", "false", "no"):
         torch.backends.cuda.enable_cudnn_sdp(False)
     elif setting in ("1", "on", "true", "yes"):
         torch.backends.cuda.enable_cudnn_sdp(True)
-    elif setting not in ("", "auto", "default"):
-        raise PolyspecError(f"POLYSPEC_CUDNN_SDPA={setting!r}: use 0 (off), 1 (on) or leave it unset (PyTorch's default)")
+    else:
+        raise PolyspecError(f"POLYSPEC_CUDNN_SDPA={setting!r}: use 0 (off, the default) or 1 (on)")
     return torch.backends.cuda.cudnn_sdp_enabled()
 
 

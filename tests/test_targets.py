@@ -261,7 +261,7 @@ def test_a_bundle_serves_another_conversion_of_its_tokenizer_and_refuses_another
 
 
 def test_cudnn_attention_switch_follows_the_environment(monkeypatch):
-    """POLYSPEC_CUDNN_SDPA turns PyTorch's cuDNN attention off (0) or on (1) on a CUDA device, unset leaves it, a
+    """POLYSPEC_CUDNN_SDPA turns PyTorch's cuDNN attention off (0, and unset: the default) or on (1) on a CUDA device, a
     typo is refused in one line, and a CPU device is left alone (the flag is global: restored after)."""
     from polyspec.device import cuda_attention_backends
 
@@ -274,8 +274,7 @@ def test_cudnn_attention_switch_follows_the_environment(monkeypatch):
         monkeypatch.setenv("POLYSPEC_CUDNN_SDPA", "1")
         assert cuda_attention_backends(cuda) is True
         monkeypatch.delenv("POLYSPEC_CUDNN_SDPA")
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        assert cuda_attention_backends(cuda) is False  # unset: as it was
+        assert cuda_attention_backends(cuda) is False  # unset: off (H200, bf16: `ar` 30.5 → 44.5 tok/s)
         monkeypatch.setenv("POLYSPEC_CUDNN_SDPA", "of")
         with pytest.raises(PolyspecError, match="POLYSPEC_CUDNN_SDPA"):
             cuda_attention_backends(cuda)
