@@ -77,7 +77,7 @@ export -f wheels
 
 # reserves: what the later steps need at least (measured on an H100, 2026-11-26: wheels 8 s, cuda-tests 72 s,
 # target 25 s, smoke 350 s — every stage loads the 16 GB target —, figures ~60 s; on an H200, 2026-11-27: wheels 10 s,
-# cuda-tests 102 s, target 29 s, figures 143 s, then +~20 s for sdpa_ab)
+# cuda-tests 102 s, target 29 s, figures 143 s; again with sdpa_ab: cuda-tests 85 s, target 31 s, figures 144 s)
 step wheels 60 480 bash -c wheels
 step cuda-tests 150 440 "$PY" -m pytest -q -m cuda -p no:cacheprovider -rs tests/test_cuda.py --junitxml="$WORK/cuda-tests.xml"
 if step target 120 420 "$PY" -m polyspec.random_target --preset "$PRESET" --tokenizer "$TOKENIZER" --out "$WORK/target"; then

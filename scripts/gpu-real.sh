@@ -24,7 +24,8 @@
 # $OUT/gpu-real.log, the device's calibration to $OUT/calibration.json. Another transformers may convert the GGUF's
 # tokenizer to the same ids with other rules (the H200 image's 5.17 made <|im_start|> SmolLM2's EOS); the bundle serves
 # it with a warning (polyspec.targets.check_pin), so pack wants a bundle that pins its id table (vocab_sha256).
-# Run on an H200 2026-11-27 (docs/experiments.md: 6 prompts × 128 tokens, bf16 and fp32, ~4 minutes with the cache).
+# Run on an H200 2026-11-27, twice (docs/experiments.md; the second: calibration, bf16 with cuDNN attention off and
+# on, fp32, 6 prompts × 128 tokens each, 363 s in the third call).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
