@@ -123,8 +123,10 @@ class GenerationResult:
 
 
 # tree node budget where the bundle holds no calibration for this device: the flat part of the measured cost curves
-# (CPU: ≤ 8–16 tokens cost about one forward; H100, 8B-shaped bf16: verify(k) within 15 % of verify(2) up to k ≈ 40 —
-# scripts/gpu-check.sh, README "Performance"); `python -m decoder.calibrate` measures the device's own
+# (CPU: ≤ 8–16 tokens cost about one forward; H100, 8B-shaped bf16: verify(k) within 15 % of verify(2) up to k ≈ 40;
+# H200, cuDNN attention off: 8B-shaped 1.06–1.25× forward(1) to k = 64, SmolLM2-135M 1.08–1.20× to 32, calibrated
+# budget 32 — scripts/gpu-check.sh, scripts/gpu-real.sh, README "On a GPU"); `python -m decoder.calibrate` measures the
+# device's own
 UNCALIBRATED_TREE_NODES = {"cpu": 12, "cuda": 32}
 
 
