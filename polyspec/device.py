@@ -74,9 +74,10 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def cuda_attention_backends(device: torch.device) -> bool | None:
-    """Whether PyTorch's scaled-dot-product attention may take its cuDNN backend on ``device`` (CUDA only; None
-    elsewhere). Off by default; ``POLYSPEC_CUDNN_SDPA=1`` allows it (PyTorch's own default), ``0`` says off.
+def set_cuda_attention(device: torch.device) -> bool | None:
+    """Allow or forbid PyTorch's cuDNN backend for scaled-dot-product attention in this process when ``device`` is a
+    CUDA device, and return whether it is now allowed (None, and nothing set, on other devices). Off by default;
+    ``POLYSPEC_CUDNN_SDPA=1`` allows it (PyTorch's own default), ``0`` says off.
 
     In bf16 on Hopper, PyTorch picks the cuDNN backend, which builds an attention graph for every new pair of query
     and key lengths (sgl-project/sglang#4650; "recreated whenever sequence length increases", ml-explore/mlx#2743):

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from polyspec.device import cuda_attention_backends, resolve_device, resolve_dtype
+from polyspec.device import resolve_device, resolve_dtype, set_cuda_attention
 from polyspec.errors import PolyspecError, first_line
 from polyspec.gguf_cache import (
     CACHE_RECORD,
@@ -196,7 +196,7 @@ def load_target(
     model.to(dev)
     model.eval()
     model.requires_grad_(False)
-    cuda_attention_backends(dev)  # POLYSPEC_CUDNN_SDPA: cuDNN's attention on or off (CUDA)
+    set_cuda_attention(dev)  # POLYSPEC_CUDNN_SDPA: cuDNN's attention on or off (CUDA)
     packed = pack_linears(model) if pack else 0  # only CPU bf16/fp32 weights are packed (``packing_available``)
     head = model.get_output_embeddings()
     if head is not None:  # a batched prefill with logits_to_keep hands the head a strided [B, 1, H] view, on which

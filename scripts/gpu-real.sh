@@ -105,7 +105,7 @@ print(locate_gguf(resolve_target('$TARGET')))")
       timeout -k 10 "${CAL_S:-150}" "$PY" -m decoder.calibrate --bundle "$STAGE/3/bundle" --target "$TARGET" \
         --max-k "${CAL_MAX_K:-32}" || echo "calibration: exit $? (the benchmark runs on the device's defaults)"
     fi
-    # bf16 once per cuDNN attention setting (CUDNN_AB, polyspec.device.cuda_attention_backends): the H200's bf16 run
+    # bf16 once per cuDNN attention setting (CUDNN_AB, polyspec.device.set_cuda_attention): the H200's bf16 run
     # of 2026-11-27 was uneven, fp32 (no cuDNN attention) was not
     for cudnn in ${CUDNN_AB:-0 1}; do
       name=bf16-cudnn-$([ "$cudnn" = 1 ] && echo on || echo off)
