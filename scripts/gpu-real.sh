@@ -18,9 +18,10 @@
 # sha256 recorded when packing, and the package's dist-info, which polyspec reads to find the GGUF; BENCH=0 stops
 # there), calibrates the bundle for this device (decoder.calibrate, ≤ CAL_S=150 s, verify curve to CAL_MAX_K=32;
 # CALIBRATE=0 skips it), then decoder.bench on the held-out English prompts: bf16 (the device's dtype: ar, hf-generate,
-# pld, eagle3, hybrid; PER_CELL=1 of each category's 4, TOKENS=128), once with PyTorch's cuDNN attention off and once
-# on (CUDNN_AB="0 1", POLYSPEC_CUDNN_SDPA), and fp32 (FP32_PER_CELL=1: every answer must equal ar's; BF16_METHODS,
-# FP32_METHODS), reports to $OUT/bf16-cudnn-{off,on}.* and $OUT/fp32.* as each run ends, the log to
+# pld, eagle3, hybrid; PER_CELL=1 of each category's 4, TOKENS=128) with PyTorch's cuDNN attention off (polyspec's
+# default; CUDNN_AB="0 1" runs it once off and once on, as on the H200 on 2026-11-27), and fp32 (FP32_PER_CELL=1:
+# every answer must equal ar's; with spide and spide-parallel, whose continuation drafts on a second CUDA stream;
+# BF16_METHODS, FP32_METHODS); reports to $OUT/bf16-cudnn-{off,on}.* and $OUT/fp32.* as each run ends, the log to
 # $OUT/gpu-real.log, the device's calibration to $OUT/calibration.json. Another transformers may convert the GGUF's
 # tokenizer to the same ids with other rules (the H200 image's 5.17 made <|im_start|> SmolLM2's EOS); the bundle serves
 # it with a warning (polyspec.targets.check_pin), so pack wants a bundle that pins its id table (vocab_sha256).
@@ -89,8 +90,8 @@ run)
 print(locate_gguf(resolve_target('$TARGET')))")
   case "$found" in "$SITE"/*) echo "the target's GGUF: $found" ;; *) echo "polyspec finds $found, not $SITE's"; exit 1 ;; esac
   [ "${BENCH:-1}" = 0 ] && exit 0
-  # the device: 6 of the 24 held-out English prompts (1 a category), 128 tokens, bf16 with cuDNN attention off and
-  # on; fp32 (the identity check) on the same 6
+  # the device: 6 of the 24 held-out English prompts (1 a category), 128 tokens, bf16 (cuDNN attention off, and on
+  # with CUDNN_AB="0 1"); fp32 (the identity check) on the same 6
   PER_CELL=${PER_CELL:-1}; FP32_PER_CELL=${FP32_PER_CELL:-1}; TOKENS=${TOKENS:-128}
   if [ "$DEVICE" = cpu ]; then PER_CELL=1; TOKENS=48; fi
   common=(--bundle "$STAGE/3/bundle" --engine-bundle "$STAGE/3/bundle" --target "$TARGET"
@@ -107,14 +108,14 @@ print(locate_gguf(resolve_target('$TARGET')))")
     fi
     # bf16 once per cuDNN attention setting (CUDNN_AB, polyspec.device.set_cuda_attention): the H200's bf16 run
     # of 2026-11-27 was uneven, fp32 (no cuDNN attention) was not
-    for cudnn in ${CUDNN_AB:-0 1}; do
+    for cudnn in ${CUDNN_AB:-0}; do
       name=bf16-cudnn-$([ "$cudnn" = 1 ] && echo on || echo off)
       POLYSPEC_CUDNN_SDPA=$cudnn "$PY" -m decoder.bench "${common[@]}" --per-cell "$PER_CELL" \
         --methods "${BF16_METHODS:-ar,hf-generate,pld,eagle3,hybrid}" --out "$STAGE/$name" || rc=1
       reports "$name"  # now, so a call cut during a later run still brings these back
     done
     POLYSPEC_DTYPE=float32 "$PY" -m decoder.bench "${common[@]}" --per-cell "$FP32_PER_CELL" \
-      --methods "${FP32_METHODS:-ar,pld,eagle3,adaspec,hybrid}" --out "$STAGE/fp32" || rc=1
+      --methods "${FP32_METHODS:-ar,pld,eagle3,adaspec,hybrid,spide,spide-parallel}" --out "$STAGE/fp32" || rc=1
     reports fp32
     cp "$STAGE/3/bundle/calibration.json" "$OUT/" 2>/dev/null || true
     echo "gpu-real: exit $rc"
