@@ -170,6 +170,7 @@ def load_target(
     spec = name_or_spec if isinstance(name_or_spec, TargetSpec) else resolve_target(name_or_spec)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype if dtype is not None else spec.dtype, dev)
+    set_cuda_attention(dev)  # POLYSPEC_CUDNN_SDPA (CUDA): read, and a typo refused, before the weights load
     if not with_model:
         where = model_path(spec)
         tok = _load_hf_dir(where, dt, spec, what=f"tokenizer of {where}", tokenizer_only=True)[1]
@@ -196,7 +197,6 @@ def load_target(
     model.to(dev)
     model.eval()
     model.requires_grad_(False)
-    set_cuda_attention(dev)  # POLYSPEC_CUDNN_SDPA: cuDNN's attention on or off (CUDA)
     packed = pack_linears(model) if pack else 0  # only CPU bf16/fp32 weights are packed (``packing_available``)
     head = model.get_output_embeddings()
     if head is not None:  # a batched prefill with logits_to_keep hands the head a strided [B, 1, H] view, on which
