@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from conftest import run_cli
 from polyspec.config import apply_overrides, validate
@@ -78,6 +79,16 @@ def _assert_answered_as_alone(t, reqs, got, aux):
             torch.testing.assert_close(g.features[k], alone.features[k], atol=1e-4, rtol=1e-4)
 
 
+def _joining_requests() -> list[Request]:
+    """10 requests of mixed prompt lengths (some past the tiny gemma3's 64-token window), greedy and sampled, that
+    finish at different steps: through 4 rows they join, trim and outlive each other."""
+    long = " ".join(["Warum fallen im Herbst die Blätter von den Bäumen?"] * 4)
+    prompts = ["Xin chào", long, "日本", "Bonjour à tous", "Kể một câu chuyện.", long[:90], "a b c", long[:40],
+               "Escribe una frase sobre el mar.", long + " Und im Winter?"]
+    return [Request(p, seed=i, temperature=(0.0, 1.0)[i % 2], max_new_tokens=(3, 4, 9, 30, 2, 25, 40, 5, 12, 30)[i])
+            for i, p in enumerate(prompts)]
+
+
 def test_waiting_requests_join_the_running_batch_and_answer_as_alone(tiny_target_dir, monkeypatch):
     """Continuous batching: 10 requests through 4 rows. Rows that finish are replaced by waiting requests, whose
     caches are left-padded to the running batch's (or it to theirs, for a longer prompt); columns no live row
@@ -87,11 +98,7 @@ def test_waiting_requests_join_the_running_batch_and_answer_as_alone(tiny_target
     import synth.engines
 
     t = load_target(str(tiny_target_dir))
-    long = " ".join(["Warum fallen im Herbst die Blätter von den Bäumen?"] * 4)
-    prompts = ["Xin chào", long, "日本", "Bonjour à tous", "Kể một câu chuyện.", long[:90], "a b c", long[:40],
-               "Escribe una frase sobre el mar.", long + " Und im Winter?"]
-    reqs = [Request(p, seed=i, temperature=(0.0, 1.0)[i % 2], max_new_tokens=(3, 4, 9, 30, 2, 25, 40, 5, 12, 30)[i])
-            for i, p in enumerate(prompts)]
+    reqs = _joining_requests()
     joins, trims, real_join, real_trim = [], [], synth.engines._join, synth.engines._trim
 
     def join(past, mask, new_past, new_mask):
@@ -120,6 +127,32 @@ def test_waiting_requests_join_the_running_batch_and_answer_as_alone(tiny_target
     grouped = engine.generate(reqs)
     assert all(m is None for m, _ in joins) and len(joins) == 3
     assert [(r.text, r.num_tokens) for r in grouped] == [(r.text, r.num_tokens) for r in got]
+
+
+def test_the_engines_roomy_cache_answers_as_transformers_own(tiny_target_dir, monkeypatch):
+    """The engine's KV cache writes each step's column into spare room instead of re-concatenating the cache
+    (``_Roomy``). With 3 columns of room (a fresh buffer every 3 steps, through joins, trims, row selection and
+    the sliding window), every answer, NLL and captured feature equals the one transformers' own
+    ``DynamicCache`` gives in the same batches."""
+    import synth.engines
+
+    t = load_target(str(tiny_target_dir))
+    reqs, aux = _joining_requests(), eagle3_layers(t.num_layers)
+    monkeypatch.setattr(synth.engines._Roomy, "room", 3)
+    layers = []
+    real = synth.engines._roomy_cache
+    monkeypatch.setattr(synth.engines, "_roomy_cache", lambda model: layers.append(real(model)) or layers[-1])
+    roomy = TransformersEngine(t, batch_size=4).generate(reqs, capture=aux)
+    assert layers and all(isinstance(x, synth.engines._Roomy) for c in layers for x in c.layers)
+    if "gemma3" in str(tiny_target_dir):
+        assert any(isinstance(x, synth.engines._RoomySlidingLayer) for x in layers[0].layers)
+    monkeypatch.setattr(synth.engines, "_roomy_cache", lambda model: DynamicCache(config=model.config))
+    plain = TransformersEngine(t, batch_size=4).generate(reqs, capture=aux)
+    assert sum(r.num_tokens for r in plain) > 100
+    for r, p in zip(roomy, plain):
+        assert (r.text, r.num_tokens, r.finished, r.ids, r.nll) == (p.text, p.num_tokens, p.finished, p.ids, p.nll)
+        for k in ("f", "aux"):
+            torch.testing.assert_close(r.features[k], p.features[k], atol=0, rtol=0)
 
 
 def test_rows_sharing_a_prompt_share_its_prefill_and_answer_as_alone(tiny_target_dir):
@@ -383,7 +416,8 @@ def test_vllm_runs_the_transformers_engines_token_ids_for_a_chat_target(tiny_lla
     prefilled = []  # what the transformers engine feeds the model: one prompt per call, so no padding
 
     def record(_module, _args, kwargs):
-        if kwargs["past_key_values"] is None:
+        past = kwargs["past_key_values"]
+        if past is None or past.get_seq_length() == 0:  # a prefill: the engine hands the model an empty cache
             prefilled.append(kwargs["input_ids"][0].tolist())
 
     hook = t.model.register_forward_pre_hook(record, with_kwargs=True)
