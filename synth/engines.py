@@ -258,7 +258,8 @@ class _Roomy:
     """A KV cache layer whose keys and values sit in a buffer with spare columns after them, so a decode step
     writes its token's column in place instead of copying the whole cache (``DynamicLayer.update``'s
     ``torch.cat``: ~7 % of a 128-row distillation step, AMD host). ``keys``/``values`` read as views of the
-    buffer; assigning them (batch selection, padding, trimming) copies into a fresh buffer."""
+    buffer. Assigning them a slice of the buffer (a trim) moves its bounds; anything else (padding, a join) copies
+    into a fresh buffer; a row selection copies the buffer once."""
 
     room = 64  # spare columns per buffer: one copy every 64 decode steps
 
@@ -300,7 +301,6 @@ class _Roomy:
             buf, lo, hi = self.__dict__[name]
             self.__dict__[name] = (buf, max(lo, hi - keep), hi)
         return full
-
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the rows ``indices``: one copy of the buffer, room included."""
