@@ -11,7 +11,9 @@ requests), ``noblank`` (no ``blank`` step kind: steps with neither a lookup matc
 no-match steps, as before 5c964f3), ``noweak`` (no ``weak`` step kind: a 1-gram lookup match is a match like any
 other), ``nodes=N`` (SPECTRA's and the merged tree's node budget), ``grow=N`` (prompt lookup's loop-aware chain
 grows to N tokens, not 20), ``plain`` (the plain forward as a no-match arm beside SPECTRA's, ``plain_arm``),
-``warmup=N`` (each arm's measured steps before the fastest one runs, not 3). Prints
+``warmup=N`` (each arm's measured steps before the fastest one runs, not 3), ``gmax=N`` (the drafter's chain at
+most N deep). Any other method of ``decoder.methods`` is a variant too, with ``gamma=N`` for a drafter method's γ
+(e.g. ``adaspec:gamma=2``; default: the bundle's calibration). Prints
 tokens/s, τ, the answers identical to ``pld``'s, each language's ratio to ``pld`` in tokens/s (wall time after the
 prefill) and in τ, how many steps each hybrid variant ran per step kind and arm, and per language the share of
 ``pld``'s step time spent on steps where prompt lookup had no match (one plain forward, one token) with the bound it
@@ -40,10 +42,15 @@ DEFAULT_ARMS = H.NO_MATCH_ARMS
 def build(variant: str, target, bundle):
     """→ (decoder, the no-match arms it runs with)."""
     method, *changes = variant.split(":")
-    dec = Decoder(target, bundle, method=method)
+    gamma = [int(c.removeprefix("gamma=")) for c in changes if c.startswith("gamma=")]
+    dec = Decoder(target, bundle, method=method, gamma=gamma[-1] if gamma else None)
     arms = DEFAULT_ARMS
     for c in changes:
-        if c.startswith("only-"):
+        if c.startswith("gamma="):  # the drafter methods' γ instead of the bundle's calibrated one (``--gamma``)
+            continue
+        if c.startswith("gmax="):  # the hybrid's drafter chain at most N deep (``gamma_max``, default 8)
+            dec.source.gamma_max = int(c.removeprefix("gmax="))
+        elif c.startswith("only-"):
             arms = (c.removeprefix("only-"),)
         elif c == "plain4":
             arms = ("plain", "spectra", "drafter", "drafter+spectra")

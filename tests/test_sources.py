@@ -251,7 +251,8 @@ def test_the_request_language_is_fasttexts_label_of_the_prompt():
 
 def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, tmp_path):
     """scripts/hybrid_ab.py (the arm choices' harness): every variant on every prompt, the target's own tokens (fp32),
-    per language and overall; the hybrid's variants drafted (τ > 1) and the module's arms are restored after."""
+    per language and overall; the hybrid's and adaspec's variants drafted (τ > 1) and the module's arms are restored
+    after."""
     import importlib.util
     from pathlib import Path
 
@@ -267,7 +268,8 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     llama = load_target(str(tiny_llama_dir))
     bundle = make_tiny_bundle(tmp_path / "oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768))
     prompts = [(lang, p) for lang, p in zip(("en", "de", "en"), random_prompts(llama, 3, seed=5, max_len=30))]
-    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra", "hybrid:plain:warmup=1"]
+    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra", "hybrid:plain:warmup=1",
+                "hybrid:gmax=2", "adaspec:gamma=2"]
     no_match: dict = {}
     agg, outputs = ab.compare(llama, bundle, prompts, variants, 24, no_match_out=no_match)
     refs = [greedy_generate(llama, p, 24) for _, p in prompts]
@@ -282,6 +284,8 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     with pytest.raises(SystemExit, match="unknown change"):
         ab.build("hybrid:what", llama, bundle)
     assert ab.build("hybrid:warmup=1", llama, bundle)[0].source.warmup == 1
+    assert ab.build("hybrid:gmax=2", llama, bundle)[0].source.gamma_max == 2
+    assert ab.build("adaspec:gamma=3", llama, bundle)[0].gamma == 3
 
 
 def test_a_node_budget_not_measured_here_keeps_the_plain_forward_as_an_arm():
