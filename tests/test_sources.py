@@ -3,6 +3,8 @@ trained drafter runs (crafted contexts whose next tokens are known; a fake draft
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -119,7 +121,11 @@ def test_hybrid_skips_a_drafter_that_does_not_pay_and_probes_it_again():
     assert hyb.arm("drafter").n == 0
 
 
-def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest():
+def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest(monkeypatch):
+    import decoder.hybrid as H
+
+    clock = [0.0]  # every step takes 10 ms, so the tokens a step keeps decide (wall time would make a loaded host flip it)
+    monkeypatch.setattr(H, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     drafter = FakeDrafter([40, 41, 42])
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(guessing_spectra(), 10)], nodes=10,
                        warmup=2, probe_every=5)
@@ -129,17 +135,20 @@ def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest()
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
     p = hyb.propose(ctx)
+    clock[0] += 0.01
     hyb.update(ctx, verified(p.first_chain(), kept=len(p.first_chain().tokens)))
     ran = [hyb.choice]
-    for _ in range(5):  # warm-up: each arm in turn until every one has two measured steps
+    for _ in range(5):  # warm-up: each arm in turn until every one has two measured steps, then the fastest
         p = hyb.propose(ctx)
         ran.append(hyb.choice)
+        clock[0] += 0.01
         hyb.update(ctx, verified(p.first_chain(), kept=3 if hyb.used_drafter else 0))
     assert ran[:2] == ["spectra", "drafter+spectra"] and sorted(ran[2:4]) == ["drafter+spectra", "spectra"]
     arms = hyb.arms[(None, "en", "no-match")]
     # SPECTRA's first step kept its three guesses (+ the target's token), its second nothing (the target's token)
     assert all(a.n >= 2 for a in arms.values()) and arms["spectra"].tokens == 2.5
-    assert arms["drafter+spectra"].tokens == 4.0 and arms["drafter+spectra"].secs > 0  # three drafts + its token
+    assert arms["drafter+spectra"].tokens == 4.0 and arms["drafter+spectra"].secs == pytest.approx(0.01)  # 3 drafts + 1
+    assert ran[4:] == ["drafter+spectra", "drafter+spectra"]  # after the warm-up the fastest: 400 tok/s against 250
     for a, rate in {"spectra": 30, "drafter+spectra": 80}.items():
         arms[a] = _Arm(5, rate * 0.05, 0.05, 5)
     picks = []
