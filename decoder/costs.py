@@ -74,11 +74,13 @@ def stable_curve(target, context: list[int], ks: list[int], reps: int = 12, pass
     verify = {k: min(r["verify_s"][k] for r in runs) for k in runs[0]["verify_s"]}
     f1 = verify[1]
     ratio = {k: v / f1 for k, v in verify.items()}
-    spread = sorted(max(r["verify_s"][k] for r in runs) / verify[k] - 1 for k in verify)
+    # how far apart the passes were: per k, the second-fastest pass's median over the fastest's (with two passes, the
+    # slower one); the median over k. Interference only adds time, so with three passes one disturbed pass does not
+    # set it: in the Xeon's 2026-11-28 demo the slowest of three passes was 1.80× the fastest at the median k, and
+    # that 0.80 became calibration's tolerance ("any γ within 80 % of the best is as good", so γ 1)
+    spread = sorted(sorted(r["verify_s"][k] for r in runs)[min(1, len(runs) - 1)] / verify[k] - 1 for k in verify)
     return {"context": len(context), "forward1_s": f1, "verify_s": verify, "ratio": ratio, "passes": len(runs),
-            "monotone": monotone(ratio),
-            # how far apart the passes were (median over k): a pass-to-pass difference this size is noise
-            "noise": spread[len(spread) // 2]}
+            "monotone": monotone(ratio), "noise": spread[len(spread) // 2]}
 
 
 def monotone(ratio: dict[int, float]) -> dict[int, float]:

@@ -225,6 +225,11 @@ def test_the_cost_curve_keeps_each_ks_smallest_median_over_passes(monkeypatch):
     assert c["verify_s"] == {1: 0.040, 2: 0.040, 4: 0.041} and c["context"] == 200 and c["passes"] == 2
     assert costs.tree_budget(c["ratio"], 0.15) == 4  # either pass alone: 1 (1.32 at k = 2) or 2 (1.46 at k = 4)
     assert c["noise"] == pytest.approx(0.325)  # the passes' spread per k: 0.025, 0.325, 0.463 → the median
+    # three passes, one disturbed at every k: the other two set the noise (the slowest would say 0.80)
+    passes = iter([{1: 0.040, 2: 0.041, 4: 0.042}, {1: 0.072, 2: 0.074, 4: 0.075}, {1: 0.042, 2: 0.042, 4: 0.043}])
+    c = costs.stable_curve(None, [0] * 200, [1, 2, 4], reps=12, passes=3)
+    assert c["verify_s"] == {1: 0.040, 2: 0.041, 4: 0.042}
+    assert c["noise"] == pytest.approx(0.042 / 0.041 - 1)  # per k: 0.05, 0.024, 0.024 → the median
     bumpy = {1: 1.0, 2: 1.08, 3: 1.30, 4: 1.12, 5: 1.14, 6: 1.15, 7: 1.30}  # one row's bump on a flat curve
     assert costs.tree_budget(bumpy, 0.15) == 2  # cut at the bump (1.30 > 1.15 · verify(2) = 1.24)
     fit = costs.monotone(bumpy)
