@@ -96,9 +96,9 @@ def stable_curve(target, context: list[int], ks: list[int], reps: int = 12, pass
     # how far apart the passes were, on the curve calibration reads — each pass's verify(k)/forward(1), so a pass
     # slower at every k by one factor (the host's speed drifting between passes) is no disagreement: per k ≥ 2 the
     # second-lowest pass's ratio over the lowest one's (with two passes, the higher over the lower), then the median
-    # over k. With three passes one disturbed pass does not set it. Measured on the Xeon (2026-11-28), the slowest
-    # pass's spread in seconds, as before, was 0.20–0.80 and became calibration's γ tolerance ("any γ within 80 % of
-    # the best is as good", so γ 1)
+    # over k. With three passes one disturbed pass does not set it. Read in seconds on the Xeon (2026-11-28) it was
+    # 0.80 (the slowest pass over the fastest, the demo's calibration) and 0.035–0.62 (the second-fastest, six more),
+    # and it is calibration's γ tolerance: "any γ within 80 % of the best is as good", so γ 1
     rel = [{k: r["verify_s"][k] / r["verify_s"][1] for k in verify} for r in runs]
     spread = sorted(sorted(x[k] for x in rel)[min(1, len(rel) - 1)] / min(x[k] for x in rel) - 1
                     for k in verify if k != 1) or [0.0]
