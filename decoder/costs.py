@@ -30,15 +30,8 @@ from polyspec.errors import PolyspecError, cli_entry
 
 
 def _time(fn, reps: int, sync) -> float:
-    fn()  # warm-up
-    out = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    """Median seconds of ``fn()`` over ``reps`` calls after one warm-up."""
+    return _time_round_robin({None: fn}, reps, sync)[None]
 
 
 def _time_round_robin(fns: dict, reps: int, sync) -> dict:
@@ -99,9 +92,12 @@ def stable_curve(target, context: list[int], ks: list[int], reps: int = 12, pass
     # over k. With three passes one disturbed pass does not set it. Read in seconds on the Xeon (2026-11-28) it was
     # 0.80 (the slowest pass over the fastest, the demo's calibration) and 0.035–0.62 (the second-fastest, six more),
     # and it is calibration's γ tolerance: "any γ within 80 % of the best is as good", so γ 1
-    rel = [{k: r["verify_s"][k] / r["verify_s"][1] for k in verify} for r in runs]
-    spread = sorted(sorted(x[k] for x in rel)[min(1, len(rel) - 1)] / min(x[k] for x in rel) - 1
-                    for k in verify if k != 1) or [0.0]
+    spread = []
+    for k in verify:
+        if k != 1:
+            rel = sorted(r["verify_s"][k] / r["verify_s"][1] for r in runs)
+            spread.append(rel[min(1, len(rel) - 1)] / rel[0] - 1)
+    spread = sorted(spread) or [0.0]
     return {"context": len(context), "forward1_s": f1, "verify_s": verify, "ratio": ratio, "passes": len(runs),
             "monotone": monotone(ratio), "noise": spread[len(spread) // 2]}
 
