@@ -29,6 +29,18 @@ class DistillStage(StrictModel):
     overrides: list[str] = Field(default_factory=list)
 
 
+class CorpusStage(StrictModel):
+    """General text for the pretrain (seed 004's P step): ``corpus:<l>`` builds the language's corpus (python -m corpus:
+    Debian's translated documentation, offline) and ``prefill:<l>`` captures the target's features on its first
+    ``tokens`` tokens; the pretrain then reads them beside the distilled answers (``features=captured``)."""
+
+    enabled: bool = False
+    config: str = "configs/corpus/default.yaml"
+    tokens: int = Field(200_000, ge=1, description="per language: corpus tokens the prefill captures for the pretrain")
+    seq_len: int = Field(256, ge=16, description="tokens per prefill chunk (BOS included)")
+    overrides: list[str] = Field(default_factory=list, description="python -m corpus key=value overrides")
+
+
 class VocabStage(StrictModel):
     config: str = "configs/vocab/default.yaml"
     sources: str = "wordfreq,synth@0.5"
@@ -89,6 +101,7 @@ class Profile(StrictModel):
     gpu_only: bool = Field(False, description="needs GPUs (validated by DRY_RUN=1 here, not run)")
     synth: SynthStage = SynthStage()
     distill: DistillStage = DistillStage()
+    corpus: CorpusStage = CorpusStage()
     vocab: VocabStage = VocabStage()
     train: TrainStage = TrainStage()
     export: ExportStage = ExportStage()
@@ -96,4 +109,4 @@ class Profile(StrictModel):
     eval: EvalStage = EvalStage()
     eta_minutes: dict[str, float] = Field(
         default_factory=dict, description="expected minutes per stage kind (synth, distill, vocab, pretrain, "
-        "finetune, export, calibrate, eval, report), per language where the stage is per language")
+        "finetune, export, calibrate, eval, report, corpus, prefill), per language where the stage is per language")

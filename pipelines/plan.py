@@ -8,6 +8,8 @@ the configuration it depends on, the stages it reads from, and where its ``DONE`
                                                            │            weights on distill:<l>, scored on heldout:<l>)
                                                            └──────────── export ─ calibrate ─ eval ─ report
     (distill.mode=continuation: distill:<l> = seed continuations for the pretrain; finetune on synth:<l>)
+    (corpus.enabled: corpus:<l> ─ prefill:<l>, general text and the target's features on its first tokens, which
+     train:pretrain reads beside the distilled data)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from corpus.config import CorpusConfig
 from decoder.methods import METHODS
 from pipelines.config import Profile
 from polyspec.config import load_config
@@ -113,6 +116,22 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                              "--out-name", "pretrain", "--temperatures", temps, "--target", target, "--run", r, *dov],
                             run / "synth" / f"{lang}-pretrain" / "DONE.json", work=[run / "synth" / f"{lang}-pretrain"],
                             check=(DistillConfig, p.distill.config, [f"lang={lang}", f"target={target}", *dov])))
+    prefilled = []
+    if p.corpus.enabled:  # general text for the pretrain: the corpus, then the target's features on its first tokens
+        c = p.corpus
+        c.config = repo_path(c.config)
+        for lang in langs:
+            stages.append(Stage(f"corpus:{lang}", "corpus",
+                                [py, "-m", "corpus", "--config", c.config, "--langs", lang, "--target", target, "--run", r,
+                                 *c.overrides],
+                                run / "corpus" / lang / "DONE.json", work=[run / "corpus" / lang],
+                                check=(CorpusConfig, c.config, [f"langs=[{lang}]", f"target={target}", *c.overrides])))
+            stages.append(Stage(f"prefill:{lang}", "prefill",
+                                [py, "-m", "corpus", "prefill", "--lang", lang, "--target", target, "--run", r,
+                                 "--max-tokens", str(c.tokens), "--seq-len", str(c.seq_len)],
+                                run / "corpus" / f"{lang}-prefill" / "DONE.json", deps=[f"corpus:{lang}"],
+                                work=[run / "corpus" / f"{lang}-prefill"]))
+            prefilled.append(f"{r}/corpus/{lang}-prefill/data.jsonl")
     stages.append(Stage("vocab", "vocab",
                         [py, "-m", "vocab", "--config", p.vocab.config, "--langs", ",".join(langs), "--sources",
                          p.vocab.sources, "--target", target, "--run", r,
@@ -127,7 +146,7 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
         procs = int(args[args.index("--num_processes") + 1]) if "--num_processes" in args else 1
         args = [*args, "--num_cpu_threads_per_process", str(max(1, (os.cpu_count() or 1) // procs))]
     pre_name = "distill" if on_policy else "pretrain"
-    pre_data = "[" + ",".join(f"{r}/synth/{lang}-{pre_name}/data.jsonl" for lang in langs) + "]"
+    pre_data = "[" + ",".join([*(f"{r}/synth/{lang}-{pre_name}/data.jsonl" for lang in langs), *prefilled]) + "]"
     captured = ["features=captured"] if on_policy else []
     # the profile's own drafters (train:*), and the EAGLE-3 drafters engines load beside them (train3:*) where the
     # own ones are of another form; an EAGLE-3 pretrain reads one draft vocabulary interleaving every language's
@@ -143,7 +162,9 @@ def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> li
                   f"data.pretrain={pre_data}", *captured, *multi, *pre_extra]
         stages.append(Stage(f"{prefix}:pretrain", "pretrain", [*launch, *pre_ov],
                             run / tdir / first / "pretrain" / "DONE.json", work=[run / tdir / first / "pretrain"],
-                            deps=["vocab", *(f"distill:{lang}" for lang in langs)], check=(TrainConfig, recipe, pre_ov)))
+                            deps=["vocab", *(f"distill:{lang}" for lang in langs),
+                                  *(f"prefill:{lang}" for lang in langs if prefilled)],
+                            check=(TrainConfig, recipe, pre_ov)))
         for lang in langs:
             data = [f"data.finetune=[{r}/synth/{lang}-distill/data.jsonl]",  # the held-out answers score it
                     f"data.eval_file=[{r}/synth/{lang}-heldout/data.jsonl]"] if on_policy else []

@@ -87,14 +87,14 @@ def test_repo_layout():
         assert (REPO / f).is_file(), f
     import importlib
 
-    for pkg in ("synth", "vocab", "train", "export", "decoder", "pipelines", "polyspec"):
+    for pkg in ("corpus", "synth", "vocab", "train", "export", "decoder", "pipelines", "polyspec"):
         doc = importlib.import_module(pkg).__doc__
         assert doc and len(doc.split()) > 20, f"{pkg} needs a module docstring saying what it reads and writes"
 
 
 # -- every command's --help, in this process (no interpreter start-up per command) ------------------------------
 
-PACKAGES = ("polyspec", "synth", "vocab", "train", "export", "decoder", "pipelines")
+PACKAGES = ("polyspec", "corpus", "synth", "vocab", "train", "export", "decoder", "pipelines")
 
 
 def cli_modules() -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO
 
-PACKAGES = ("polyspec", "synth", "vocab", "train", "export", "decoder", "pipelines")
+PACKAGES = ("polyspec", "corpus", "synth", "vocab", "train", "export", "decoder", "pipelines")
 
 # A stage's public modules: what other stages may import (DESIGN.md "Layout" and "Files between stages").
 PUBLIC = {

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO
 
-SOURCES = ("pyproject.toml", "README.md", "configs", "polyspec", "synth", "vocab", "train", "export", "decoder",
+SOURCES = ("pyproject.toml", "README.md", "configs", "polyspec", "corpus", "synth", "vocab", "train", "export", "decoder",
            "pipelines")
 
 

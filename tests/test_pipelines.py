@@ -238,3 +238,30 @@ def test_an_explicit_redo_starts_the_stage_afresh_and_a_rerun_after_a_crash_resu
     with pytest.raises(PolyspecError, match="not inside the run directory"):
         run_plan([outside], run, {}, force=True, log=logs.append)
     assert (tmp_path / "elsewhere").is_dir()
+
+
+def test_a_profile_with_the_corpus_prefills_it_for_the_pretrain(tmp_path):
+    """corpus.enabled: corpus:<l> and prefill:<l> per language, and the pretrain reads each prefill's records beside
+    the distilled answers and waits for them; without it the plan is as before."""
+    from pipelines.__main__ import load_profile
+    from pipelines.plan import build_plan, validate_plan
+
+    prof = load_profile("cpu-demo")
+    run = tmp_path / "run"
+    plain = {s.name: s for s in build_plan(prof, ["vi", "de"], "gemma3-270m", run)}
+    prof.corpus.enabled, prof.corpus.tokens = True, 12345
+    stages = build_plan(prof, ["vi", "de"], "gemma3-270m", run)
+    by = {s.name: s for s in stages}
+    assert set(by) - set(plain) == {"corpus:vi", "corpus:de", "prefill:vi", "prefill:de"}
+    assert by["prefill:de"].deps == ["corpus:de"] and "12345" in by["prefill:de"].cmd
+    order = [s.name for s in stages]
+    for prefix in ("train", "train3"):
+        pre = by[f"{prefix}:pretrain"]
+        assert {"prefill:vi", "prefill:de"} <= set(pre.deps) and order.index("prefill:de") < order.index(pre.name)
+        data = next(x for x in pre.cmd if x.startswith("data.pretrain="))
+        assert data == "data.pretrain=[" + ",".join([f"{run}/synth/vi-distill/data.jsonl", f"{run}/synth/de-distill/data.jsonl",
+                                                      f"{run}/corpus/vi-prefill/data.jsonl",
+                                                      f"{run}/corpus/de-prefill/data.jsonl"]) + "]"
+        assert "features=captured" in pre.cmd
+        assert not any(x.startswith("data.pretrain=") and "-prefill/" in x for x in plain[f"{prefix}:pretrain"].cmd)
+    assert any("corpus:vi" in line for line in validate_plan(stages, prof, "gemma3-270m", ["vi", "de"]))
