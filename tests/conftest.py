@@ -81,7 +81,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> 
 
 
 def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagle", sizes=(64, 256),
-                     noise: float = 0.0, seed: int = 0) -> Path:
+                     noise: float = 0.0, seed: int = 0, first_ids=(), fit=None) -> Path:
     """A bundle for a tiny target in seconds, without synth or training.
 
     Vocabularies rank the target's ids by their counts in the language's built-in seeds (so language masks
@@ -89,6 +89,8 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
     prompt-lookup hints), ``small-lm`` (random
     tiny Llama) or ``oracle`` (a copy of a Llama-family target with Gaussian ``noise`` on its weights: a
     drafter that is often but not always right, to exercise partial acceptance).
+    ``first_ids`` rank first in every language (a text the drafter must reach); ``fit(model, order)`` trains the
+    drafter in place before it is saved (``order``: the language's ranked ids).
     """
     import copy
     from collections import Counter
@@ -114,7 +116,8 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
         counts = Counter()
         for text in [info.system_prompt, *(x for s in info.seeds for x in (s.instruction, s.response))]:
             counts.update(target.tokenizer(text, add_special_tokens=False)["input_ids"])
-        order = sorted(range(V), key=lambda t: (-counts.get(t, 0), t))
+        first = {t: r for r, t in enumerate(dict.fromkeys(first_ids))}
+        order = sorted(range(V), key=lambda t: (first.get(t, len(first)), -counts.get(t, 0), t))
         save_ranked(run / "vocab", RankedVocab(lang, np.array(order), np.array([counts.get(t, 0) for t in order]),
                                                {"tokenizer_sha256": target.tokenizer_sha256}))
         torch.manual_seed(seed + i)
@@ -131,5 +134,7 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
                     p.add_(torch.randn_like(p) * noise * p.std())
         else:
             raise ValueError(drafter)
+        if fit is not None:
+            fit(model, order)
         save_drafter(run / "train" / lang / "final", model, {"target": target.pin(), "lang": lang})
     return write_bundle(out, run, list(langs), target.pin(), list(sizes)).root

@@ -1,5 +1,5 @@
-"""The real default target (Gemma-3-270m from its PyPI GGUF), offline. Marked `integration`: slower
-(the GGUF conversion takes about a minute on 2 cores) but part of `make test` and CI."""
+"""The real default target (Gemma-3-270m from its PyPI GGUF), offline. Marked `integration`: slower (the GGUF
+conversion takes about a minute on 2 cores); part of `make test-all` and CI (`make test` runs test_smoke.py)."""
 
 import json
 import time
@@ -11,12 +11,7 @@ from polyspec.languages import get_language
 from polyspec.prompts import encode, render
 from polyspec.targets import greedy_generate, load_from_gguf, load_target, locate_gguf, resolve_target
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    return load_target("gemma3-270m")  # prepares the user cache on first use, then reads it
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("real-target")]  # one worker: one load
 
 
 def test_facts(gemma):
