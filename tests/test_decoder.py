@@ -90,9 +90,12 @@ def test_greedy_methods_are_token_identical_to_the_target(family, llama, gemma, 
     ar = Decoder(target, method="ar")
     decoders = [(m, o, Decoder(target, bundle, method=m, **o)) for m, o in SHAPES]
     taus = {i: [] for i in range(len(decoders))}
-    # 30 prompts per family, lengths up to 90 tokens with 48 new ones: gemma's 64-token sliding window is
-    # crossed, so the cache rollback past the window and the tree→chain fallback are both exercised
-    for k, prompt in enumerate(random_prompts(target, 30, seed=7, max_len=90)):
+    # 15 prompts per family, lengths up to 90 tokens with 48 new ones: gemma's 64-token sliding window is
+    # crossed, so the cache rollback past the window and the tree→chain fallback are both exercised (30 prompts
+    # until 2026-11-28: the same paths at twice the cost, 76 s for gemma3 on the Xeon)
+    prompts = random_prompts(target, 15, seed=7, max_len=90)
+    assert sum(len(p) + 48 > 64 for p in prompts) >= 10, "most answers must cross the sliding window"
+    for k, prompt in enumerate(prompts):
         ref = greedy_generate(target, prompt, 48)
         mine = ar.generate(prompt, 48, stop=[])
         assert mine.tokens == ref[: len(mine.tokens)] and mine.target_forwards == len(mine.tokens), k
@@ -269,10 +272,14 @@ def test_adaspec_copies_running_loops_with_prompt_lookup(llama, bundles, monkeyp
 def test_weak_drafters_are_lossless_too(key, llama, gemma, bundles):
     """Random EAGLE-1 / EAGLE-3 / small-LM drafters (mostly rejected) and a noisy one over a reduced vocabulary."""
     from decoder.core import Decoder
+    from decoder.methods import METHODS
 
     target = llama if key[0] == "llama" else gemma
-    decoders = [Decoder(target, bundles[key], method=m, **o) for m, o in SHAPES]
-    prompts = random_prompts(target, 25, seed=11)
+    # the drafter-free sources decode the same way whatever the bundle: run once per family, with its first key
+    first = key in (("gemma3", "eagle"), ("llama", "small-lm"))
+    decoders = [Decoder(target, bundles[key], method=m, **o) for m, o in SHAPES
+                if first or METHODS[m].needs_bundle or m == "hybrid"]
+    prompts = random_prompts(target, 12, seed=11)  # 25 until 2026-11-28: every step rejects, 12 × 32 steps suffice
     refs = [greedy_generate(target, p, 32) for p in prompts]
     for dec in decoders:
         for prompt, ref in zip(prompts, refs):
