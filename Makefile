@@ -85,10 +85,11 @@ PYTEST_RUN = rc=0; $(TEST_ENV) $(PY) -m pytest $(1) $(PYTEST_ARGS) || rc=$$?; \
 # test-unit: without the real target and the end-to-end runs (`@pytest.mark.integration`, `@pytest.mark.slow`).
 # Each lists its slowest tests at the end. TEST_WORKERS pytest-xdist workers (default: one per core), each on one
 # thread: the tiny models' small ops gain nothing from a second thread, so two single-threaded workers finish the
-# unit tests in about half the time (7:55 → 4:08 on the Xeon); the real target's tests share one worker (one load).
-# TEST_WORKERS=0: one process, torch's own threads.
+# unit tests in about half the time (7:55 → 4:08 on the Xeon). A test file runs in one worker (--dist loadfile), so
+# its module fixtures (bundles, trained runs: ~50 s each) are built once; xdist's loadgroup does not group under
+# pytest 9 (it renames node ids through an attribute pytest 9 no longer reads). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
-PYTEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+PYTEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 TEST_ENV = $(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1)
 test: $(STAMP)
 	@$(call PYTEST_RUN,$(PYTEST_XDIST) -m "smoke or not (slow or integration)" --durations=15)

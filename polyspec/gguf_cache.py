@@ -4,11 +4,14 @@ with an ``assemble`` function).
 The first load reads the GGUF with transformers + ``gguf`` (about a minute on 2 CPU cores), rebuilds the model
 from its config (``save_pretrained`` refuses GGUF-loaded models), and saves safetensors + tokenizer into
 ``<cache>/targets/<name>-<package version>/`` atomically, with a record (``polyspec_target.json``) of what it was
-built from. Later loads read that folder (well under a second for the weights).
+built from. Later loads read that folder (well under a second for the weights). Processes that find no cache at
+the same time (parallel test workers, two stages started together) build it once: the first holds a lock file
+beside the folder, the others wait for it and then read what it wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib
 import importlib.metadata as md
@@ -33,6 +36,24 @@ def target_cache_path(spec: TargetSpec) -> Path:
     return cache_dir() / "targets" / f"{spec.name}-{package_version(spec)}"
 
 
+@contextlib.contextmanager
+def _building(path: Path):
+    """An exclusive lock on ``.<folder>.lock`` beside the cache folder while it is built (POSIX ``flock``; a no-op
+    where ``fcntl`` is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, as before
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def prepare_gguf_cache(spec: TargetSpec, rebuild: bool = False) -> Path:
     """Return the safetensors cache directory of a gguf-package target, building it when missing."""
     path = target_cache_path(spec)
@@ -40,6 +61,13 @@ def prepare_gguf_cache(spec: TargetSpec, rebuild: bool = False) -> Path:
         return path
     if path.exists() and not os.access(path, os.R_OK | os.W_OK | os.X_OK):
         raise PolyspecError(f"target cache {path} is not readable/writable; fix its permissions or set POLYSPEC_CACHE")
+    with _building(path):
+        if (path / CACHE_RECORD).is_file() and not rebuild:  # another process built it while this one waited
+            return path
+        return _build(spec, path)
+
+
+def _build(spec: TargetSpec, path: Path) -> Path:
     gguf_path = locate_gguf(spec)
     print(f"[polyspec] preparing {spec.name} from {gguf_path.name} (once; about a minute on CPU) ...", flush=True)
     t0 = time.time()

@@ -20,15 +20,6 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("POLYSPEC_DTYPE", "float32")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test`: ``--dist loadgroup``) a module's tests run in one worker, so its module-scoped
-    fixtures (bundles, trained runs: up to 53 s each) are built once, not once per worker; modules that share a
-    session fixture name one group (the real target's: ``xdist_group("real-target")``)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
-
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:

@@ -259,3 +259,30 @@ def test_a_bundle_serves_another_conversion_of_its_tokenizer_and_refuses_another
         load_bundle(bundle_dir, target_pin=other_table.pin())
     assert "\n" not in str(e.value)
 
+
+
+def test_processes_that_find_no_cache_at_once_build_it_once(tmp_path, monkeypatch):
+    """Two test workers (or stages) starting on a fresh machine: the second waits for the first's cache."""
+    import threading
+    import time
+
+    import polyspec.gguf_cache as gc
+
+    monkeypatch.setattr(gc, "target_cache_path", lambda spec: tmp_path / "targets" / "t-1.0")
+    built = []
+
+    def build(spec, path):
+        built.append(path)
+        time.sleep(0.3)  # the other caller arrives while this one builds
+        path.mkdir(parents=True)
+        (path / gc.CACHE_RECORD).write_text("{}")
+        return path
+
+    monkeypatch.setattr(gc, "_build", build)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(gc.prepare_gguf_cache(None))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [tmp_path / "targets" / "t-1.0"] * 2 and len(built) == 1

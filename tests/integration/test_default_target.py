@@ -11,7 +11,7 @@ from polyspec.languages import get_language
 from polyspec.prompts import encode, render
 from polyspec.targets import greedy_generate, load_from_gguf, load_target, locate_gguf, resolve_target
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("real-target")]  # one worker: one load
+pytestmark = pytest.mark.integration
 
 
 def test_facts(gemma):

@@ -23,7 +23,7 @@ from polyspec.languages import get_language
 from polyspec.prompts import encode, render
 from polyspec.targets import greedy_generate
 
-pytestmark = [pytest.mark.integration, pytest.mark.smoke, pytest.mark.xdist_group("real-target")]
+pytestmark = [pytest.mark.integration, pytest.mark.smoke]
 
 MAX_NEW = 32
 FIT_STEPS = 300
