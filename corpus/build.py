@@ -10,7 +10,8 @@ here, offline, Debian's translated documentation). Per language, source by sourc
 4. cut a file's kept paragraphs into documents of at most ``max_doc_chars``.
 
 Files (``<run>/corpus/<lang>/``):
-- ``parts/<source>.jsonl``: that source's documents, written atomically when the source is done (a rerun skips it);
+- ``parts/<source>.jsonl``: that source's documents, written atomically when the source is done (a rerun reuses it
+  while the filter and the sources up to it are unchanged);
 - ``data.jsonl``: every document, ``{"id", "lang", "source", "text", "tokens"}`` (``tokens``: under the target's
   tokenizer, no special tokens), the sources taken in turns (one document of each, in config order), so that any
   first N tokens mix every source; cut at ``max_tokens`` — what ``train`` reads as plain text (``data.pretrain``),
@@ -131,26 +132,32 @@ def build_language(cfg: CorpusConfig, code: str, tokenizer, log: Callable[[str],
                            identify)
     t0 = time.time()
     per_source, missing, parts = {}, {}, []
+    # a source's part depends on the filter and, through the duplicates it drops, on every source before it: it is
+    # reused only where that whole prefix is what built it (a resumed corpus equals one built in one go)
+    prefix = hashlib.sha256(json.dumps([min_chars, keep.threshold, cfg.max_doc_chars]).encode())
     for src in cfg.sources:
         if src.location(code) is None:
             continue
+        prefix.update(src.model_dump_json().encode())
         part = out / "parts" / f"{src.name}.jsonl"
         done = out / "parts" / f"{src.name}.json"
-        if part.is_file() and done.is_file():  # resumed: this source is done; its paragraphs count as seen
+        info = json.loads(done.read_text(encoding="utf-8")) if done.is_file() and part.is_file() else {}
+        if info.get("settings") == prefix.hexdigest():  # resumed: its paragraphs count as seen
             got = list(read_jsonl(part))
             for d in got:
                 keep.seen.update(_key(p) for p in d["text"].split("\n\n"))
-            per_source[src.name] = json.loads(done.read_text(encoding="utf-8"))
         else:
             try:
                 got, info = build_source(src, lang, cache, keep, cfg.max_doc_chars, log)
             except sources.SourceMissing as e:
                 log(f"corpus {code}: {src.name} skipped: {e}")
                 missing[src.name] = str(e)
+                prefix.update(b"missing")
                 continue
+            info["settings"] = prefix.hexdigest()
             atomic_write_text(part, "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in got))
             atomic_write_json(done, info)
-            per_source[src.name] = info
+        per_source[src.name] = info
         parts.append(got)
     docs = [d for d in chain.from_iterable(zip_longest(*parts)) if d is not None]  # the sources in turns
     if not docs:

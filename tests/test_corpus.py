@@ -100,6 +100,14 @@ def test_a_package_and_a_folder_become_filtered_deduplicated_documents(tmp_path,
     again = build_language(config(tmp_path, tiny_llama_dir, sources, max_doc_chars=400), "vi", llama.tokenizer,
                            log=lambda *_: None)
     assert again["tokens"] == m["tokens"] and again["sources"]["help"]["kept"] == 4
+    # a source inserted before "mine" changes what mine drops as duplicates: mine is rebuilt, help (before it) reused
+    (tmp_path / "first").mkdir()
+    (tmp_path / "first" / "a.txt").write_text(VI_TEXT[4], encoding="utf-8")
+    first = {"name": "first", "kind": "folder", "folders": {"vi": str(tmp_path / "first")}, "paths": {"vi": ["*.txt"]}}
+    third = build_language(config(tmp_path, tiny_llama_dir, [sources[0], first, sources[1]], max_doc_chars=400), "vi",
+                           llama.tokenizer, log=lambda *_: None)
+    assert third["missing"] == {} and third["sources"]["help"]["kept"] == 4  # reused: its package is gone
+    assert (third["sources"]["mine"]["kept"], third["sources"]["mine"]["duplicate"]) == (0, 2)
 
     # max_tokens cuts whole documents
     shutil.rmtree(tmp_path / "run")
