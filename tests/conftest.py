@@ -20,7 +20,6 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("POLYSPEC_DTYPE", "float32")
 
 
-
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     return build_tiny_target(tmp_path_factory.mktemp("targets") / "tiny-llama", family="llama")
