@@ -41,6 +41,14 @@ from polyspec.paths import cache_dir
 CJK = ("Jpan", "Hani", "Hans", "Hant", "Kore")
 
 
+def document_ids(tokenizer, docs: list[dict], batch: int = 1000) -> Iterator[tuple[dict, list[int]]]:
+    """(document, its target token ids without special tokens), encoded in batches by the Rust tokenizer."""
+    backend = tokenizer.backend_tokenizer
+    for i in range(0, len(docs), batch):
+        part = docs[i : i + batch]
+        yield from zip(part, (e.ids for e in backend.encode_batch([d["text"] for d in part], add_special_tokens=False)))
+
+
 def _key(paragraph: str) -> bytes:
     return hashlib.blake2b(" ".join(paragraph.split()).casefold().encode(), digest_size=12).digest()
 
@@ -169,16 +177,13 @@ def build_language(cfg: CorpusConfig, code: str, tokenizer, log: Callable[[str],
 def _write(cfg: CorpusConfig, out: Path, code: str, docs: list[dict], per_source: dict, missing: dict, tokenizer,
            seconds: float, log: Callable[[str], None]) -> dict:
     """Target tokens per document, the ``max_tokens`` cut (whole documents), ``data.jsonl`` and ``manifest.json``."""
-    backend = tokenizer.backend_tokenizer
     total, kept = 0, []
-    for i in range(0, len(docs), 1000):
-        batch = docs[i : i + 1000]
-        for d, enc in zip(batch, backend.encode_batch([d["text"] for d in batch], add_special_tokens=False)):
-            if cfg.max_tokens is not None and total >= cfg.max_tokens:
-                break
-            d["tokens"] = len(enc.ids)
-            total += d["tokens"]
-            kept.append(d)
+    for d, ids in document_ids(tokenizer, docs):
+        if cfg.max_tokens is not None and total >= cfg.max_tokens:
+            break
+        d["tokens"] = len(ids)
+        total += d["tokens"]
+        kept.append(d)
     for name, info in per_source.items():
         mine = [d for d in kept if d["source"] == name]
         info.update(documents_used=len(mine), tokens=sum(d["tokens"] for d in mine))

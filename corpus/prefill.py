@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from corpus.build import document_ids
 from polyspec.errors import PolyspecError
 from polyspec.features import write_shard
 from polyspec.io import atomic_write_json, atomic_write_text, read_jsonl
@@ -67,19 +68,16 @@ def chunks(docs: list[dict], tokenizer, seq_len: int, max_tokens: int | None, mi
     ``min_tokens`` is dropped), in document order, until ``max_tokens`` chunk tokens."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     out, total = [], 0
-    backend = tokenizer.backend_tokenizer
-    for i in range(0, len(docs), 500):
-        batch = docs[i : i + 500]
-        for d, enc in zip(batch, backend.encode_batch([d["text"] for d in batch], add_special_tokens=False)):
-            ids, step = enc.ids, seq_len - len(bos)
-            for k in range(0, len(ids), step):
-                piece = bos + ids[k : k + step]
-                if len(piece) < min_tokens:
-                    continue
-                if max_tokens is not None and total + len(piece) > max_tokens:
-                    return out
-                out.append({"doc": d["id"], "source": d.get("source", ""), "k": k // step, "ids": piece})
-                total += len(piece)
+    step = seq_len - len(bos)
+    for d, ids in document_ids(tokenizer, docs, batch=500):
+        for k in range(0, len(ids), step):
+            piece = bos + ids[k : k + step]
+            if len(piece) < min_tokens:
+                continue
+            if max_tokens is not None and total + len(piece) > max_tokens:
+                return out
+            out.append({"doc": d["id"], "source": d.get("source", ""), "k": k // step, "ids": piece})
+            total += len(piece)
     return out
 
 
