@@ -73,6 +73,8 @@ class DistillConfig(StrictModel):
     lang: str = "vi"
     prompts: str = Field("seeds", description="jsonl/ShareGPT file, a synth data.jsonl, 'seeds' (free-text "
                          "continuations of the language seeds) or an HF dataset name when online")
+    corpus_prompts: int = Field(0, ge=0, description="prompts 'pool': up to this many prompts about the run's corpus "
+                                "paragraphs (<run>/corpus/<lang>/data.jsonl) follow the pool's own (synth/pool.py)")
     prompt_field: str = Field("instruction", description="field holding the prompt text in a plain jsonl")
     limit: int | None = Field(None, ge=1, description="use at most this many prompts")
     temperatures: list[float] = Field(default_factory=lambda: [0.0, 0.3, 0.7, 1.0])
@@ -91,5 +93,8 @@ class DistillConfig(StrictModel):
                                     "the transformers engine refills finished rows from the call's waiting prompts "
                                     "(continuous batching); a cut run resumes at the last commit")
     max_feature_gb: float = Field(20.0, gt=0, description="stop capturing (records go on) past this disk use")
+    max_seconds: float | None = Field(None, gt=0, description="stop at the first commit past this many seconds of "
+                                      "this session (a lent GPU's budget): the committed records stand, stats.json says "
+                                      "complete: false, and a rerun goes on from there")
     lid_filter: bool = Field(True, description="reject sampled (T > 0) answers confidently in another language to "
                              "prompts in the language; greedy answers (the decoder's path) and translations are kept")

@@ -41,7 +41,7 @@ def load_prompts(cfg: DistillConfig) -> list:
         from synth.pool import build_pool, load_heldout
 
         if src == "pool":
-            prompts = build_pool(cfg.lang, cfg.run, limit=cfg.limit)
+            prompts = build_pool(cfg.lang, cfg.run, limit=cfg.limit, corpus=cfg.corpus_prompts)
         else:
             prompts = [[{"role": "user", "content": r["turns"][0]}] for r in load_heldout(cfg.lang)]
         if not prompts:
@@ -148,9 +148,13 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
                 write_shard(out_dir / shard, rows, meta)
         store.commit(accepted, rejected, attempts[-1] + 1, seconds=time.perf_counter() - t_batch)
         bar.update(len(attempts))
+        if cfg.max_seconds is not None and time.perf_counter() - wall > cfg.max_seconds and store.next_attempt < total:
+            tqdm.write(f"distill {lang.code}: max_seconds {cfg.max_seconds:g} passed at attempt {store.next_attempt:,} "
+                       f"of {total:,}: stopping here (a rerun goes on)")
+            break
     bar.close()
     stats = store.write_stats({"lang": lang.code, "target": target.spec.name, "prompts": len(prompts),
-                               "temperatures": temps, "complete": True,
+                               "temperatures": temps, "complete": store.next_attempt >= total,
                                "feature_bytes": disk_bytes(out_dir), "wall_seconds_this_session":
                                round(time.perf_counter() - wall, 1)})
     tqdm.write(f"distill {lang.code}: {stats['accepted']} records, {stats['tokens']} tokens at "

@@ -111,7 +111,7 @@ class TransformersEngine:
             lse = torch.logsumexp(logits, dim=-1)  # ~2 % of a 32-row fp32 step (AVX2 host); saves SPECTRA a scoring pass
             picked = _sample_rows(logits, [reqs[b].temperature for b in rows], [reqs[b].top_p for b in rows],
                                   [gens[b] for b in rows])
-            token_nll = (lse - logits.gather(1, torch.tensor(picked).unsqueeze(1)).squeeze(1)).tolist()
+            token_nll = (lse - logits.gather(1, torch.tensor(picked, device=logits.device).unsqueeze(1)).squeeze(1)).tolist()
             going = []
             for j, (b, t) in enumerate(zip(rows, picked)):
                 r = reqs[b]
@@ -151,7 +151,7 @@ class TransformersEngine:
             past = o.past_key_values
             if grab is not None:  # the token each live row was fed
                 grab.take(o, live, [slice(0, 1)] * len(live))
-            going = take(live, o.logits[:, -1, :].float().cpu())
+            going = take(live, o.logits[:, -1, :].float())  # sampled where the logits are (a GPU: no |V|-wide copies)
             if len(going) < len(live):  # 3. finished rows leave the cache, and columns no live row uses with them
                 past.batch_select_indices(torch.tensor(going, dtype=torch.long, device=dev))
                 mask = mask[going]
@@ -196,7 +196,7 @@ class TransformersEngine:
                               output_hidden_states=bool(capture))
         if grab is not None:
             grab.take(o, rows, [slice(L - len(encoded[b]), L) for b in rows], src)
-        logits, past = o.logits[:, -1, :].float().cpu(), o.past_key_values
+        logits, past = o.logits[:, -1, :].float(), o.past_key_values
         if len(prompts) < len(rows):
             past.batch_select_indices(torch.tensor(src, dtype=torch.long, device=dev))
             mask, logits = mask[src], logits[src]
@@ -403,7 +403,7 @@ def _sample_rows(logits: torch.Tensor, temperatures: list[float], top_ps: list[f
         if not bool((torch.isfinite(total) & (total > 0)).all()):
             raise PolyspecError("sampling: the logits hold NaN/inf or no probability mass")
         u = torch.cat([1.0 - torch.rand((1,), generator=gens[j], dtype=torch.float64) for j in rows])
-        u = (u * total).unsqueeze(-1)  # in (0, total]: a zero-probability id is never hit
+        u = (u.to(cdf.device) * total).unsqueeze(-1)  # in (0, total]: a zero-probability id is never hit
         for j, tok in zip(rows, torch.searchsorted(cdf, u).squeeze(-1).clamp_(max=cdf.shape[-1] - 1).tolist()):
             out[j] = tok
     return out

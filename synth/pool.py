@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,8 +180,25 @@ def _synth_instructions(path: Path) -> list[str]:
     return out
 
 
+def corpus_prompts(lang: str, path: Path, n: int, seed: int = 0) -> list[PoolPrompt]:
+    """Up to ``n`` prompts about real text: the paragraphs (blank-line separated, 200–1,200 characters) of a corpus
+    stage's documents (``<run>/corpus/<lang>/data.jsonl``, schema in corpus/build.py), in a seeded order, each in
+    one of the language's summarization templates in turn — so on-policy answers cover as many topics as the
+    corpus does, not only the task file's few passages (kind ``passage``)."""
+    tasks = load_tasks(lang)
+    if tasks is None:
+        raise PolyspecError(f"corpus prompts: language {lang!r} has no task file (synth/data/tasks/{lang}.yaml)")
+    if not path.is_file():
+        raise PolyspecError(f"corpus prompts: {path} not found (build the corpus first: python -m corpus --langs {lang})")
+    paras = [p.strip() for rec in read_jsonl(path) if isinstance(rec.get("text"), str)
+             for p in rec["text"].split("\n\n") if 200 <= len(p.strip()) <= 1200]
+    random.Random(seed).shuffle(paras)
+    tpl = tasks.templates.summarization
+    return [PoolPrompt("passage", (tpl[i % len(tpl)].replace("{passage}", p),)) for i, p in enumerate(paras[:n])]
+
+
 def pool_items(lang: str, run: str | None, synth_file: str | None = None, limit: int | None = None,
-               target: str | None = None) -> list[PoolPrompt]:
+               target: str | None = None, corpus: int = 0) -> list[PoolPrompt]:
     """The pool of ``lang`` as :class:`PoolPrompt` items (kind + turns); see :func:`build_pool`."""
     if synth_file is not None and not Path(synth_file).is_file():
         raise PolyspecError(f"synth file {synth_file} not found")
@@ -203,17 +221,24 @@ def pool_items(lang: str, run: str | None, synth_file: str | None = None, limit:
     out: list[PoolPrompt] = []
     for i in range(max(len(v) for v in by_kind.values())):  # round robin over the kinds
         out += [by_kind[k][i] for k in KINDS if i < len(by_kind[k])]
+    if corpus:  # after the pool's own prompts, guarded the same way
+        for p in corpus_prompts(lang, Path(run or ".") / "corpus" / lang / "data.jsonl", corpus):
+            key = tuple(_norm(t) for t in p.turns)
+            if key not in seen and not forbidden.intersection(key):
+                seen.add(key)
+                out.append(p)
     if not out:
         raise PolyspecError(f"no prompts for language {lang!r}: no task file, seeds or synth data")
     return out[:limit] if limit else out
 
 
 def build_pool(lang: str, run: str | None, synth_file: str | None = None, limit: int | None = None,
-               target: str | None = None) -> list[list[dict]]:
+               target: str | None = None, corpus: int = 0) -> list[list[dict]]:
     """The distillation prompts of ``lang`` as message lists (user turns only, answered in order).
 
     ``run``: the run folder whose ``synth/<lang>/data.jsonl`` adds the self-synthesized instructions
     (``synth_file`` names another file instead). ``limit`` keeps the first prompts of the interleaved order,
-    so every kind stays represented. ``target`` resolves a language translated by synth (its seeds).
+    so every kind stays represented. ``target`` resolves a language translated by synth (its seeds). ``corpus``:
+    up to that many prompts about the run's corpus paragraphs follow (:func:`corpus_prompts`).
     """
-    return [p.messages for p in pool_items(lang, run, synth_file, limit, target)]
+    return [p.messages for p in pool_items(lang, run, synth_file, limit, target, corpus)]

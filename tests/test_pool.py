@@ -156,3 +156,25 @@ def test_malformed_heldout_is_a_one_line_error(tmp_path, monkeypatch):
         assert "\n" not in str(e.value) and "category" in str(e.value)
     finally:
         heldout.heldout_all.cache_clear()
+
+
+def test_corpus_paragraphs_become_prompts_after_the_pool(tmp_path):
+    """``corpus_prompts``: the corpus stage's paragraphs of 200–1,200 characters, each in one of the language's
+    summarization templates, follow the pool's own prompts (the pool's order and content unchanged); short and long
+    paragraphs are left out; held-out text never gets in; a missing corpus is one line."""
+    tpl = load_tasks("en").templates.summarization
+    good = [(f"Paragraph {i}: " + "the quick brown fox jumps over the lazy dog. " * 6).strip() for i in range(5)]
+    held = load_heldout("en")[0]["turns"][0]
+    docs = [{"id": "a", "text": "\n\n".join([good[0], "too short", good[1], "x" * 1300])},
+            {"id": "b", "text": "\n\n".join(good[2:])}]
+    (tmp_path / "corpus" / "en").mkdir(parents=True)
+    (tmp_path / "corpus" / "en" / "data.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    base = build_pool("en", str(tmp_path))
+    more = build_pool("en", str(tmp_path), corpus=4)
+    assert more[: len(base)] == base and len(more) == len(base) + 4
+    added = [p[0]["content"] for p in more[len(base):]]
+    assert all(any(t.replace("{passage}", g) == a for t in tpl for g in good) for a in added)
+    assert {a for a in added} != {tpl[0].replace("{passage}", g) for g in good[:4]}, "the templates alternate"
+    assert held not in added
+    with pytest.raises(PolyspecError, match="corpus prompts: .* not found"):
+        build_pool("en", str(tmp_path / "nowhere"), corpus=2)

@@ -508,3 +508,20 @@ def test_make_synth_invalid_and_untranslated_language():
     proc = run_cli("make", "-s", "synth", "LANG=xx")
     assert proc.returncode != 0 and "'xx'" in proc.stderr
     assert os.environ.get("LANG", "") != "xx"
+
+
+def test_distill_max_seconds_stops_at_a_commit_and_a_rerun_goes_on(tmp_path, tiny_llama_dir):
+    """``max_seconds`` (a lent GPU's budget): distillation stops at the first commit past it, keeps what it committed
+    (stats ``complete: false``), and a rerun without the budget answers the rest — the records an uninterrupted run
+    writes."""
+    base = {"lang": "en", "target": str(tiny_llama_dir), "prompts": "pool", "limit": 6, "temperatures": [0.0, 1.0],
+            "sampling": {"max_new_tokens": 4}, "engine": {"batch_size": 2}, "batches_per_commit": 1}
+    cut = validate(DistillConfig, {**base, "run": str(tmp_path / "a"), "max_seconds": 1e-6})
+    stats = run_distill(cut)
+    assert stats["complete"] is False and stats["attempted"] == 2, "one commit of one batch, then the budget stops it"
+    done = run_distill(validate(DistillConfig, {**base, "run": str(tmp_path / "a")}))
+    whole = run_distill(validate(DistillConfig, {**base, "run": str(tmp_path / "b")}))
+    assert done["complete"] and done["attempted"] == whole["attempted"] == 12
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "lid"} for r in rs]  # noqa: E731
+    assert strip(read_jsonl(tmp_path / "a" / "synth" / "en-distill" / "data.jsonl")) == \
+        strip(read_jsonl(tmp_path / "b" / "synth" / "en-distill" / "data.jsonl"))
