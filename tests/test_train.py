@@ -850,3 +850,44 @@ def test_compare_skips_a_torn_metrics_line(tmp_path):
                                          + json.dumps({"step": 2, "eval": ev}) + "\n" + '{"step": 3, "ev')
     assert eval_rows(tmp_path, "vi") == {2: ev}
 
+
+
+def test_split_text_reads_every_token_of_a_long_document(tiny_llama_dir, tmp_path):
+    """``data.split_text``: a plain-text document longer than max_length becomes pieces of at most max_length, each
+    after BOS, covering all of its tokens (a tail under 16 tokens dropped; a document shorter than that stays whole);
+    without it the document is cut."""
+    from polyspec.targets import load_target
+    from train.data import build_dataset
+
+    target = load_target(str(tiny_llama_dir), device="cpu")
+    text = " ".join(f"word{i}" for i in range(400))
+    (tmp_path / "t.jsonl").write_text(json.dumps({"text": text}) + "\n" + json.dumps({"text": ""}) + "\n")
+    ids = target.tokenizer(text, add_special_tokens=True)["input_ids"]
+    bos = target.tokenizer.bos_token_id
+    head = ids[:1] if bos is not None and ids[0] == bos else []
+    cut = build_dataset([str(tmp_path / "t.jsonl")], target, str(tmp_path), "en", 64, False)
+    whole = build_dataset([str(tmp_path / "t.jsonl")], target, str(tmp_path), "en", 64, False, split_text=True)
+    assert len(cut.examples) == 1 and cut.examples[0].input_ids == ids[:64]
+    assert len(whole.examples) > 1 and all(len(e.input_ids) <= 64 for e in whole.examples)
+    assert all(e.input_ids[: len(head)] == head and e.loss_mask[0] == 0 for e in whole.examples)
+    body = [t for e in whole.examples for t in e.input_ids[len(head):]]
+    assert body == ids[len(head):][: len(body)] and len(ids) - len(head) - len(body) < 16
+    assert whole.skipped == cut.skipped == 1, "the empty document has nothing to train on"
+
+
+def test_max_seconds_ends_a_stage_early_with_its_final_weights(tmp_path, llama_run, tiny_llama_dir):
+    """``max_seconds``: the stage stops at the first step past the budget, writes final/ and a checkpoint, and says so
+    in its metrics; a rerun without the budget goes on from that checkpoint to the planned steps."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    res = run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=400", "max_seconds=0.5",
+                   "checkpoint_every=1000", "eval_every=1000"))
+    assert 1 <= res[-1]["steps"] < 400
+    metrics = [json.loads(x) for x in (run_dir / "train/vi/finetune/metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("event") == "max_seconds" for m in metrics)
+    assert (run_dir / "train/vi/finetune/final/model.safetensors").is_file()
+    again = run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=400", "checkpoint_every=1000",
+                     "eval_every=1000", "max_seconds=0.5"))
+    assert again[-1]["steps"] > res[-1]["steps"], "the rerun resumed from the stopped step"

@@ -23,6 +23,9 @@ class DataConfig(StrictModel):
                                  "shapes for the kernels (1: no rounding). With length-grouped batches 8 pads the demo's "
                                  "vi data 7 % instead of 14 % at 32, 1,812 vs 1,719 tok/s (python -m train.bench, AVX2 fp32, "
                                  "4 interleaved rounds; 1: 1,774)")
+    split_text: bool = Field(False, description="plain-text records (a corpus' documents) longer than max_length "
+                             "become several sequences of at most max_length tokens, each after the tokenizer's BOS, "
+                             "instead of one cut at max_length: the pretrain reads every token of the text")
     group_by_length: bool = Field(True, description="batches of similar length (transformers' group_by_length): "
                                   "less padding per step, the same examples per epoch")
     eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="held-out share of the finetune data")
@@ -128,6 +131,9 @@ class TrainConfig(StrictModel):
     eval_depth: int = Field(4, ge=1, description="γ of the score: the decoder's greedy chain procedure with γ drafts "
                             "per step on held-out prompts (tau = answer tokens / target forwards)")
     log_every: int = Field(10, ge=1)
+    max_seconds: float | None = Field(None, gt=0, description="end the stage at the first step past this many seconds "
+                                      "of training (a lent GPU's budget): final/ is written as at the last step; the "
+                                      "learning-rate schedule still spans the full steps")
     eval_only: bool = Field(False, description="evaluate the stage's starting weights (random init unless init_from) and stop")
     report_to: Literal["wandb", "tensorboard", "none"] = Field("wandb", description="wandb runs offline by default")
     device: str = "auto"

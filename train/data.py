@@ -97,14 +97,36 @@ def encode_record(rec: dict, target, max_length: int, response_only: bool) -> Ex
     return Example(ids, mask) if sum(mask) > 0 else None
 
 
+def text_chunks(ids: list[int], bos: int | None, max_length: int, min_tokens: int = 16) -> list[Example]:
+    """A plain-text record's token ids → sequences of at most ``max_length`` tokens covering all of it, each after
+    the tokenizer's BOS (when it adds one); a tail shorter than ``min_tokens`` is dropped (as ``corpus prefill``)."""
+    head = ids[:1] if ids and bos is not None and ids[0] == bos else []
+    body, step = ids[len(head):], max_length - len(head)
+    out = []
+    for k in range(0, len(body), step):
+        piece = head + body[k : k + step]
+        if len(piece) >= min(min_tokens, len(ids)) and len(piece) > 2:
+            out.append(Example(piece, [0] + [1] * (len(piece) - 1)))
+    return out
+
+
 def build_dataset(patterns: list[str], target, run: str, lang: str, max_length: int, response_only: bool,
-                  captured: bool = False) -> Dataset:
+                  captured: bool = False, split_text: bool = False) -> Dataset:
     """``captured``: examples are the distilled records' own token ids (exactly what the target generated and
     whose hidden states were kept); records without captured features are skipped and counted."""
     paths = expand_paths(patterns, run, lang)
     records, skipped = read_records(paths, with_source=captured)
     reader = FeatureReader(target.spec.name, target.tokenizer_sha256) if captured else None
     examples = []
+    if split_text and not captured:  # every plain-text record read whole, tokenized in batches
+        texts = [r for r in records if _turns(r) is None]
+        records = [r for r in records if _turns(r) is not None]
+        tok = target.tokenizer
+        for i in range(0, len(texts), 1000):
+            for ids in tok([r["text"] for r in texts[i : i + 1000]], add_special_tokens=True)["input_ids"]:
+                pieces = text_chunks(ids, tok.bos_token_id, max_length)
+                examples += pieces
+                skipped += not pieces
     for rec in records:
         ex = captured_example(rec, reader, max_length, response_only) if captured else \
             encode_record(rec, target, max_length, response_only)

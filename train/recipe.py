@@ -82,7 +82,7 @@ class DrafterRecipe:
         patterns = cfg.data.pretrain if self.stage == "pretrain" else cfg.data.finetune
         captured = cfg.features == "captured"
         ds = build_dataset(patterns, self.target, cfg.run, cfg.lang, cfg.data.max_length,
-                           response_only=self.stage == "finetune", captured=captured)
+                           response_only=self.stage == "finetune", captured=captured, split_text=cfg.data.split_text)
         if self.stage == "finetune" and cfg.data.eval_file:  # an independent test set (held-out prompts)
             self.train_set = ds.examples
             held = build_dataset(cfg.data.eval_file, self.target, cfg.run, cfg.lang, 4 * cfg.data.max_length, True,
@@ -350,8 +350,12 @@ class DrafterRecipe:
                 if ev["tau"] > self.best and ev["sequences"] > 0:  # no held-out sequence scored: no best/
                     self.best = ev["tau"]
                     self._save_weights(self.out / "best", {"eval": ev, "step": self.step})
-            if self.step % cfg.checkpoint_every == 0 or self.step == steps:
+            out_of_time = cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds
+            if self.step % cfg.checkpoint_every == 0 or self.step == steps or out_of_time:
                 self.save_checkpoint()  # the last one too: a rerun of a finished stage trains nothing
+            if out_of_time:
+                self._log_line({"event": "max_seconds", "step": self.step, "steps": steps})
+                break
         bar.close()
         final_eval = self.evaluate()
         self._save_weights(self.out / "final", {"eval": final_eval, "step": self.step})
