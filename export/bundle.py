@@ -84,7 +84,7 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
                  adaptive: dict | None = None, overwrite: bool = True, train_dir: str = "train") -> Bundle:
     """Copy the run's per-language drafters (``<run>/<train_dir>/<lang>/final/``) and vocabularies, build the
     masks, write the manifest."""
-    from vocab.files import load_ranked
+    from vocab.files import RankedVocab, load_ranked, save_ranked
     from vocab.masks import build_masks, save_masks
 
     run = Path(run)
@@ -95,16 +95,24 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
         for lang in languages:
             src = run / train_dir / lang / "final"
             cfg = _read_json(src / "config.json", f"drafter of {lang!r} (train stage output)")
-            if cfg.get("target", {}).get("tokenizer_sha256") != target_pin["tokenizer_sha256"]:
+            recorded = cfg.get("target", {})
+            moved = recorded.get("tokenizer_sha256") != target_pin["tokenizer_sha256"]
+            if moved and (recorded.get("vocab_sha256") is None or recorded.get("vocab_sha256") != target_pin.get("vocab_sha256")):
                 raise PolyspecError(f"drafter {src} was trained for another target tokenizer")
-            check_pin(cfg["target"], target_pin, f"drafter {src}")
+            # another conversion of the same id table (a GPU image's transformers, scripts/gpu-scale.sh): one warning
+            check_pin(recorded, target_pin, f"drafter {src}")
             drafter_types.add(cfg["drafter_type"])
             cards[lang] = _training_facts(cfg)
             shutil.copytree(src, tmp / "drafters" / lang)
-            vocab = load_ranked(run / "vocab" / f"{lang}.safetensors", tokenizer_sha256=target_pin["tokenizer_sha256"])
+            vocab = load_ranked(run / "vocab" / f"{lang}.safetensors", tokenizer_sha256=recorded.get("tokenizer_sha256"))
             (tmp / "vocab").mkdir(exist_ok=True)
-            for suffix in (".safetensors", ".json"):
-                shutil.copy2(run / "vocab" / f"{lang}{suffix}", tmp / "vocab" / f"{lang}{suffix}")
+            if moved:  # the same ids, ranked where the drafter was trained: pinned to the bundle's tokenizer
+                save_ranked(tmp / "vocab", RankedVocab(lang=vocab.lang, ranked_ids=vocab.ranked_ids, counts=vocab.counts,
+                                                       meta={**vocab.meta, "tokenizer_sha256": target_pin["tokenizer_sha256"],
+                                                             "built_with_tokenizer_sha256": recorded.get("tokenizer_sha256")}))
+            else:
+                for suffix in (".safetensors", ".json"):
+                    shutil.copy2(run / "vocab" / f"{lang}{suffix}", tmp / "vocab" / f"{lang}{suffix}")
             ranked.append(vocab.ranked_ids)
         if len(drafter_types) != 1:
             raise PolyspecError(f"one drafter type per bundle, got {sorted(drafter_types)}")

@@ -39,14 +39,21 @@ ENGINES_FILE = "engines.json"
 MULTILINGUAL = "multilingual"
 
 
-def heldout_tau(stage_dir: Path) -> float | None:
-    """The best held-out score (chain τ at the recipe's ``eval_depth``) a training stage logged, if any."""
+def heldout_eval(stage_dir: Path) -> dict | None:
+    """The best held-out score a training stage logged (chain τ at the recipe's ``eval_depth``, with α_1…α_γ, the
+    share of steps accepting at least i drafts), if any."""
     path = stage_dir / "metrics.jsonl"
     if not path.is_file():
         return None
-    taus = [r["eval"]["tau"] for r in read_jsonl(path) if isinstance(r.get("eval"), dict)
-            and r["eval"].get("sequences", 1) and "tau" in r["eval"]]
-    return round(max(taus), 4) if taus else None
+    evals = [r["eval"] for r in read_jsonl(path) if isinstance(r.get("eval"), dict)
+             and r["eval"].get("sequences", 1) and "tau" in r["eval"]]
+    return max(evals, key=lambda e: e["tau"]) if evals else None
+
+
+def heldout_tau(stage_dir: Path) -> float | None:
+    """The best held-out τ a training stage logged, if any."""
+    ev = heldout_eval(stage_dir)
+    return round(ev["tau"], 4) if ev else None
 
 
 def write_engine_exports(run: str | Path, langs: list[str], target, out: str | Path, train_dir: str = "train",
@@ -78,6 +85,7 @@ def write_engine_exports(run: str | Path, langs: list[str], target, out: str | P
                  "source": f"drafters/{MULTILINGUAL}" if name == MULTILINGUAL else f"bundle/drafters/{name}",
                  "speculators": str(folder.relative_to(out)), "draft_vocab_size": cfg["draft_vocab_size"],
                  "aux_layers": cfg["eagle_aux_hidden_state_layer_ids"], "heldout_tau": heldout_tau(stage),
+                 "heldout_alpha": (heldout_eval(stage) or {}).get("alpha"),  # the engines' draft_n choice reads it
                  "polyspec": None if name == MULTILINGUAL else f"bundle/drafters/{name}", "gguf": None}
         if gguf is not None:
             path = out / "gguf" / f"{name}.gguf"

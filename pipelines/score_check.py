@@ -73,7 +73,8 @@ def heldout_records(run: Path, lang: str) -> list[dict]:
 def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
     """Per language: the held-out score (chain γ) of its own EAGLE-3 drafter and of the multilingual one, on the
     same captured held-out answers — what serving one drafter for every language costs. Written into
-    ``engines.json`` (``drafters.<name>.heldout_tau_by_lang``) and ``scores.json`` beside it."""
+    ``engines.json`` (``drafters.<name>.heldout_tau_by_lang``, ``heldout_alpha_by_lang``) and ``scores.json``
+    beside it."""
     rec = json.loads((engines / "engines.json").read_text(encoding="utf-8"))
     reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
     drafters = rec["drafters"]
@@ -91,6 +92,7 @@ def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
             key = "own" if name == lang else "multilingual"
             row[f"{key}_tau"], row[f"{key}_alpha"] = sc["tau"], sc["alpha"]
             drafters[name].setdefault("heldout_tau_by_lang", {})[lang] = sc["tau"]
+            drafters[name].setdefault("heldout_alpha_by_lang", {})[lang] = sc["alpha"]  # an engine's draft_n reads it
         rows.append(row)
     rec["scores"] = {"gamma": gamma, "what": "training score: the decoder's chain procedure replayed on the target's "
                      "captured greedy answers to the held-out prompts (synth/data/heldout.jsonl)", "rows": rows}

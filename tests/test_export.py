@@ -94,6 +94,34 @@ def test_bundle_for_another_target_is_refused(tmp_path, trained, tiny_gemma_dir)
         write_bundle(tmp_path / "c", run_dir, ["vi"], other, [64])
 
 
+def test_a_drafter_trained_with_another_conversion_of_the_same_ids_exports_with_a_warning(tmp_path, trained, capsys):
+    """A run trained where another transformers converted the target's tokenizer (the H200 image's, for the chat
+    target's GGUF: other special-token rules, the same id table) exports here with one warning; its vocabulary is
+    pinned to this tokenizer (recording where it was ranked), so the bundle loads for this target."""
+    from export.bundle import load_bundle, write_bundle
+
+    run_dir, target = trained
+    pin = target.pin()
+    elsewhere = {**pin, "tokenizer_sha256": "f" * 64, "special_token_ids": {**(pin.get("special_token_ids") or {}), "eos": -1}}
+    moved = tmp_path / "run"
+    shutil.copytree(run_dir, moved)
+    for lang in ("vi", "de"):
+        cfg_path = moved / "train" / lang / "final" / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg_path.write_text(json.dumps({**cfg, "target": {**cfg["target"], "tokenizer_sha256": "f" * 64}}))
+        meta_path = moved / "vocab" / f"{lang}.json"
+        meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "tokenizer_sha256": "f" * 64}))
+    assert elsewhere["vocab_sha256"] == pin["vocab_sha256"]
+    write_bundle(tmp_path / "b", moved, ["vi", "de"], pin, [64])
+    assert "another conversion of the tokenizer" in capsys.readouterr().err
+    bundle = load_bundle(tmp_path / "b", target_pin=pin)
+    assert bundle.ranked("vi").meta["built_with_tokenizer_sha256"] == "f" * 64
+    assert bundle.ranked("vi").meta["tokenizer_sha256"] == pin["tokenizer_sha256"]
+    other_ids = {**pin, "vocab_sha256": "0" * 64}
+    with pytest.raises(PolyspecError, match="another target tokenizer"):  # another id table stays refused
+        write_bundle(tmp_path / "c", moved, ["vi", "de"], other_ids, [64])
+
+
 def test_interrupted_export_leaves_no_half_bundle(tmp_path, trained):
     from export.bundle import write_bundle
 
