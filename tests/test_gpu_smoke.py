@@ -194,3 +194,54 @@ def test_the_real_target_travels_in_parts_and_is_found_where_it_was_reassembled(
     part.write_bytes(bytes(data))
     damaged = script("run")
     assert damaged.returncode != 0 and "FAILED" in damaged.stdout + damaged.stderr
+
+
+@pytest.mark.slow
+def test_the_data_scale_device_script_runs_every_step_on_the_tiny_target(tmp_path, tiny_llama_dir):
+    """scripts/gpu-scale.sh (issue 59) rehearsed on CPU as tests/README's DEVICE=cpu: pack a made-up corpus, stage both
+    calls, run every step of scripts/gpu_scale.py (corpus, held-out answers, on-policy distillation with corpus prompts,
+    vocab, EAGLE-3 pretrain on the split corpus documents with online features, finetune, export, the device's bench)
+    within a budget, bring back at most 8 files of ≤ 16 MiB, and unpack a run the CPU exports again."""
+    from synth.pool import load_tasks
+
+    paras = [p.text for p in load_tasks("en").passages]
+    corpus = tmp_path / "corpus-run" / "corpus" / "en"
+    corpus.mkdir(parents=True)
+    with open(corpus / "data.jsonl", "w") as f:
+        for i in range(12):  # documents of a few paragraphs each, long enough to be split at seq-len 64
+            text = "\n\n".join(paras[(i + k) % len(paras)] for k in range(3))
+            f.write(json.dumps({"id": f"doc{i}", "lang": "en", "source": "made-up", "text": text}) + "\n")
+    env = os.environ | {k: str(tmp_path / v) for k, v in
+                        (("PACK", "pack"), ("STAGE", "stage"), ("SITE", "site"), ("OUT", "out"), ("WHEELS", "none"))}
+    env |= {"PY": sys.executable, "DEVICE": "cpu", "TARGET": str(tiny_llama_dir), "LANGS": "en", "BUDGET": "300",
+            "SCALE_ARGS": "--batch 8 --max-new-tokens 12 --limit 6 --corpus-prompts 4 --train-batch 4 --seq-len 64 "
+                          "--bench bf16 --bench-tokens 8 --bench-reserve 60 --draft-vocab 256 --sizes 128,256,512"}
+
+    def script(*args):
+        return subprocess.run(["bash", str(REPO / "scripts" / "gpu-scale.sh"), *args], env=env, capture_output=True,
+                              text=True, timeout=600)
+
+    for step in (["pack", str(tmp_path / "corpus-run")], ["stage", "1"], ["stage", "2"], ["run"]):
+        done = script(*step)
+        assert done.returncode == 0, " ".join(step) + ": " + (done.stdout + done.stderr)[-3000:]
+    out = tmp_path / "out"
+    files = sorted(p for p in out.iterdir())
+    assert len(files) <= 8 and all(p.is_file() and p.stat().st_size <= 16 * 2**20 for p in files), files
+    fig = json.loads((out / "scale.json").read_text())
+    steps = fig["steps"]
+    assert [k for k, s in steps.items() if not s["ok"]] == [], steps
+    assert set(steps) == {"load", "corpus", "heldout", "distill", "vocab", "pretrain", "finetune", "export", "bench-bf16"}
+    assert steps["corpus"]["langs"]["en"]["tokens"] > 1000
+    assert steps["distill"]["accepted"] > 0 and steps["distill"]["prompts"] == 6
+    assert steps["pretrain"]["train_examples"] > 12, "the documents were split into pieces, not cut"
+    assert steps["finetune"]["heldout"]["sequences"] > 0 and steps["finetune"]["heldout"]["tau"] >= 1.0
+    assert json.loads((out / "bench-bf16.json").read_text())["methods"]
+    back = tmp_path / "back"
+    assert script("unpack", str(out), str(back)).returncode == 0
+    w = load_file(back / "train" / "en" / "final" / "model.safetensors")
+    assert w and all(v.dtype == torch.bfloat16 for v in w.values() if v.is_floating_point())
+    exported = subprocess.run([sys.executable, "-m", "export", "--langs", "en", "--run", str(back), "--target",
+                               str(tiny_llama_dir), "--out", str(back / "export" / "bundle"), "--sizes", "128,256,512"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert (back / "export" / "bundle" / "manifest.json").is_file()
