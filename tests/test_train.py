@@ -875,19 +875,26 @@ def test_split_text_reads_every_token_of_a_long_document(tiny_llama_dir, tmp_pat
     assert whole.skipped == cut.skipped == 1, "the empty document has nothing to train on"
 
 
-def test_max_seconds_ends_a_stage_early_with_its_final_weights(tmp_path, llama_run, tiny_llama_dir):
-    """``max_seconds``: the stage stops at the first step past the budget, writes final/ and a checkpoint, and says so
-    in its metrics; a rerun without the budget goes on from that checkpoint to the planned steps."""
+def test_max_seconds_fits_the_schedule_to_the_budget_and_ends_with_final_weights(tmp_path, llama_run, tiny_llama_dir):
+    """``max_seconds``: after a few steps the stage measures its rate and shortens its planned steps to what the budget
+    affords, so the cosine schedule still anneals to 0 within it; it writes final/ and a checkpoint, and says so in its
+    metrics. The schedule itself is transformers' cosine with warm-up."""
+    import math
     import shutil
+
+    from train.recipe import REPLAN_AFTER, cosine_with_warmup
 
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
-    res = run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=400", "max_seconds=0.5",
-                   "checkpoint_every=1000", "eval_every=1000"))
-    assert 1 <= res[-1]["steps"] < 400
+    res = run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=4000", "max_seconds=2",
+                   "checkpoint_every=100000", "eval_every=100000", "optim.lr=1e-3"))
+    assert REPLAN_AFTER <= res[-1]["steps"] < 4000
     metrics = [json.loads(x) for x in (run_dir / "train/vi/finetune/metrics.jsonl").read_text().splitlines()]
-    assert any(m.get("event") == "max_seconds" for m in metrics)
+    replanned = next(m for m in metrics if m.get("event") == "replanned")
+    assert replanned["step"] == REPLAN_AFTER and replanned["to"] < 4000
+    last = [m for m in metrics if "lr" in m][-1]
+    assert last["lr"] < 0.1 * 1e-3 or any(m.get("event") == "max_seconds" for m in metrics)
     assert (run_dir / "train/vi/finetune/final/model.safetensors").is_file()
-    again = run(tcfg(run_dir, tiny_llama_dir, "stage=finetune", "finetune.steps=400", "checkpoint_every=1000",
-                     "eval_every=1000", "max_seconds=0.5"))
-    assert again[-1]["steps"] > res[-1]["steps"], "the rerun resumed from the stopped step"
+    f = cosine_with_warmup({"warmup": 10, "total": 110})
+    assert f(0) == 0 and f(5) == 0.5 and f(10) == 1 and f(60) == pytest.approx(0.5) and f(110) == pytest.approx(0)
+    assert f(35) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.25)))

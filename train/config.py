@@ -131,9 +131,10 @@ class TrainConfig(StrictModel):
     eval_depth: int = Field(4, ge=1, description="γ of the score: the decoder's greedy chain procedure with γ drafts "
                             "per step on held-out prompts (tau = answer tokens / target forwards)")
     log_every: int = Field(10, ge=1)
-    max_seconds: float | None = Field(None, gt=0, description="end the stage at the first step past this many seconds "
-                                      "of training (a lent GPU's budget): final/ is written as at the last step; the "
-                                      "learning-rate schedule still spans the full steps")
+    max_seconds: float | None = Field(None, gt=0, description="a time budget for the stage's training (a lent GPU's): "
+                                      "after 10 steps the planned steps shrink to what the measured rate affords, so "
+                                      "the cosine schedule anneals within it; past it the stage ends at the next step. "
+                                      "final/ is written either way")
     eval_only: bool = Field(False, description="evaluate the stage's starting weights (random init unless init_from) and stop")
     report_to: Literal["wandb", "tensorboard", "none"] = Field("wandb", description="wandb runs offline by default")
     device: str = "auto"

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, parse_flag_from_env, set_seed
+from torch.optim.lr_scheduler import LambdaLR
 from tqdm.auto import tqdm
-from transformers import get_cosine_schedule_with_warmup
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from polyspec.device import resolve_dtype
@@ -46,6 +46,24 @@ from train.features import FeatureStore
 from train.objectives import TargetProbs, eagle_loss, small_lm_loss, target_features
 from train.score import score_eagle, small_lm_chain, summarize
 from vocab.files import interleave_ranked, load_ranked
+
+# steps a stage with ``max_seconds`` runs before it measures its rate and fits the schedule to the budget
+REPLAN_AFTER = 10
+
+
+def cosine_with_warmup(planned: dict):
+    """The learning-rate factor of transformers' ``get_cosine_schedule_with_warmup`` (linear warm-up, then half a
+    cosine to 0), over ``planned["total"]`` steps read at every step: a time budget may shorten the stage and the
+    schedule still ends at 0 (a plain function, so LambdaLR's state dict holds no closure state)."""
+
+    def factor(step: int) -> float:
+        warm, total = planned["warmup"], planned["total"]
+        if step < warm:
+            return step / max(1, warm)
+        progress = (step - warm) / max(1, total - warm)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    return factor
 
 
 class DrafterRecipe:
@@ -123,7 +141,8 @@ class DrafterRecipe:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
         # stepped once per optimizer step by us (accelerate would step it once per process)
-        self.sched = get_cosine_schedule_with_warmup(self.opt, math.ceil(cfg.optim.warmup_ratio * steps), steps)
+        self.planned = {"warmup": math.ceil(cfg.optim.warmup_ratio * steps), "total": steps}
+        self.sched = LambdaLR(self.opt, cosine_with_warmup(self.planned))
         self.model, self.opt = self.acc.prepare(self.model, self.opt)
         # 6. counters, resume, trackers (feature noise draws from the global torch RNG, which save_state keeps
         #    per process)
@@ -331,6 +350,7 @@ class DrafterRecipe:
         bar = tqdm(total=steps, initial=self.step, desc=f"{cfg.lang}/{self.stage}", disable=not self.acc.is_main_process,
                    dynamic_ncols=True)
         stream, t0, tokens, last_loss = self.batches(), time.time(), 0, None
+        first = self.step
         while self.step < steps:
             loss, metrics, n = self.train_step(stream)
             tokens += n
@@ -350,6 +370,16 @@ class DrafterRecipe:
                 if ev["tau"] > self.best and ev["sequences"] > 0:  # no held-out sequence scored: no best/
                     self.best = ev["tau"]
                     self._save_weights(self.out / "best", {"eval": ev, "step": self.step})
+            if cfg.max_seconds is not None and self.step - first == REPLAN_AFTER and self.step < steps:
+                # the steps the budget affords at the rate so far: the schedule anneals within the budget
+                elapsed = time.time() - t0
+                fit = self.step + int((cfg.max_seconds - elapsed) / (elapsed / REPLAN_AFTER))
+                if fit < steps:
+                    self._log_line({"event": "replanned", "step": self.step, "steps": steps, "to": max(fit, self.step)})
+                    steps = self.planned["total"] = max(fit, self.step)
+                    self.planned["warmup"] = min(self.planned["warmup"],  # the warm-up keeps its share of the stage
+                                                 max(self.step, math.ceil(cfg.optim.warmup_ratio * steps)))
+                    bar.total = steps
             out_of_time = cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds
             if self.step % cfg.checkpoint_every == 0 or self.step == steps or out_of_time:
                 self.save_checkpoint()  # the last one too: a rerun of a finished stage trains nothing
