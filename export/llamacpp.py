@@ -637,7 +637,8 @@ def update_engines(engines_json: Path, lengths: dict, engine: str = "llama.cpp")
     table = rec.get("engines", {}).get(engine)
     if table is not None:
         table["draft_n"] = {n: p["draft_n"] for n, p in lengths.items()}
-        table["command"] = re.sub(r"--spec-draft-n-max \d+", "--spec-draft-n-max <draft_n>", table["command"])
+        if "command" in table:  # an export made without a llama.cpp build has no GGUF and no command (its "why")
+            table["command"] = re.sub(r"--spec-draft-n-max \d+", "--spec-draft-n-max <draft_n>", table["command"])
     atomic_write_json(engines_json, rec)
 
 

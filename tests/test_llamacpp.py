@@ -437,3 +437,7 @@ def test_the_chosen_draft_length_is_written_into_the_exports_engines_json(tmp_pa
     assert out["drafters"]["en"]["draft_n"]["llama.cpp"] == got["en"]["draft_n"]
     assert out["engines"]["llama.cpp"]["draft_n"] == {"en": got["en"]["draft_n"]}
     assert "--spec-draft-n-max <draft_n>" in out["engines"]["llama.cpp"]["command"]
+    rec["engines"]["llama.cpp"] = {"loads": [], "why": "no llama.cpp build"}  # exported before llama.cpp was built
+    (engines / "engines.json").write_text(json.dumps(rec))
+    update_engines(engines / "engines.json", got)
+    assert json.loads((engines / "engines.json").read_text())["engines"]["llama.cpp"]["draft_n"] == {"en": got["en"]["draft_n"]}
