@@ -204,7 +204,7 @@ def test_multi_turn_prompt_is_answered_turn_by_turn(tmp_path, tiny_llama_dir, ll
 
     q1, q2, single = "Thủ đô của Việt Nam là gì?", "Giải thích đơn giản hơn.", "Kể một câu chuyện."
     pool = [[{"role": "user", "content": q1}, {"role": "user", "content": q2}], [{"role": "user", "content": single}]]
-    monkeypatch.setattr(synth.pool, "build_pool", lambda lang, run, limit=None: pool)
+    monkeypatch.setattr(synth.pool, "build_pool", lambda lang, run, limit=None, corpus=0: pool)
     run_distill(dcfg(tmp_path, tiny_llama_dir, "pool", "lid_filter=false"), target=llama)
     out = tmp_path / "synth" / "vi-distill"
     data = {r["attempt"]: r for r in read_jsonl(out / "data.jsonl")}
@@ -243,7 +243,7 @@ def test_earlier_turns_are_answered_a_window_at_a_time_and_resume_the_same(tmp_p
     for i in range(3):
         pool += [[{"role": "user", "content": f"Câu hỏi số {i}?"}, {"role": "user", "content": "Nói thêm đi."}],
                  [{"role": "user", "content": f"Kể chuyện số {i}."}]]
-    monkeypatch.setattr(synth.pool, "build_pool", lambda lang, run, limit=None: pool)
+    monkeypatch.setattr(synth.pool, "build_pool", lambda lang, run, limit=None, corpus=0: pool)
     calls = []
     generate = TransformersEngine.generate
 
