@@ -852,9 +852,11 @@ def bench(llama: LlamaCpp, target_name: str, out: str | Path, drafters: str | Pa
                 cmd = commands(llama, replace(s, draft=k, sweep=()), target_gguf, logs / "prompt.txt", drafts[row["drafter"]])
                 log(f"[llamacpp] {row['id']}: the chosen draft length {k}")
                 text = (logs / "prompt.txt").read_text(encoding="utf-8")[:-1]  # as written above, less its newline
-                got = run_prompt({"plain": cmd["plain"], f"eagle3@{k}": cmd["eagle3"]}, text, logs, count_tokens)
-                row[f"eagle3@{k}"] = {**got[f"eagle3@{k}"], "speedup": got[f"eagle3@{k}"]["tok_s"] / row["plain"]["tok_s"]
-                                      if row["plain"].get("tok_s") else None}
+                got = run_prompt({"plain": cmd["plain"], f"eagle3@{k}": cmd["eagle3"]}, text, logs / f"draft-{k}",
+                                 count_tokens)[f"eagle3@{k}"]
+                if "error" not in got:
+                    row[f"eagle3@{k}"] = {**got, "speedup": got["tok_s"] / row["plain"]["tok_s"]
+                                          if row["plain"].get("tok_s") else None}
         modes = (*modes[:-1], *(f"eagle3@{k}" for k in extra), modes[-1])
         lengths = choose_draft_lengths(rows, s, curve, engines_json, modes)
     report = {
