@@ -17,6 +17,7 @@ import sys
 from decoder.core import Decoder
 from decoder.methods import DECODER_METHODS, METHODS
 from polyspec.errors import cli_entry
+from polyspec.exact import add_exact_argument
 from polyspec.prompts import encode, render
 from polyspec.targets import load_target
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="auto")
     r.add_argument("--dtype", default=None, help="target dtype (default: the target's, auto = bf16 where native)")
+    add_exact_argument(r)
     r.add_argument("--spectra-corpus", default=None, help="spectra/hybrid: retrieval corpus (synth JSONL or text; "
                    "default: the bundle run's self-distilled text)")
     r.add_argument("--no-lookup-runs", action="store_true",
@@ -54,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
 
-    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    target = load_target(args.target, device=args.device, dtype=args.dtype, exact=args.exact)
     fmt = target.spec.prompt_format
     text = args.prompt if args.raw else render(fmt, target.tokenizer, [{"role": "user", "content": args.prompt}])
     ids = encode(fmt, target.tokenizer, text)

@@ -44,6 +44,8 @@ from decoder.bench_report import (
 from decoder.methods import BASELINES, DEFAULT_BENCH, BenchInputs, Method, get_method, parse_methods
 from decoder.questions import BUILTIN, load_questions, read_question_files, select_questions
 from polyspec.errors import PolyspecError, cli_entry, first_line
+from polyspec.exact import add_exact_argument
+from polyspec.identity import identity
 from polyspec.io import atomic_write_json, atomic_write_text
 from polyspec.prompts import encode, render
 
@@ -234,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="default: <bundle>/../../eval or runs/default/eval")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
+    add_exact_argument(ap)
     ap.add_argument("--engine-bundle", default=None,
                     help="the EAGLE-3 drafters engines load (<run>/export/engines/bundle): method eagle3 runs them")
     ap.add_argument("--gamma", type=int, default=None,
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from export.bundle import load_bundle
     from polyspec.targets import load_target
 
-    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    target = load_target(args.target, device=args.device, dtype=args.dtype, exact=args.exact)
     bundle = load_bundle(args.bundle, target_pin=target.pin()) if args.bundle else None
     engines = load_bundle(args.engine_bundle, target_pin=target.pin()) if args.engine_bundle else None
     langs = args.langs.split(",") if args.langs else (bundle.languages if bundle else None)
@@ -262,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                        engine_bundle=engines)
     for m, d in report["methods"].items():
         o = d["overall"]
-        print(f"{m:16s} speedup {o['speedup']:.2f}×  τ {o['tau']:.2f}  {o['tok_s']:.1f} tok/s  identical {o['identical']}")
+        same = identity(report, m) if m != "ar" and report.get("agreement") else o["identical"]
+        print(f"{m:16s} speedup {o['speedup']:.2f}×  τ {o['tau']:.2f}  {o['tok_s']:.1f} tok/s  identical: {same}")
     print(f"report: {out / 'report.md'}")
     if report["failed"]:
         what = "; ".join(f"{f['method']} (question {f['question_id']}): {f['error']}" if f["question_id"] is not None

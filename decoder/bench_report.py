@@ -93,7 +93,7 @@ def summarize(results: dict, questions: list[dict], target, bundle, max_new_toke
     import torch  # start-up time: the bench CLI checks its inputs before torch loads (decoder.bench)
 
     return {"target": target.spec.name, "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
-            "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "exact": bool(getattr(target, "exact", False)), "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             **({"cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled()} if target.device.type == "cuda" else {}),
             "bundle": str(bundle.root) if bundle is not None else None, "questions": len(questions),
             "max_new_tokens": max_new_tokens, "repeats": repeats, "ar_baselines": ar_like, "methods": methods}
@@ -241,9 +241,15 @@ def agreement_lines(r: dict) -> list[str]:
     ag = r.get("agreement") or {}
     if not ag:
         return []
-    exact = "fp32: speculative greedy output must equal AR's token for token (tested)" if r["dtype"] == "float32" else (
-        f"{r['dtype']}: a k-token verification and a 1-token forward round differently, so near-ties can flip a "
-        "greedy token; each divergence's AR logit margin says whether it was a near-tie")
+    if r.get("exact"):
+        exact = (f"{r['dtype']}, shape-invariant forwards (`--exact`, polyspec/exact.py): a k-token verification "
+                 "computes what a 1-token forward computes, bit for bit, so every greedy answer must equal AR's")
+    elif r["dtype"] == "float32":
+        exact = "fp32: speculative greedy output must equal AR's token for token (tested)"
+    else:
+        exact = (f"{r['dtype']}, not shape-invariant (`--exact off`): a k-token verification and a 1-token forward "
+                 "round differently, so near-ties can flip a greedy token; each divergence's AR logit margin says "
+                 "whether it was a near-tie")
     def f(x, p=2):
         return "–" if x is None else f"{x:.{p}f}"
 

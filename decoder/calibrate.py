@@ -42,6 +42,7 @@ from decoder.draft_types import DecodeState
 from decoder.methods import METHODS
 from export.bundle import load_bundle
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.exact import add_exact_argument
 from polyspec.languages import get_language
 from polyspec.prompts import encode, render
 from polyspec.targets import load_target
@@ -280,9 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
+    add_exact_argument(ap)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
-    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    target = load_target(args.target, device=args.device, dtype=args.dtype, exact=args.exact)
     bundle = load_bundle(args.bundle, target_pin=target.pin())
     try:
         sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})

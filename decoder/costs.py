@@ -27,6 +27,7 @@ import time
 import torch
 
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.exact import add_exact_argument
 
 
 def _time(fn, reps: int, sync) -> float:
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="gemma3-270m")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, help="default: the target's (auto: bf16 where native)")
+    add_exact_argument(ap)
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--max-k", type=int, default=16)
     ap.add_argument("--reps", type=int, default=12)
@@ -249,12 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     ks = list(range(1, args.max_k + 1))
     plain = None
     if args.compare_unpacked:
-        target = load_target(args.target, device=args.device, dtype=args.dtype, pack=False)
+        target = load_target(args.target, device=args.device, dtype=args.dtype, pack=False, exact=args.exact)
         ctx = calibration_context(target, args.context)
         both = packing_curves(target, ctx, ks, args.reps, args.passes)
         plain, curve, target = both["plain"], both["packed"], both["packed_target"]
     else:
-        target = load_target(args.target, device=args.device, dtype=args.dtype)
+        target = load_target(args.target, device=args.device, dtype=args.dtype, exact=args.exact)
         ctx = calibration_context(target, args.context)
         curve = stable_curve(target, ctx, ks, args.reps, args.passes)
     f1 = curve["forward1_s"]

@@ -20,6 +20,7 @@ import time
 from decoder.core import Decoder
 from decoder.methods import BASELINES, DECODER_METHODS, METHODS, parse_methods
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.exact import add_exact_argument
 from polyspec.languages import parse_languages
 from polyspec.prompts import encode, render
 from polyspec.targets import greedy_generate, load_target
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gamma", type=int, default=None, help="default: calibration g*, else 4")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
+    add_exact_argument(ap)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     methods = parse_methods(args.methods)
     other = [m for m in methods if m not in DECODER_METHODS and m != "hf-generate"]
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if need and not args.bundle:
         raise PolyspecError(f"{', '.join(need)} need --bundle (drafters)")
 
-    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    target = load_target(args.target, device=args.device, dtype=args.dtype, exact=args.exact)
     fmt = target.spec.prompt_format
     prompts = []
     for lang in parse_languages(args.langs):

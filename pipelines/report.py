@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from polyspec.identity import identity, identity_mode
 from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none, read_jsonl
 
 
@@ -97,7 +98,7 @@ def results_table(run: Path, ev: dict) -> list[str]:
         lines.append("| " + " | ".join(row) + " |")
     ar = ev["ar_baselines"]
     fastest = max(ar, key=lambda b: ev["methods"][b]["overall"]["tok_s"])
-    lines += ["", f"{ev['target']}, {ev['dtype']} on {ev['device']} ({ev['cpu']}, {ev['threads']} threads), "
+    lines += ["", f"{ev['target']}, {identity_mode(ev)} on {ev['device']} ({ev['cpu']}, {ev['threads']} threads), "
               f"{ev['questions']} questions, {ev['max_new_tokens']} new tokens, greedy. Speedup = tokens/s over the "
               f"fastest AR (`{fastest}`, {ev['methods'][fastest]['overall']['tok_s']:.1f} tok/s); τ = tokens per "
               "target forward; α₁ = first-draft acceptance of the shipped drafter on the held-out prompts."
@@ -161,8 +162,9 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     if ev and "adaspec" in ev["methods"]:
         a = ev["methods"]["adaspec"]
         for lang, x in a["by_language"].items():
+            same = identity(ev, "adaspec", lang) if ev.get("agreement") else ("yes" if x["identical"] else "NO")
             summary.append(f"{lang}: adaspec τ {x['tau']:.2f}, speedup {x['speedup']:.2f}× vs fastest AR, "
-                           f"identical {'yes' if x['identical'] else 'NO'}")
+                           f"identical to ar: {same}")
         summary.append(f"all: adaspec τ {a['overall']['tau']:.2f}, speedup {a['overall']['speedup']:.2f}×")
     v = versions()
     lines = ["# polyspec run report", "", f"Run `{run}` · languages {', '.join(sorted(langs))} · " +

@@ -110,6 +110,40 @@ class PackedLinear(nn.Module):
                 f"packed=oneDNN({str(self.weight.dtype).removeprefix('torch.')})")
 
 
+# the invariant mode's linears that cannot be packed (polyspec.exact): rows padded to a multiple of ROW_BLOCK, up to
+# MAX_ROWS rows (a decode-time forward; more is a prefill, computed once for every method)
+ROW_BLOCK, MAX_ROWS = 16, 64
+
+
+class RowInvariantLinear(nn.Module):
+    """``nn.Linear`` whose GEMM always has a multiple of ``ROW_BLOCK`` rows (zero-padded), so that a row is
+    multiplied by the same kernel whether 1 or ``ROW_BLOCK`` rows share the call. For the invariant mode where the
+    linear cannot be prepacked (``polyspec.packed``): CUDA, or a CPU without oneDNN for the dtype."""
+
+    def __init__(self, linear: nn.Module):
+        super().__init__()
+        self.inner = linear
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:  # tied embeddings and get_output_embeddings().weight read it
+        return self.inner.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.inner.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        n = flat.shape[0]
+        if n > MAX_ROWS:  # a prefill: shared by every method (polyspec.exact), not padded
+            return self.inner(x)
+        pad = -n % ROW_BLOCK
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad, flat.shape[1])])
+        return self.inner(flat)[:n].view(*x.shape[:-1], self.out_features)
+
+
 def pack_linears(model: nn.Module, min_numel: int | None = None) -> int:
     """Nothing when the environment sets ``POLYSPEC_PACK=0`` (every stage then runs plain ``nn.Linear``: to measure a
     benchmark both ways). Otherwise replace every ``nn.Linear`` of ``model`` (CPU, bf16 or fp32) whose weight has at least ``min_numel`` elements

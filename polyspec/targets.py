@@ -32,6 +32,7 @@ import torch
 
 from polyspec.device import resolve_device, resolve_dtype, set_cuda_attention
 from polyspec.errors import PolyspecError, first_line
+from polyspec.exact import exact_wanted, make_exact
 from polyspec.gguf_cache import (
     CACHE_RECORD,
     load_from_gguf,
@@ -70,6 +71,7 @@ class Target:
     path: Path | None  # local directory the weights were read from (None for a hub id not yet cached)
     config: Any  # model config, also present when the weights were not loaded (with_model=False)
     packed_linears: int = 0  # linears running oneDNN-prepacked weights (CPU bf16/fp32: ``polyspec.packed``)
+    exact: bool = False  # shape-invariant forwards (``polyspec.exact``): verification computes what decoding one token does
 
     @functools.cached_property
     def vocab_sha256(self) -> str:
@@ -119,6 +121,7 @@ class Target:
             "prompt_format": self.spec.prompt_format.kind,
             "cache_path": str(self.path) if self.path else None,
             "packed_linears": self.packed_linears,
+            "exact": self.exact,
         }
 
 
@@ -158,6 +161,7 @@ def load_target(
     rebuild: bool = False,
     with_model: bool = True,
     pack: bool = True,
+    exact: bool | str | None = False,
 ) -> Target:
     """Load a target's model (eval mode, no grad) and tokenizer on ``device``.
 
@@ -165,7 +169,11 @@ def load_target(
     ``with_model=False`` loads the tokenizer only (``model`` is None), for engines such as vLLM that
     load the weights themselves. ``pack=True``: on CPU (bf16 or fp32) the frozen model's linears multiply oneDNN-prepacked
     weights (``polyspec.packed``: flatter, faster verification; the same logits up to the dtype's rounding; the
-    environment's ``POLYSPEC_PACK=0`` turns it off for every stage).
+    environment's ``POLYSPEC_PACK=0`` turns it off for every stage). ``exact``: shape-invariant forwards
+    (``polyspec.exact``: a k-token verification gives each position the logits a 1-token forward gives, bitwise, so
+    greedy speculative decoding equals plain decoding in bf16 too); ``"auto"``/``None`` reads ``POLYSPEC_EXACT``
+    and turns it on where it is measured to be cheap (CPU bf16); the decoder's commands pass ``auto``, the
+    training stages leave it off.
     """
     spec = name_or_spec if isinstance(name_or_spec, TargetSpec) else resolve_target(name_or_spec)
     dev = resolve_device(device)
@@ -198,12 +206,15 @@ def load_target(
     model.eval()
     model.requires_grad_(False)
     packed = pack_linears(model) if pack else 0  # only CPU bf16/fp32 weights are packed (``packing_available``)
+    invariant = exact_wanted(exact, dev, dt)
+    if invariant:
+        packed = make_exact(model, pack=pack)["packed"]
     head = model.get_output_embeddings()
     if head is not None:  # a batched prefill with logits_to_keep hands the head a strided [B, 1, H] view, on which
         # the CPU bf16 GEMM takes a slow path (20 s instead of 30 ms for B = 16, H = 640, |V| = 262K, measured)
         head.register_forward_pre_hook(_contiguous_input)
     return Target(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dt, tokenizer_sha256=sha, path=path,
-                  config=model.config, packed_linears=packed)
+                  config=model.config, packed_linears=packed, exact=invariant)
 
 
 def model_path(spec: TargetSpec) -> str:

@@ -136,3 +136,58 @@ def test_auto_dtype_is_bf16_on_this_cpu_and_its_answers_are_measured_not_assumed
     # prompts in five languages the earliest divergence was at token 14)
     assert kept > 0 and out.tau > 1.0, f"bf16 pld kept {kept} drafts (τ {out.tau:.2f})"
     assert same >= len(ref) // 2, f"bf16 pld diverges from bf16 AR at token {same} of {len(ref)}"
+
+
+def test_bf16_verification_of_the_real_target_is_bitwise_one_token_decoding_in_the_invariant_mode_only():
+    """Gemma-3-270m in bf16 (polyspec.exact): a k-token chain and a draft tree give each position the logits that
+    one-token forwards give, bit for bit, with the invariant mode on; with it off (SDPA) they do not (measured:
+    1 of 12 chains equal, logits apart by up to 2.0)."""
+    import torch
+
+    from decoder.runner import TargetRunner
+    from polyspec.device import cpu_native_bf16
+
+    if not cpu_native_bf16():
+        pytest.skip("bf16 is emulated on this CPU (auto picks fp32 here): minutes per forward")
+    g = torch.Generator().manual_seed(2)
+
+    def singles(r, prompt, toks):
+        r.reset()
+        r.forward(prompt, logits_for=slice(-1, None))
+        return [r.forward([t])[1][0] for t in toks]
+
+    def chain_equal(target, prompt, cont):
+        r = TargetRunner(target)
+        one = torch.stack(singles(r, prompt, cont))
+        r.reset()
+        r.forward(prompt, logits_for=slice(-1, None))
+        return torch.equal(one, r.forward(cont)[1])
+
+    def tree_equal(target, prompt, toks, parents, branch):
+        r = TargetRunner(target)
+        one = singles(r, prompt, [toks[i] for i in branch])
+        r.reset()
+        r.forward(prompt, logits_for=slice(-1, None))
+        depth = [0] * len(parents)
+        for i, p in enumerate(parents):
+            depth[i] = 0 if p < 0 else depth[p] + 1
+        pend = len(prompt)
+        tree = r.forward(toks, position_ids=torch.tensor([[pend + d for d in depth]]),
+                         attention_mask=r.tree_mask(pend, parents))[1]
+        return all(torch.equal(a, tree[i]) for a, i in zip(one, branch))
+
+    text = get_language("de").seeds[2].instruction
+    results = {}
+    for exact in (True, False):
+        t = load_target("gemma3-270m", dtype="bfloat16", exact=exact)
+        fmt = t.spec.prompt_format
+        base = encode(fmt, t.tokenizer, render(fmt, t.tokenizer, [{"role": "user", "content": text}]))
+        cases = [(base + torch.randint(10, 20000, (n,), generator=g).tolist(),
+                  torch.randint(10, 20000, (k,), generator=g).tolist()) for n, k in ((0, 5), (40, 9), (90, 16))]
+        parents, branch = [-1, 0, 0, 1, 1, 2, 3, 3, 6], [0, 1, 3, 6, 8]
+        tree = torch.randint(10, 20000, (len(parents),), generator=g).tolist()
+        results[exact] = ([chain_equal(t, p, c) for p, c in cases], tree_equal(t, base, tree, parents, branch))
+        del t
+    chains, tree = results[True]
+    assert all(chains) and tree, results
+    assert not (all(results[False][0]) and results[False][1]), "the SDPA path was expected to round otherwise"

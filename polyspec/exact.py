@@ -1,0 +1,245 @@
+"""Shape-invariant target forwards: each position's logits bitwise the same whether it is computed alone (plain
+decoding) or inside a k-token verification or a draft tree — what makes speculative decoding lossless in bf16 too.
+
+Where a bf16 forward differs today (measured on Gemma-3-270m and SmolLM2-135M, 2-core Xeon, ``tests/test_exact.py``):
+
+- **attention**: PyTorch's SDPA takes another path for 1 query than for k (and oneDNN's bf16 ``p @ V`` rounds
+  differently at 1 row than at k rows), so the first layer's attention output already differs in the last bit;
+  by the head the logits differ by up to 0.4, enough to flip a near-tie.
+- the oneDNN-prepacked linears (``polyspec.packed``), norms, rotary embeddings and the head: bitwise the same row at
+  1 and at k rows on this CPU (packed bf16 and fp32 weights; fp32 weights too small to pack are multiplied by MKL,
+  whose 1-row GEMV and k-row GEMM round differently).
+
+The invariant mode (``POLYSPEC_EXACT``, ``load_target(..., exact=…)``, ``--exact``) therefore
+
+1. computes decode-time attention (at most ``MAX_ROWS`` query positions) in fp32 with every GEMM at one shape:
+   query rows in blocks of ``QUERY_BLOCK`` positions (zero-padded), keys zero-padded to a multiple of
+   ``KEY_CHUNK``, the softmax over the padded row with masked columns at −inf. A position's scores, weights and
+   output then depend on its own query and the keys it may see, not on how many positions share the forward;
+   forwards with more rows (prefills) keep SDPA — a prompt is prefilled once, the same way, for every method;
+2. makes every linear layer row-invariant: packed where this CPU can pack (every size, not only the large ones),
+   else (CUDA, CPUs without oneDNN bf16) ``polyspec.packed.RowInvariantLinear``, zero-padded to ``ROW_BLOCK`` rows so that one GEMM shape serves 1 to
+   ``ROW_BLOCK`` rows (not measured on a GPU yet).
+
+    from polyspec.exact import make_exact, exact_wanted
+    make_exact(model)          # idempotent; returns what it changed
+
+vLLM's batch-invariant mode and SGLang's deterministic inference do the same for a server (fixed reduction orders
+whatever the batch); this is the single-request version for polyspec's decoder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from polyspec.errors import PolyspecError
+
+if TYPE_CHECKING:  # torch loads with the model: the decoder's commands parse their arguments first
+    import torch
+    from torch import nn
+
+NAME = "polyspec_exact"
+QUERY_BLOCK = 16  # query positions one attention GEMM computes (a verification of ≤ 16 tokens: one block)
+KEY_CHUNK = 64  # keys are zero-padded to a multiple of this (fewer distinct GEMM shapes)
+MAX_ROWS = 64  # forwards with more query positions (prefills) run SDPA: computed once, shared by every method
+# (polyspec.packed.MAX_ROWS, the row-padded linears' bound, is the same)
+
+_MODES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def add_exact_argument(ap) -> None:
+    """``--exact auto|on|off`` for the decoder's commands (passed to ``load_target(exact=…)`` as it is)."""
+    ap.add_argument("--exact", choices=["auto", "on", "off"], default="auto",
+                    help="shape-invariant target forwards, so that speculative greedy output equals plain decoding in "
+                         "bf16 too (auto: POLYSPEC_EXACT, else on for CPU bf16, where it is measured cheap)")
+
+
+def exact_wanted(exact: bool | str | None, device: torch.device, dtype: torch.dtype) -> bool:
+    """Resolve the switch: an explicit bool wins; ``None``/``"auto"`` reads ``POLYSPEC_EXACT`` (1/0/auto), whose
+    ``auto`` turns the invariant mode on where it is measured to cost ≤ 10 %: CPU bf16 (``AUTO_ON``)."""
+    if isinstance(exact, bool):
+        return exact
+    value = str(exact if exact not in (None, "auto") else os.environ.get("POLYSPEC_EXACT", "auto")).lower()
+    if value == "auto":
+        return (device.type, str(dtype).removeprefix("torch.")) in AUTO_ON
+    if value not in _MODES:
+        raise PolyspecError(f"POLYSPEC_EXACT / exact must be auto, 1 or 0, not {value!r}")
+    return _MODES[value]
+
+
+# where ``auto`` turns the invariant mode on (device type, dtype): measured there (README "Lossless in fp32 and bf16")
+AUTO_ON = {("cpu", "bfloat16")}
+
+
+def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                    softcap: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface (query [B, Hq, W, d], key/value [B, Hkv, L, d], additive or bool mask
+    [B, 1, W, L]) → ([B, W, Hq, d], None). One request (B = 1) and W ≤ ``MAX_ROWS``: fixed-shape fp32 GEMMs (module
+    docstring); otherwise SDPA."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    B, Hq, W, d = query.shape
+    if B != 1 or W > MAX_ROWS or kwargs.get("sinks") is not None:
+        if softcap is not None:  # SDPA has no softcap (Gemma-2): the model's own eager attention has
+            import importlib
+
+            eager = importlib.import_module(type(module).__module__).eager_attention_forward
+            return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, softcap=softcap,
+                         **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    Hkv, L = key.shape[1], key.shape[2]
+    g = Hq // Hkv  # query heads per key/value head (transformers' repeat_kv: kv head j serves q heads j·g … j·g+g−1)
+    M, C, dev = QUERY_BLOCK * g, KEY_CHUNK, query.device
+    scale = scaling if scaling is not None else d ** -0.5
+    lay = _layout(attention_mask, kwargs.get("position_ids"), W, L, g, dev)
+    P, base, a0, n_chunks = L - W, lay.base, lay.a0, lay.n_chunks
+    shared = L if lay.chain else P  # a tree's own keys go to each row's copy of its region below
+    k = key.new_zeros((Hkv, n_chunks * C, d), dtype=torch.float32)
+    k[:, base - a0 : base - a0 + shared] = key[0, :, :shared]
+    v = value.new_zeros((Hkv, n_chunks * C, d), dtype=torch.float32)
+    v[:, base - a0 : base - a0 + shared] = value[0, :, :shared]
+    q_all = (query[0].float() * scale).view(Hkv, g, W, d).transpose(1, 2)  # [Hkv, W, g, d] (a copy: fp32 input too)
+    out = query.new_empty((W, Hq, d))
+    for r0, b in zip(range(0, W, QUERY_BLOCK), lay.blocks):
+        rows = min(QUERY_BLOCK, W - r0)
+        q = k.new_zeros((Hkv, M, d))  # padded rows: zero queries seeing every key (no NaN), dropped
+        q[:, : rows * g] = q_all[:, r0 : r0 + rows].reshape(Hkv, rows * g, d)
+        s = _scores(q, k, softcap) + b  # [Hkv, M, n·C]
+        region = None
+        if not lay.chain:  # a tree: each row sees its own ancestors at their absolute positions (rows ≠ one K/V)
+            region = (lay.first - a0) // C * C  # from the chunk of the tree's root on
+            kr = _row_region(k, key, region, rows, r0, lay.allowed_new, lay.at)
+            vr = _row_region(v, value, region, rows, r0, lay.allowed_new, lay.at)
+            sr = _scores(q, kr, softcap)  # [rows, Hkv, M, R]: every row's keys against the whole block, as above
+            for i in range(rows):  # row i's slots keep their scores against row i's keys
+                sl = slice(i * g, (i + 1) * g)
+                s[:, sl, region:] = sr[i, :, sl] + b[sl, region:]
+        e = torch.exp(s - s.amax(dim=-1, keepdim=True))  # masked → exactly 0
+        den = e.view(Hkv, M, n_chunks, C).sum(-1).cumsum(-1)[..., -1:]  # chunk by chunk, in position order
+        part = torch.matmul(e.view(Hkv, M, n_chunks, C).transpose(1, 2), v.view(Hkv, n_chunks, C, d))  # [Hkv, n, M, d]
+        if region is not None:
+            c = region // C
+            er = e[:, :, region:].reshape(Hkv, M, n_chunks - c, C).transpose(1, 2)  # [Hkv, n−c, M, C]
+            pr = torch.matmul(er.unsqueeze(0), vr.view(rows, Hkv, n_chunks - c, C, d))  # [rows, Hkv, n−c, M, d]
+            for i in range(rows):
+                sl = slice(i * g, (i + 1) * g)
+                part[:, c:, sl] = pr[i, :, :, sl]
+        o = part.cumsum(1)[:, -1] / den  # [Hkv, M, d]: chunk partials added in position order
+        out[r0 : r0 + rows] = o[:, : rows * g].view(Hkv, rows, g, d).transpose(0, 1).reshape(rows, Hq, d)
+    return out.unsqueeze(0), None
+
+
+@dataclass
+class _Layout:
+    """Where this forward's keys sit (absolute positions) and what each query may see: the same for every layer
+    that gets the same mask, so computed once per forward and kind of layer."""
+
+    first: int  # position of the forward's first token (the pending one)
+    base: int  # absolute position of cache column 0 (> 0 where a sliding layer dropped its oldest keys)
+    chain: bool  # the forward's tokens are consecutive positions (else a tree: positions are depths)
+    a0: int  # absolute position of the layout's first column: the chunk holding the first key
+    n_chunks: int
+    at: torch.Tensor  # layout column of each of the forward's tokens
+    allowed_new: torch.Tensor  # bool [W, W]: which of the forward's tokens each query sees
+    blocks: list  # per block of QUERY_BLOCK queries: the additive mask [QUERY_BLOCK·g, n·C] (0 / −inf)
+
+
+_LAYOUTS: list = []  # (mask, key, layout) of the last forwards: a layout is reused while its mask object is
+
+
+def _layout(mask, position_ids, W: int, L: int, g: int, dev) -> _Layout:
+    import torch
+
+    C, inf, P = KEY_CHUNK, float("-inf"), L - W
+    pos = position_ids[0, -W:].tolist() if position_ids is not None else list(range(P, L))
+    key = (tuple(pos), W, L, g)
+    for m, k, lay in _LAYOUTS:
+        if m is mask and k == key:
+            return lay
+    first = pos[0]
+    base = first - P
+    # Keys and values sit at their absolute positions, from the first chunk that holds one: a key's place in every
+    # reduction is the same in plain decoding and in any verification (chunk boundaries are absolute positions)
+    a0 = base // C * C
+    n_chunks = -(-(max(pos) + 1 - a0) // C)
+    allowed = _allowed(mask, W, L, dev)
+    bias = torch.full((W, n_chunks * C), inf, device=dev)
+    bias[:, base - a0 : base - a0 + P] = torch.where(allowed[:, :P], 0.0, inf)
+    at = torch.tensor(pos, device=dev) - a0
+    rows, cols = allowed[:, P:].nonzero(as_tuple=True)  # a tree's nodes share positions: set what each row sees
+    bias[rows, at[cols]] = 0.0
+    blocks = []
+    for r0 in range(0, W, QUERY_BLOCK):
+        b = bias.new_zeros((QUERY_BLOCK, n_chunks * C))  # padded rows see every key (no NaN); their output is dropped
+        b[: min(QUERY_BLOCK, W - r0)] = bias[r0 : r0 + QUERY_BLOCK]
+        blocks.append(b.repeat_interleave(g, dim=0))
+    lay = _Layout(first, base, pos == list(range(first, first + W)), a0, n_chunks, at, allowed[:, P:], blocks)
+    _LAYOUTS.insert(0, (mask, key, lay))  # holding the mask keeps its id from being reused while it is cached
+    del _LAYOUTS[4:]
+    return lay
+
+
+def _scores(q, k, softcap):
+    """q [.., M, d] · k [.., N, d]ᵀ, soft-capped where the model caps its attention logits."""
+    import torch
+
+    s = torch.matmul(q, k.transpose(-1, -2))
+    return torch.tanh(s / softcap) * softcap if softcap is not None else s
+
+
+def _row_region(buf, new, region: int, rows: int, r0: int, allowed_new, at):
+    """Per row of a tree block: a copy of ``buf`` (the shared keys or values at absolute positions) from column
+    ``region`` on, with the row's visible tree tokens (``allowed_new`` [W, W]: its ancestors and itself) written at
+    their absolute columns ``at``. → [rows, Hkv, R, d]."""
+    out = buf[:, region:].unsqueeze(0).repeat(rows, 1, 1, 1)
+    r, j = allowed_new[r0 : r0 + rows].nonzero(as_tuple=True)
+    out[r, :, at[j] - region] = new[0, :, j + (new.shape[2] - allowed_new.shape[1])].transpose(0, 1).float()
+    return out
+
+
+def _allowed(mask: torch.Tensor | None, W: int, L: int, device) -> torch.Tensor:
+    """bool [W, L]: where a query may attend, from transformers' mask (additive with the dtype's minimum, or bool)
+    or, for None, the causal rule of the last W positions."""
+    import torch
+
+    if mask is None:
+        return torch.arange(L, device=device).view(1, -1) <= torch.arange(L - W, L, device=device).view(-1, 1)
+    m = mask[0, 0, :, -L:] if mask.dim() == 4 else mask[-W:, -L:]
+    return m if m.dtype == torch.bool else m.float() > torch.finfo(m.dtype).min / 2
+
+
+def make_exact(model: nn.Module, pack: bool = True) -> dict[str, int]:
+    """Switch ``model`` (a transformers causal LM) to the invariant mode: the attention above, and every linear
+    layer packed (CPU, where oneDNN can and ``pack``) or row-padded (``RowInvariantLinear``). Idempotent.
+    Returns {"packed": n, "row_padded": n} (linears of each kind now)."""
+    from torch import nn
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    from polyspec.packed import PackedLinear, RowInvariantLinear, pack_linears, packing_available
+
+    AttentionInterface.register(NAME, exact_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)  # always a 4D mask, never "None = causal"
+    model.set_attn_implementation(NAME)
+    if pack:  # every size: fp32 weights below packed.MIN_NUMEL would stay MKL's, which is not row-invariant
+        pack_linears(model, min_numel=0)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and not (pack and packing_available(child.weight)):
+                setattr(parent, name, RowInvariantLinear(child))
+    kinds = [type(m) for m in model.modules()]
+    return {"packed": kinds.count(PackedLinear), "row_padded": kinds.count(RowInvariantLinear)}
+
+
+def is_exact(model: nn.Module) -> bool:
+    """Whether ``make_exact`` switched this model."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME
+
+
+__all__ = ["AUTO_ON", "KEY_CHUNK", "MAX_ROWS", "NAME", "QUERY_BLOCK",
+           "add_exact_argument", "exact_attention", "exact_wanted", "is_exact", "make_exact"]
