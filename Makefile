@@ -12,7 +12,8 @@
 #   RECIPE=eagle-cpu STAGE=both   train: configs/train/<RECIPE>.yaml, pretrain|finetune|both
 #   SOURCES=wordfreq   vocab: corpora, name[@weight][:max_tokens=50M][=path] comma-separated (fineweb2, wikipedia, files, synth)
 #   BUNDLE=dir         export: where to write; eval: which bundle (default $(RUN)/export/bundle)
-#   QUESTIONS=file METHODS=a,b MAX_NEW_TOKENS=128 PER_CELL=1 REPEATS=1 DTYPE=auto   eval options (DTYPE: auto = bf16 where native, float32 = exact)
+#   QUESTIONS=file METHODS=a,b MAX_NEW_TOKENS=128 PER_CELL=1 REPEATS=1 DTYPE=auto EXACT=auto   eval options (DTYPE: auto = bf16
+#   where native; EXACT: shape-invariant forwards, auto = on for CPU bf16, on|off)
 #   TORCH=torch==2.13.0  how `setup` installs torch (GPU users: TORCH=torch, or install it beforehand)
 
 SHELL := /bin/bash
@@ -196,7 +197,8 @@ eval: $(STAMP)
 	$(PY) -m decoder.bench --target $(TARGET) --bundle $(or $(BUNDLE),$(RUN)/export/bundle) --out $(RUN)/eval \
 		$(if $(QUESTIONS),--questions $(QUESTIONS)) $(if $(METHODS),--methods $(METHODS)) \
 		$(if $(MAX_NEW_TOKENS),--max-new-tokens $(MAX_NEW_TOKENS)) $(if $(PER_CELL),--per-cell $(PER_CELL)) \
-		$(if $(REPEATS),--repeats $(REPEATS)) $(if $(DTYPE),--dtype $(DTYPE)) $(if $(GAMMA),--gamma $(GAMMA))
+		$(if $(REPEATS),--repeats $(REPEATS)) $(if $(DTYPE),--dtype $(DTYPE)) $(if $(GAMMA),--gamma $(GAMMA)) \
+		$(if $(EXACT),--exact $(EXACT))
 
 # make pf-study LANG=vi [RECIPE=eagle-cpu] [RUN=…] [PRETRAIN_LANGS=vi,de,ja,zh,fr,es,en] [PRETRAIN_EPOCHS=2]
 #                [TEST_DATA=file.jsonl [TEST_MAX=64]] [DISTILL_ARGS='k=v …'] [STUDY_ARGS='k=v …']

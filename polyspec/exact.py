@@ -13,16 +13,23 @@ Where a bf16 forward differs today (measured on Gemma-3-270m and SmolLM2-135M, 2
 The invariant mode (``POLYSPEC_EXACT``, ``load_target(..., exact=…)``, ``--exact``) therefore
 
 1. computes decode-time attention (at most ``MAX_ROWS`` query positions) in fp32 with every GEMM at one shape:
-   query rows in blocks of ``QUERY_BLOCK`` positions (zero-padded), keys zero-padded to a multiple of
-   ``KEY_CHUNK``, the softmax over the padded row with masked columns at −inf. A position's scores, weights and
-   output then depend on its own query and the keys it may see, not on how many positions share the forward;
-   forwards with more rows (prefills) keep SDPA — a prompt is prefilled once, the same way, for every method;
+   queries in blocks of ``QUERY_BLOCK`` positions (zero-padded), keys and values at their *absolute* positions in
+   chunks of ``KEY_CHUNK`` (a sliding layer's dropped keys and a block's other rows are zeros or masked), the
+   softmax's sum and ``p·V`` reduced chunk by chunk and the chunks added in position order (``cumsum``). A
+   position's output then depends on its query and the keys it may see, wherever they sit in the forward. A tree
+   verification's rows see different ancestors at the same positions: each row gets its own copy of the tree's
+   chunks, its ancestors written at their positions (as plain decoding of that branch has them). Forwards with more
+   rows (prefills) keep SDPA — a prompt is prefilled once, the same way, for every method. Where it was measured
+   (synthetic tensors of both targets' head shapes, this CPU): a row's slot in a fixed-shape block and trailing
+   zero keys do not change its bits; the GEMM's row count (1 vs k queries) and shifting the keys by whole chunks
+   inside one GEMM do — hence the fixed block, the absolute positions and the chunk-by-chunk sums, where chunks
+   a row cannot see add exact zeros;
 2. makes every linear layer row-invariant: packed where this CPU can pack (every size, not only the large ones),
-   else (CUDA, CPUs without oneDNN bf16) ``polyspec.packed.RowInvariantLinear``, zero-padded to ``ROW_BLOCK`` rows so that one GEMM shape serves 1 to
-   ``ROW_BLOCK`` rows (not measured on a GPU yet).
+   else (CUDA, CPUs without oneDNN bf16) ``polyspec.packed.RowInvariantLinear``, zero-padded to ``ROW_BLOCK`` rows
+   so that one GEMM shape serves 1 to ``ROW_BLOCK`` rows (not measured on a GPU yet).
 
-    from polyspec.exact import make_exact, exact_wanted
-    make_exact(model)          # idempotent; returns what it changed
+    target = load_target("gemma3-270m", exact=True)     # or exact="auto" (POLYSPEC_EXACT; on for CPU bf16)
+    make_exact(model)                                   # the same on any transformers causal LM; idempotent
 
 vLLM's batch-invariant mode and SGLang's deterministic inference do the same for a server (fixed reduction orders
 whatever the batch); this is the single-request version for polyspec's decoder.
@@ -80,6 +87,7 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     [B, 1, W, L]) → ([B, W, Hq, d], None). One request (B = 1) and W ≤ ``MAX_ROWS``: fixed-shape fp32 GEMMs (module
     docstring); otherwise SDPA."""
     import torch
+    from torch.nn import functional as F
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     B, Hq, W, d = query.shape
@@ -101,35 +109,38 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     shared = L if lay.chain else P  # a tree's own keys go to each row's copy of its region below
     k = key.new_zeros((Hkv, n_chunks * C, d), dtype=torch.float32)
     k[:, base - a0 : base - a0 + shared] = key[0, :, :shared]
-    v = value.new_zeros((Hkv, n_chunks * C, d), dtype=torch.float32)
-    v[:, base - a0 : base - a0 + shared] = value[0, :, :shared]
-    q_all = (query[0].float() * scale).view(Hkv, g, W, d).transpose(1, 2)  # [Hkv, W, g, d] (a copy: fp32 input too)
+    v = value.new_zeros((Hkv, n_chunks * C, d + 1), dtype=torch.float32)
+    v[..., d] = 1.0  # e·[V | 1]: each chunk's GEMM also sums its weights (the softmax's denominator, chunk by chunk)
+    v[:, base - a0 : base - a0 + shared, :d] = value[0, :, :shared]
+    q_all = query[0].float().view(Hkv, g, W, d).transpose(1, 2)  # [Hkv, W, g, d]
     out = query.new_empty((W, Hq, d))
     for r0, b in zip(range(0, W, QUERY_BLOCK), lay.blocks):
         rows = min(QUERY_BLOCK, W - r0)
-        q = k.new_zeros((Hkv, M, d))  # padded rows: zero queries seeing every key (no NaN), dropped
-        q[:, : rows * g] = q_all[:, r0 : r0 + rows].reshape(Hkv, rows * g, d)
-        s = _scores(q, k, softcap) + b  # [Hkv, M, n·C]
+        # padded rows: zero queries seeing every key (no NaN); their output is dropped
+        q = F.pad(q_all[:, r0 : r0 + rows].reshape(Hkv, rows * g, d), (0, 0, 0, M - rows * g))
+        s = _scores(q, k, b, scale, softcap)  # [Hkv, M, n·C]
         region = None
         if not lay.chain:  # a tree: each row sees its own ancestors at their absolute positions (rows ≠ one K/V)
             region = (lay.first - a0) // C * C  # from the chunk of the tree's root on
-            kr = _row_region(k, key, region, rows, r0, lay.allowed_new, lay.at)
-            vr = _row_region(v, value, region, rows, r0, lay.allowed_new, lay.at)
-            sr = _scores(q, kr, softcap)  # [rows, Hkv, M, R]: every row's keys against the whole block, as above
+            kr = _row_region(k, key, region, rows, r0, lay.allowed_new, lay.at)  # [rows, Hkv, R, d]
+            vr = _row_region(v, value, region, rows, r0, lay.allowed_new, lay.at)  # [rows, Hkv, R, d + 1]
+            sr = _scores(q.expand(rows, -1, -1, -1), kr, b[:, region:], scale, softcap)  # [rows, Hkv, M, R]
             for i in range(rows):  # row i's slots keep their scores against row i's keys
                 sl = slice(i * g, (i + 1) * g)
-                s[:, sl, region:] = sr[i, :, sl] + b[sl, region:]
+                s[:, sl, region:] = sr[i, :, sl]
         e = torch.exp(s - s.amax(dim=-1, keepdim=True))  # masked → exactly 0
-        den = e.view(Hkv, M, n_chunks, C).sum(-1).cumsum(-1)[..., -1:]  # chunk by chunk, in position order
-        part = torch.matmul(e.view(Hkv, M, n_chunks, C).transpose(1, 2), v.view(Hkv, n_chunks, C, d))  # [Hkv, n, M, d]
-        if region is not None:
+        part = torch.matmul(e.view(Hkv, M, n_chunks, C).transpose(1, 2), v.view(Hkv, n_chunks, C, d + 1))
+        if region is not None:  # [Hkv, n, M, d + 1]; a tree row's chunks from the region on: against its own V
             c = region // C
             er = e[:, :, region:].reshape(Hkv, M, n_chunks - c, C).transpose(1, 2)  # [Hkv, n−c, M, C]
-            pr = torch.matmul(er.unsqueeze(0), vr.view(rows, Hkv, n_chunks - c, C, d))  # [rows, Hkv, n−c, M, d]
+            pr = torch.matmul(er.unsqueeze(0), vr.view(rows, Hkv, n_chunks - c, C, d + 1))  # [rows, Hkv, n−c, M, d+1]
             for i in range(rows):
                 sl = slice(i * g, (i + 1) * g)
                 part[:, c:, sl] = pr[i, :, :, sl]
-        o = part.cumsum(1)[:, -1] / den  # [Hkv, M, d]: chunk partials added in position order
+        acc = part[:, 0]  # [Hkv, M, d + 1]: chunk partials added in position order (cumsum's order, cheaper)
+        for j in range(1, n_chunks):
+            acc = acc + part[:, j]
+        o = acc[..., :d] / acc[..., d:]
         out[r0 : r0 + rows] = o[:, : rows * g].view(Hkv, rows, g, d).transpose(0, 1).reshape(rows, Hq, d)
     return out.unsqueeze(0), None
 
@@ -184,12 +195,19 @@ def _layout(mask, position_ids, W: int, L: int, g: int, dev) -> _Layout:
     return lay
 
 
-def _scores(q, k, softcap):
-    """q [.., M, d] · k [.., N, d]ᵀ, soft-capped where the model caps its attention logits."""
+def _scores(q, k, bias, scale: float, softcap):
+    """scale · q [.., M, d] · k [.., N, d]ᵀ (soft-capped where the model caps its attention logits) + bias [M, N]:
+    one ``baddbmm`` (batched dims flattened), the same call for every forward."""
     import torch
 
-    s = torch.matmul(q, k.transpose(-1, -2))
-    return torch.tanh(s / softcap) * softcap if softcap is not None else s
+    if softcap is not None:
+        s = torch.matmul(q, k.transpose(-1, -2)) * scale
+        return torch.tanh(s / softcap) * softcap + bias
+    if q.dim() == 3:
+        return torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
+    lead, (M, d), N = q.shape[:-2], q.shape[-2:], k.shape[-2]
+    s = torch.baddbmm(bias, q.reshape(-1, M, d), k.reshape(-1, N, d).transpose(1, 2), alpha=scale)
+    return s.view(*lead, M, N)
 
 
 def _row_region(buf, new, region: int, rows: int, r0: int, allowed_new, at):
@@ -198,7 +216,8 @@ def _row_region(buf, new, region: int, rows: int, r0: int, allowed_new, at):
     their absolute columns ``at``. → [rows, Hkv, R, d]."""
     out = buf[:, region:].unsqueeze(0).repeat(rows, 1, 1, 1)
     r, j = allowed_new[r0 : r0 + rows].nonzero(as_tuple=True)
-    out[r, :, at[j] - region] = new[0, :, j + (new.shape[2] - allowed_new.shape[1])].transpose(0, 1).float()
+    d = new.shape[-1]  # a values buffer carries a column of ones beyond d (exact_attention)
+    out[r, :, at[j] - region, :d] = new[0, :, j + (new.shape[2] - allowed_new.shape[1])].transpose(0, 1).float()
     return out
 
 
