@@ -13,7 +13,7 @@
 #   SOURCES=wordfreq   vocab: corpora, name[@weight][:max_tokens=50M][=path] comma-separated (fineweb2, wikipedia, files, synth)
 #   BUNDLE=dir         export: where to write; eval: which bundle (default $(RUN)/export/bundle)
 #   QUESTIONS=file METHODS=a,b MAX_NEW_TOKENS=128 PER_CELL=1 REPEATS=1 DTYPE=auto EXACT=auto   eval options (DTYPE: auto = bf16
-#   where native; EXACT: shape-invariant forwards, auto = on for CPU bf16, on|off)
+#   where native; EXACT=on: shape-invariant forwards, bf16 output identical to plain decoding; auto = off for now)
 #   TORCH=torch==2.13.0  how `setup` installs torch (GPU users: TORCH=torch, or install it beforehand)
 
 SHELL := /bin/bash

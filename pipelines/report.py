@@ -165,7 +165,8 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
             same = identity(ev, "adaspec", lang) if ev.get("agreement") else ("yes" if x["identical"] else "NO")
             summary.append(f"{lang}: adaspec τ {x['tau']:.2f}, speedup {x['speedup']:.2f}× vs fastest AR, "
                            f"identical to ar: {same}")
-        summary.append(f"all: adaspec τ {a['overall']['tau']:.2f}, speedup {a['overall']['speedup']:.2f}×")
+        summary.append(f"all: adaspec τ {a['overall']['tau']:.2f}, speedup {a['overall']['speedup']:.2f}×"
+                       + (f", identical to ar: {identity(ev, 'adaspec')}" if ev.get("agreement") else ""))
     v = versions()
     lines = ["# polyspec run report", "", f"Run `{run}` · languages {', '.join(sorted(langs))} · " +
              ", ".join(f"{k} {val}" for k, val in v.items() if val), "", "## Summary", "",

@@ -28,7 +28,7 @@ The invariant mode (``POLYSPEC_EXACT``, ``load_target(..., exact=…)``, ``--exa
    else (CUDA, CPUs without oneDNN bf16) ``polyspec.packed.RowInvariantLinear``, zero-padded to ``ROW_BLOCK`` rows
    so that one GEMM shape serves 1 to ``ROW_BLOCK`` rows (not measured on a GPU yet).
 
-    target = load_target("gemma3-270m", exact=True)     # or exact="auto" (POLYSPEC_EXACT; on for CPU bf16)
+    target = load_target("gemma3-270m", exact=True)     # or exact="auto" (POLYSPEC_EXACT, else off)
     make_exact(model)                                   # the same on any transformers causal LM; idempotent
 
 vLLM's batch-invariant mode and SGLang's deterministic inference do the same for a server (fixed reduction orders
@@ -60,12 +60,12 @@ def add_exact_argument(ap) -> None:
     """``--exact auto|on|off`` for the decoder's commands (passed to ``load_target(exact=…)`` as it is)."""
     ap.add_argument("--exact", choices=["auto", "on", "off"], default="auto",
                     help="shape-invariant target forwards, so that speculative greedy output equals plain decoding in "
-                         "bf16 too (auto: POLYSPEC_EXACT, else on for CPU bf16, where it is measured cheap)")
+                         "bf16 too (auto: POLYSPEC_EXACT, else off: it costs 2-19%% of speed on a 2-core CPU)")
 
 
 def exact_wanted(exact: bool | str | None, device: torch.device, dtype: torch.dtype) -> bool:
     """Resolve the switch: an explicit bool wins; ``None``/``"auto"`` reads ``POLYSPEC_EXACT`` (1/0/auto), whose
-    ``auto`` turns the invariant mode on where it is measured to cost ≤ 10 %: CPU bf16 (``AUTO_ON``)."""
+    ``auto`` turns the invariant mode on where it is measured to cost ≤ 10 % (``AUTO_ON``: nowhere yet)."""
     if isinstance(exact, bool):
         return exact
     value = str(exact if exact not in (None, "auto") else os.environ.get("POLYSPEC_EXACT", "auto")).lower()
@@ -76,8 +76,10 @@ def exact_wanted(exact: bool | str | None, device: torch.device, dtype: torch.dt
     return _MODES[value]
 
 
-# where ``auto`` turns the invariant mode on (device type, dtype): measured there (README "Lossless in fp32 and bf16")
-AUTO_ON = {("cpu", "bfloat16")}
+# where ``auto`` turns the invariant mode on (device type, dtype): where it costs ≤ 10 % of speed. None yet: on the
+# Xeon bf16 host (2026-11-28) it cost ar 4 % and hybrid 15 % on Gemma-3-270m, ar 18 % and hybrid 19 % on SmolLM2-135M
+# (pld, adaspec, eagle3 2–7 %); README "Lossless in fp32 and bf16"
+AUTO_ON: set[tuple[str, str]] = set()
 
 
 def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -125,18 +127,14 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
             kr = _row_region(k, key, region, rows, r0, lay.allowed_new, lay.at)  # [rows, Hkv, R, d]
             vr = _row_region(v, value, region, rows, r0, lay.allowed_new, lay.at)  # [rows, Hkv, R, d + 1]
             sr = _scores(q.expand(rows, -1, -1, -1), kr, b[:, region:], scale, softcap)  # [rows, Hkv, M, R]
-            for i in range(rows):  # row i's slots keep their scores against row i's keys
-                sl = slice(i * g, (i + 1) * g)
-                s[:, sl, region:] = sr[i, :, sl]
+            s[:, : rows * g, region:] = _own_slots(sr, rows, g)  # row i's slots: its scores against its own keys
         e = torch.exp(s - s.amax(dim=-1, keepdim=True))  # masked → exactly 0
         part = torch.matmul(e.view(Hkv, M, n_chunks, C).transpose(1, 2), v.view(Hkv, n_chunks, C, d + 1))
         if region is not None:  # [Hkv, n, M, d + 1]; a tree row's chunks from the region on: against its own V
             c = region // C
             er = e[:, :, region:].reshape(Hkv, M, n_chunks - c, C).transpose(1, 2)  # [Hkv, n−c, M, C]
             pr = torch.matmul(er.unsqueeze(0), vr.view(rows, Hkv, n_chunks - c, C, d + 1))  # [rows, Hkv, n−c, M, d+1]
-            for i in range(rows):
-                sl = slice(i * g, (i + 1) * g)
-                part[:, c:, sl] = pr[i, :, :, sl]
+            part[:, c:, : rows * g] = _own_slots(pr.transpose(2, 3), rows, g).transpose(1, 2)
         acc = part[:, 0]  # [Hkv, M, d + 1]: chunk partials added in position order (cumsum's order, cheaper)
         for j in range(1, n_chunks):
             acc = acc + part[:, j]
@@ -208,6 +206,16 @@ def _scores(q, k, bias, scale: float, softcap):
     lead, (M, d), N = q.shape[:-2], q.shape[-2:], k.shape[-2]
     s = torch.baddbmm(bias, q.reshape(-1, M, d), k.reshape(-1, N, d).transpose(1, 2), alpha=scale)
     return s.view(*lead, M, N)
+
+
+def _own_slots(x, rows: int, g: int):
+    """x [rows, Hkv, M, …] (every row's copy of the whole block) → [Hkv, rows·g, …]: of copy i, only row i's g
+    query slots (a copy, no arithmetic)."""
+    Hkv, M, rest = x.shape[1], x.shape[2], x.shape[3:]
+    per = x.reshape(rows, Hkv, M // g, g, *rest)[:, :, :rows]  # [rows, Hkv, rows, g, …]
+    own = per.diagonal(dim1=0, dim2=2)  # [Hkv, g, …, rows]
+    own = own.movedim(-1, 1)  # [Hkv, rows, g, …]
+    return own.reshape(Hkv, rows * g, *rest)
 
 
 def _row_region(buf, new, region: int, rows: int, r0: int, allowed_new, at):
