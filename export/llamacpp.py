@@ -96,6 +96,7 @@ from pathlib import Path
 from typing import Any
 
 from export import draft_length
+from export.draft_length import drafter_alpha, update_engines  # noqa: F401 (update_engines: this module's API too)
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.heldout import load_heldout
 from polyspec.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json_or_none
@@ -588,21 +589,6 @@ def summarize(rows: list[dict], modes: tuple[str, ...] = ("eagle3", "ngram"), cu
     return out
 
 
-def drafter_alpha(name: str, engines_json: Path | None) -> tuple[list[float] | None, str]:
-    """Drafter ``name``'s held-out per-position acceptance (α_1…α_γ), from an export's ``engines.json``: scored on
-    every held-out answer (``heldout_alpha_by_lang``, pipelines.score_check), else the training's best evaluation
-    (``heldout_alpha``); None when neither is recorded."""
-    for rec_path in [engines_json] if engines_json else []:
-        rec = read_json_or_none(rec_path)
-        entry = (rec or {}).get("drafters", {}).get(name) or {}
-        by_lang = (entry.get("heldout_alpha_by_lang") or {}).get(name)
-        if by_lang:  # pipelines.score_check: every captured held-out answer
-            return [float(x) for x in by_lang], f"{rec_path} (heldout_alpha_by_lang)"
-        if entry.get("heldout_alpha"):  # the training's best evaluation
-            return [float(x) for x in entry["heldout_alpha"]], f"{rec_path} (heldout_alpha)"
-    return None, "none recorded"
-
-
 def choose_draft_lengths(rows: list[dict], s: Settings, curve: dict, engines_json: Path | None,
                          modes: tuple[str, ...]) -> dict:
     """Per drafter: the step cost fitted from its runs at each draft length, the predicted speedup per length from
@@ -623,23 +609,6 @@ def choose_draft_lengths(rows: list[dict], s: Settings, curve: dict, engines_jso
                                    measured={k: r["speedup"] for k, r in runs.items() if r.get("speedup")})
         out[name] = {**pick, "alpha": alpha, "alpha_from": source, "step_cost": fit}
     return out
-
-
-def update_engines(engines_json: Path, lengths: dict, engine: str = "llama.cpp") -> None:
-    """Write each drafter's chosen ``draft_n`` for ``engine`` into an export's ``engines.json`` and the engine's
-    command there (``python -m export engines`` wrote it with the export's default)."""
-    rec = read_json_or_none(engines_json)
-    if rec is None:
-        raise PolyspecError(f"{engines_json} not found: --engines names an export's engines.json")
-    for name, pick in lengths.items():
-        if name in rec.get("drafters", {}):
-            rec["drafters"][name].setdefault("draft_n", {})[engine] = pick["draft_n"]
-    table = rec.get("engines", {}).get(engine)
-    if table is not None:
-        table["draft_n"] = {n: p["draft_n"] for n, p in lengths.items()}
-        if "command" in table:  # an export made without a llama.cpp build has no GGUF and no command (its "why")
-            table["command"] = re.sub(r"--spec-draft-n-max \d+", "--spec-draft-n-max <draft_n>", table["command"])
-    atomic_write_json(engines_json, rec)
 
 
 def _bound(s: dict, curve: dict[int, float] | None) -> float | None:

@@ -441,3 +441,38 @@ def test_the_chosen_draft_length_is_written_into_the_exports_engines_json(tmp_pa
     (engines / "engines.json").write_text(json.dumps(rec))
     update_engines(engines / "engines.json", got)
     assert json.loads((engines / "engines.json").read_text())["engines"]["llama.cpp"]["draft_n"] == {"en": got["en"]["draft_n"]}
+
+
+def test_the_gpu_engines_draft_length_follows_a_made_up_device_cost_curve(tmp_path, capsys):
+    """export.draft_length's CLI on a made-up decoder.costs result: a GPU-like curve (verify(k) ≈ forward(1) up to 6
+    tokens, then steep) and a cheap drafter give a long draft for a strong drafter and 1 for a weak one; a CPU-like
+    steep curve gives 1 to both. vLLM's and SGLang's commands (export.engines.engine_table's) get <draft_n>."""
+    from export import draft_length as dl
+    from export.engines import engine_table
+
+    gpu = {"context": 200, "forward1_s": 0.02, "ratio": {k: (1.02 if k <= 6 else 1.0 + 0.3 * (k - 6)) for k in range(1, 17)},
+           "draft_s_per_token": {"eagle3": 0.0018}}
+    strong, weak = [0.8, 0.64, 0.51, 0.41], [0.35, 0.1, 0.03, 0.006]
+    assert dl.choose_from_costs(strong, gpu)["draft_n"] == 5  # 6 tokens verified for one forward's price
+    assert dl.choose_from_costs(weak, gpu)["draft_n"] <= 2
+    cpu = {**gpu, "ratio": {k: 1.0 + 0.6 * (k - 1) for k in range(1, 17)}}
+    assert dl.choose_from_costs(strong, cpu)["draft_n"] == 1 and dl.choose_from_costs(weak, cpu)["draft_n"] == 1
+    with pytest.raises(PolyspecError, match="decoder.costs"):
+        dl.from_costs({"ratio": {1: 1.0}}, "eagle3")
+
+    out = tmp_path / "engines"
+    rec = {"drafters": {"en": {"heldout_alpha_by_lang": {"en": strong}}, "multi": {"heldout_alpha": weak},
+                        "none": {}},
+           "engines": engine_table(out, {"en": {"polyspec": True}, "multi": {"polyspec": True}}, "t/path", 3, False)}
+    (tmp_path / "engines.json").write_text(json.dumps(rec))
+    (tmp_path / "costs.json").write_text(json.dumps(gpu))
+    assert dl.main(["--costs", str(tmp_path / "costs.json"), "--engines", str(tmp_path / "engines.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "none: no held-out α recorded, skipped" in printed and "en: draft_n 5" in printed
+    got = json.loads((tmp_path / "engines.json").read_text())
+    assert got["drafters"]["en"]["draft_n"] == {"vllm": 5, "sglang": 5}
+    assert got["engines"]["vllm"]["draft_n"] == {"en": 5, "multi": got["drafters"]["multi"]["draft_n"]["vllm"]}
+    assert '"num_speculative_tokens": <draft_n>' in got["engines"]["vllm"]["command"]
+    assert ("--speculative-num-steps <draft_n>" in got["engines"]["sglang"]["command"]
+            and "--speculative-num-draft-tokens <draft_n + 1>" in got["engines"]["sglang"]["command"])
+    assert "draft_n" not in got["engines"]["llama.cpp"]  # not named: left as it was
