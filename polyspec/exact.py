@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from polyspec.errors import PolyspecError
-from polyspec.packed import MAX_ROWS
 
 if TYPE_CHECKING:  # torch loads with the model: the decoder's commands parse their arguments first
     import torch
@@ -51,8 +50,8 @@ if TYPE_CHECKING:  # torch loads with the model: the decoder's commands parse th
 NAME = "polyspec_exact"
 QUERY_BLOCK = 16  # query positions one attention GEMM computes (a verification of ≤ 16 tokens: one block)
 KEY_CHUNK = 64  # keys are zero-padded to a multiple of this (fewer distinct GEMM shapes)
-# MAX_ROWS: forwards with more query positions (prefills) run SDPA: computed once, shared by every method; the
-# row-padded linears' bound (polyspec.packed), one constant for both
+MAX_ROWS = 64  # forwards with more query positions (prefills) run SDPA: computed once, shared by every method
+# (polyspec.packed.MAX_ROWS, the row-padded linears' bound, is the same)
 
 _MODES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
