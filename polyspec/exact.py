@@ -51,7 +51,8 @@ NAME = "polyspec_exact"
 QUERY_BLOCK = 16  # query positions one attention GEMM computes (a verification of ≤ 16 tokens: one block)
 KEY_CHUNK = 64  # keys are zero-padded to a multiple of this (fewer distinct GEMM shapes)
 MAX_ROWS = 64  # forwards with more query positions (prefills) run SDPA: computed once, shared by every method
-# (polyspec.packed.MAX_ROWS, the row-padded linears' bound, is the same)
+# (polyspec.packed.MAX_ROWS, the row-padded linears' bound, is the same: tests/test_exact.py holds them equal; this
+# module stays free of torch at import, which the bench's CLI needs, so it cannot import packed's)
 
 _MODES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 

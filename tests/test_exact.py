@@ -241,3 +241,12 @@ def test_reports_say_what_identity_means_in_the_mode_that_ran():
     far = {"de": {"answers": 7, "identical": 6, "margin_max": 3.0}}
     assert "more than a near-tie" in identity(report("bfloat16", True, far), "pld")
     assert identity_mode({"dtype": "float32"}) == "fp32" and identity(report("float32", False, far), "ar") == "–"
+
+
+def test_the_attention_and_the_row_padded_linears_share_one_bound():
+    """polyspec.exact.MAX_ROWS (decode-time attention) and polyspec.packed.MAX_ROWS (row-padded linears) must agree: a
+    forward past one but not the other would mix the invariant and the shape-dependent path. They are two constants
+    because exact loads without torch (the bench's CLI imports it before any model) and packed needs torch."""
+    from polyspec import exact, packed
+
+    assert exact.MAX_ROWS == packed.MAX_ROWS
