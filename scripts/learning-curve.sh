@@ -26,8 +26,8 @@ max=0
 for n in $POINTS; do (( n > max )) && max=$n; done
 
 if (( max > 0 )); then
-  [[ -f $LC/corpus/$LANG_CODE/DONE.json ]] || $PY -m corpus --langs "$LANG_CODE" --target "$TARGET" --run "$LC"
-  [[ -f $LC/corpus/$LANG_CODE-prefill/DONE.json ]] || \
+  [[ -f $LC/corpus/$LANG_CODE/manifest.json ]] || $PY -m corpus --langs "$LANG_CODE" --target "$TARGET" --run "$LC"
+  [[ -f $LC/corpus/$LANG_CODE-prefill/stats.json ]] || \
     $PY -m corpus prefill --lang "$LANG_CODE" --target "$TARGET" --run "$LC" --max-tokens "$((max + 1024))"
 fi
 
