@@ -299,9 +299,14 @@ _ENTRIES = (
            kind="preset", runs="tree", options={"size": "full"}),
     Method("fr-spec", "FR-Spec", "FR-Spec: one static frequency vocabulary for every language", kind="preset",
            runs="chain", options=_fr_spec, bench_default=True),
-    Method("eagle3", "EAGLE-3", "EAGLE-3 as engines serve it: the language's drafter alone, chain γ 4, no lookup",
-           kind="preset", runs="adaspec", requires=_needs_eagle3,
-           options=lambda b: {"bundle": _engines(b), "lookup_runs": False, "gamma": b.gamma or 4}),
+    Method("eagle3", "EAGLE-3", "EAGLE-3 as engines serve it: the language's drafter alone with its whole head, "
+           "chain γ 4, no lookup", kind="preset", runs="adaspec", requires=_needs_eagle3,
+           options=lambda b: {"bundle": _engines(b), "lookup_runs": False, "gamma": b.gamma or 4,
+                              "size": max(_engines(b).vocab_sizes)}),
+    Method("eagle3-adaptive", "EAGLE-3, adaptive head", "ablation: eagle3 with ADASPEC's vocabulary-size choice "
+           "(Alg. 2 lines 29–41: the smaller head rows where recent tokens fit them)", kind="preset", runs="adaspec",
+           requires=_needs_eagle3, options=lambda b: {"bundle": _engines(b), "lookup_runs": False,
+                                                      "gamma": b.gamma or 4}),
     # transformers' own generate loop (bench columns)
     Method("hf-generate", "transformers generate", "transformers greedy generate", kind="transformers",
            baseline=True, bench_default=True),

@@ -126,3 +126,18 @@ def test_the_hybrid_keeps_the_plain_forward_as_an_arm_unless_the_node_budget_was
     assert calibrated.source.arm_names("no-match") == ("spectra", "drafter+spectra") and calibrated.nodes == 8  # budget − 1
     by_hand = Decoder(llama, load_bundle(root), method="hybrid", tree_nodes=6)
     assert by_hand.source.arm_names("no-match")[0] == "plain"
+
+
+def test_eagle3_reads_the_drafters_whole_head_as_engines_do(llama, bundles):
+    """``eagle3`` fixes the vocabulary size at the engines bundle's largest (the drafter's whole head: vLLM, SGLang
+    and llama.cpp read every row); ``eagle3-adaptive`` leaves ADASPEC's size choice (Alg. 2) to the decoder."""
+    from decoder.core import Decoder
+    from decoder.methods import METHODS, BenchInputs
+
+    eng = bundles["eagle3"]
+    b = BenchInputs(llama, bundles["small-lm"], eng)
+    whole, adaptive = METHODS["eagle3"].bench_options(b), METHODS["eagle3-adaptive"].bench_options(b)
+    assert len(eng.vocab_sizes) > 1 and whole["size"] == max(eng.vocab_sizes) and "size" not in adaptive
+    assert {k: v for k, v in whole.items() if k != "size"} == adaptive
+    sources = {k: Decoder(llama, **o).source for k, o in (("whole", whole), ("adaptive", adaptive))}
+    assert sources["whole"].size_opt == max(eng.vocab_sizes) and sources["adaptive"].size_opt == "auto"
