@@ -321,6 +321,42 @@ def test_kept_target_distributions_give_the_recomputed_loss(gemma_run, tiny_gemm
             assert r.probs.bytes == 0 and all(late)
 
 
+def test_rows_whose_target_argmax_lies_outside_the_draft_vocabulary_leave_the_token_loss(llama_run, tiny_llama_dir,
+                                                                                         monkeypatch):
+    """``eagle.mask_out_of_vocab``: the loss equals the unmasked one with those tokens taken out of the loss mask
+    (every training-time-test step: step i's row t is step 0's row t + i, the same token), and ``in_vocab`` says
+    which share stayed."""
+    from accelerate.state import AcceleratorState
+
+    from train.objectives import in_vocab_rows, loss_rows
+
+    head = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])  # argmax of (a, b): 0, 1 or 2
+    assert in_vocab_rows(torch.tensor([[2.0, 1.0], [0.0, 3.0], [-2.0, 1.0]]), head,
+                         torch.tensor([True, False, True]), chunk=2).tolist() == [True, False, True]
+    AcceleratorState._reset_state(reset_partial_state=True)
+    ov = ["eagle.arch=eagle3", "eagle.ttt_steps=2", "mixed_precision='no'"]
+    r, batch = seeded_recipe(llama_run, tiny_llama_dir, "train-oov", *ov, "eagle.mask_out_of_vocab=true")
+    r.probs = None  # kept distributions are per example and mask: recomputed for both losses
+    seen = []
+    monkeypatch.setattr("train.recipe.in_vocab_rows", lambda *a: seen.append(in_vocab_rows(*a)) or seen[-1])
+    loss, metrics = r.loss(batch)
+    [keep] = seen
+    assert metrics["in_vocab"] == pytest.approx(keep.float().mean().item())
+    assert 0.0 < metrics["in_vocab"] < 1.0, "the tiny target's argmax must leave its 128 draft ids at some rows"
+    m0 = loss_rows(batch["loss_mask"]).bool()
+    drop = torch.zeros_like(m0)
+    drop[m0] = ~keep
+    ref_batch = dict(batch, loss_mask=batch["loss_mask"].clone())
+    ref_batch["loss_mask"][:, 2:][drop[:, :-1]] = 0  # step-0 row t reads token t + 2 (its last row reads none)
+    r.in_draft = None
+    ref, ref_metrics = r.loss(ref_batch)
+    r.cleanup()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-4)
+    assert [metrics[k] for k in ("ce_0", "ce_1", "top1_0", "top1_1")] == pytest.approx(
+        [ref_metrics[k] for k in ("ce_0", "ce_1", "top1_0", "top1_1")], rel=1e-4)
+
+
 def test_padded_batches_and_bf16_autocast_keep_the_loss(gemma_run, tiny_gemma_dir, monkeypatch):
     """Batches rounded up to pad_to_multiple give the unpadded loss (the head reads loss rows only, so padding
     rows cannot count); the loss equals the full-head reference (every row through the head, then masked); bf16

@@ -53,6 +53,9 @@ class EagleConfig(StrictModel):
                                           "over the s ids at each example's loss rows, kept after its first epoch "
                                           "instead of recomputed by the head (the same values either way); None: 4 on "
                                           "CPU, 0 on GPUs (there the GEMM costs less than moving its result)")
+    mask_out_of_vocab: bool = Field(False, description="leave out of the token loss the rows whose target argmax "
+                                    "lies outside the draft vocabulary (EAGLE-3's reference training; costs a "
+                                    "whole-vocabulary head GEMM a loss row)")
     ttt_decay: float = Field(0.8, gt=0.0, le=1.0, description="weight of unrolled step i is decay**i")
     num_layers: int = Field(1, ge=1, description="EAGLE-1: decoder layers of the drafter (1: the EAGLE form; measured "
                             "on vi demo data, 6 epochs from scratch: 2 layers τ 1.51 vs 1.46/1.49 for 1 layer, seeds 0/1, "

@@ -59,6 +59,14 @@ def target_probs(f_rows: torch.Tensor, head_w: torch.Tensor, softcap: float | No
     return torch.softmax(reduced_logits(f_rows, head_w, softcap).float(), dim=-1).half().float()
 
 
+@torch.no_grad()
+def in_vocab_rows(f_rows: torch.Tensor, full_w: torch.Tensor, in_draft: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """[N] bool: whether the target's argmax over its whole vocabulary (features [N, H] @ head [V, H]^T; a softcap
+    keeps the argmax) is one of the draft ids (``in_draft`` [V] bool). Chunks of rows bound the [·, V] logits."""
+    out = [in_draft[(x.to(full_w.dtype) @ full_w.T).argmax(-1)] for x in f_rows.split(chunk)]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=f_rows.device)
+
+
 def loss_rows(loss_mask: torch.Tensor, step: int = 0) -> torch.Tensor:
     """[B, T] loss mask → [B, T-1-step] mask of the rows the step-``step`` head reads: pred_t feeds the head for
     token x_{t+2+step}."""
@@ -97,7 +105,8 @@ class TargetProbs:
 
 def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softcap: float | None = None,
                generator: torch.Generator | None = None, aux: torch.Tensor | None = None,
-               p0: torch.Tensor | None = None, packed: bool = True) -> tuple[torch.Tensor, dict]:
+               p0: torch.Tensor | None = None, packed: bool = True,
+               keep0: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """EAGLE-1 objective, optionally unrolled ``cfg.ttt_steps`` times (EAGLE-3 training-time test).
 
     Step i predicts f_{t+1+i} from [embed(x_{t+1+i}) ‖ g_t], where g = f (+ noise) at step 0 and the
@@ -109,6 +118,9 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
     ``packed`` (EAGLE-3): each step runs only the entries the loss reads — step i's loss rows and the entries
     later steps continue from —; step 0's other entries give keys and values only (``query_rows``). The same
     loss as running every entry (``packed=False``, the reference), with a finetune's prompt rows skipped.
+    ``keep0`` (bool, step 0's loss rows; :func:`in_vocab_rows`): the rows whose target argmax lies in the draft
+    vocabulary; the others leave the token loss (and top-1), as EAGLE-3's reference training masks them
+    (``eagle.mask_out_of_vocab``); step i's row t is step 0's row t + i, like ``p``.
     """
     eagle3 = is_eagle3(drafter)
     ids, mask = batch["input_ids"], batch["loss_mask"]
@@ -159,6 +171,13 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
             out = pred[at]
         denom = m.sum().clamp_min(1.0)
         w_rows = m[at]
+        if i == 0:
+            row0 = torch.cumsum((m != 0).reshape(-1), 0).view_as(m) - 1  # a step-0 loss row's place in p_step0
+        if keep0 is not None:  # the token loss on rows whose target argmax the draft vocabulary holds
+            w_rows = w_rows * keep0[row0[:, i:][at]].to(w_rows.dtype)
+            tok_denom = w_rows.sum().clamp_min(1.0)
+        else:
+            tok_denom = denom
         if eagle3:  # its features are its own (no regression target)
             feat = torch.zeros((), device=pred.device)
         else:
@@ -168,15 +187,14 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         # are picked before the [·, s] GEMMs, forward and backward
         if i == 0:
             p = p_step0 = p0 if p0 is not None else target_probs(f[:, 1:][at], head_w, softcap)
-            row0 = torch.cumsum((m != 0).reshape(-1), 0).view_as(m) - 1  # a step-0 loss row's place in p_step0
         else:  # step i's row t is step 0's row t + i (loss_rows)
             p = p_step0[row0[:, i:][at]]
         logq = torch.log_softmax(draft_logits(drafter, out, head_w, softcap).float(), dim=-1)
-        ce = (-(p * logq).sum(-1) * w_rows).sum() / denom
+        ce = (-(p * logq).sum(-1) * w_rows).sum() / tok_denom
         w = cfg.ttt_decay**i
         total = total + w * (cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce)
         with torch.no_grad():
-            acc = ((logq.argmax(-1) == p.argmax(-1)).float() * w_rows).sum() / denom
+            acc = ((logq.argmax(-1) == p.argmax(-1)).float() * w_rows).sum() / tok_denom
         metrics.update({f"feat_loss_{i}": float(feat.detach()), f"ce_{i}": float(ce.detach()), f"top1_{i}": float(acc)})
         g = pred  # next step reads the drafter's own features
     return total, metrics

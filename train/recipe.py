@@ -44,7 +44,7 @@ from train import checkpoint
 from train.config import TrainConfig
 from train.data import all_captured, build_dataset, collate, split, step_indices
 from train.features import FeatureStore
-from train.objectives import TargetProbs, eagle_loss, small_lm_loss, target_features
+from train.objectives import TargetProbs, eagle_loss, in_vocab_rows, loss_rows, small_lm_loss, target_features
 from train.score import score_eagle, small_lm_chain, summarize
 from vocab.files import interleave_ranked, load_ranked
 
@@ -117,6 +117,11 @@ class DrafterRecipe:
         gb = cfg.eagle.target_probs_gb
         gb = (4.0 if self.acc.device.type == "cpu" else 0.0) if gb is None else gb
         self.probs = TargetProbs(self.head_w, self.softcap, gb * 2**30) if gb > 0 else None
+        self.in_draft = None  # eagle.mask_out_of_vocab: which of the target's ids the draft vocabulary holds
+        if cfg.eagle.mask_out_of_vocab and cfg.drafter_type == "eagle":
+            full = self.target.model.get_output_embeddings().weight
+            self.in_draft = torch.zeros(full.shape[0], dtype=torch.bool, device=full.device)
+            self.in_draft[self.ids_s] = True
         self.features = None
         if cfg.features == "offline" and cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3":
             raise PolyspecError("features: offline stores the last layer only; EAGLE-3 drafters train with features: online")
@@ -333,7 +338,15 @@ class DrafterRecipe:
         with self.acc.autocast():  # the head GEMMs too, not only the drafter's forward that prepare() wraps
             # the target's distribution at the loss rows, kept after an example's first epoch (None: computed there)
             p0 = self.probs(batch["index"].tolist(), f, batch["loss_mask"]) if self.probs else None
-            return eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap, aux=aux, p0=p0)
+            keep0 = None
+            if self.in_draft is not None:  # the step-0 loss rows whose target argmax is a draft id
+                full = self.target.model.get_output_embeddings().weight.detach()
+                keep0 = in_vocab_rows(f[:, 1:][loss_rows(batch["loss_mask"]).bool()], full, self.in_draft)
+            loss, metrics = eagle_loss(self.model, self.embed, self.head_w, batch, f, self.cfg.eagle, self.softcap,
+                                       aux=aux, p0=p0, keep0=keep0)
+            if keep0 is not None:
+                metrics["in_vocab"] = float(keep0.float().mean()) if keep0.numel() else 1.0
+            return loss, metrics
 
     def _captured(self, indices: list[int], T: int, name: str, examples=None) -> torch.Tensor:
         """[B, T, ·] float32 features of examples (right-padded with zeros), from the captured shards."""
