@@ -125,17 +125,22 @@ COMMAND_LENGTH = {
 
 
 def drafter_alpha(name: str, engines_json: Path | None) -> tuple[list[float] | None, str]:
-    """Drafter ``name``'s held-out per-position acceptance (α_1…α_γ), from an export's ``engines.json``: scored on
-    every held-out answer (``heldout_alpha_by_lang``, pipelines.score_check), else the training's best evaluation
-    (``heldout_alpha``); None when neither is recorded."""
-    for rec_path in [engines_json] if engines_json else []:
-        rec = read_json_or_none(rec_path)
-        entry = (rec or {}).get("drafters", {}).get(name) or {}
-        by_lang = (entry.get("heldout_alpha_by_lang") or {}).get(name)
-        if by_lang:  # pipelines.score_check: every captured held-out answer
-            return [float(x) for x in by_lang], f"{rec_path} (heldout_alpha_by_lang)"
-        if entry.get("heldout_alpha"):  # the training's best evaluation
-            return [float(x) for x in entry["heldout_alpha"]], f"{rec_path} (heldout_alpha)"
+    """Drafter ``name``'s held-out per-position acceptance (α_1…α_γ) from an export's ``engines.json`` file
+    (:func:`drafter_alpha_from`); None when the file or the record is missing."""
+    rec = read_json_or_none(engines_json) if engines_json else None
+    return drafter_alpha_from(rec, name, str(engines_json))
+
+
+def drafter_alpha_from(rec: dict | None, name: str, where: str) -> tuple[list[float] | None, str]:
+    """Drafter ``name``'s held-out α from a loaded ``engines.json`` record: scored on every held-out answer
+    (``heldout_alpha_by_lang``, pipelines.score_check), else the training's best evaluation (``heldout_alpha``);
+    None when neither is recorded. ``where`` names the record in the returned source."""
+    entry = (rec or {}).get("drafters", {}).get(name) or {}
+    by_lang = (entry.get("heldout_alpha_by_lang") or {}).get(name)
+    if by_lang:  # pipelines.score_check: every captured held-out answer
+        return [float(x) for x in by_lang], f"{where} (heldout_alpha_by_lang)"
+    if entry.get("heldout_alpha"):  # the training's best evaluation
+        return [float(x) for x in entry["heldout_alpha"]], f"{where} (heldout_alpha)"
     return None, "none recorded"
 
 
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         raise PolyspecError(f"{a.engines} not found: --engines names an export's engines.json")
     picks = {}
     for name in sorted(rec.get("drafters", {})):
-        alpha, source = drafter_alpha(name, a.engines)
+        alpha, source = drafter_alpha_from(rec, name, str(a.engines))
         if alpha is None:
             print(f"{name}: no held-out α recorded, skipped")
             continue
