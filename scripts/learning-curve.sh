@@ -48,4 +48,4 @@ for n in $POINTS; do
     pretrain.epochs=1
   $ACC launch --num_processes 1 --num_cpu_threads_per_process "$(nproc)" train/drafter.py "${common[@]}" "train_dir=$dir" stage=finetune "finetune.epochs=$FT_EPOCHS"
 done
-$PY -m pipelines.learning_curve table --run "$RUN" --corpus "$LC" --points "$POINTS"
+$PY -m pipelines.learning_curve table --run "$RUN" --corpus "$LC" --points "$POINTS" --lang "$LANG_CODE"
