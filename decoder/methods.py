@@ -241,6 +241,14 @@ def _engines(b: BenchInputs):
     return b.engine_bundle if b.engine_bundle is not None else b.bundle
 
 
+def _eagle3(b: BenchInputs, whole_head: bool) -> dict:
+    """The engines' EAGLE-3 drafter alone: chain γ 4 (or --gamma), no prompt lookup; ``whole_head``: every row of
+    its head (the bundle's largest size), as engines read it, else ADASPEC's size choice."""
+    engines = _engines(b)
+    opts = {"bundle": engines, "lookup_runs": False, "gamma": b.gamma or 4}
+    return {**opts, "size": max(engines.vocab_sizes)} if whole_head else opts
+
+
 def _needs_eagle3(b: BenchInputs) -> str | None:
     engines = _engines(b)
     if engines is None or not _eagle3_bundle(engines):
@@ -301,12 +309,10 @@ _ENTRIES = (
            runs="chain", options=_fr_spec, bench_default=True),
     Method("eagle3", "EAGLE-3", "EAGLE-3 as engines serve it: the language's drafter alone with its whole head, "
            "chain γ 4, no lookup", kind="preset", runs="adaspec", requires=_needs_eagle3,
-           options=lambda b: {"bundle": _engines(b), "lookup_runs": False, "gamma": b.gamma or 4,
-                              "size": max(_engines(b).vocab_sizes)}),
+           options=lambda b: _eagle3(b, whole_head=True)),
     Method("eagle3-adaptive", "EAGLE-3, adaptive head", "ablation: eagle3 with ADASPEC's vocabulary-size choice "
            "(Alg. 2 lines 29–41: the smaller head rows where recent tokens fit them)", kind="preset", runs="adaspec",
-           requires=_needs_eagle3, options=lambda b: {"bundle": _engines(b), "lookup_runs": False,
-                                                      "gamma": b.gamma or 4}),
+           requires=_needs_eagle3, options=lambda b: _eagle3(b, whole_head=False)),
     # transformers' own generate loop (bench columns)
     Method("hf-generate", "transformers generate", "transformers greedy generate", kind="transformers",
            baseline=True, bench_default=True),
