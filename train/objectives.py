@@ -171,13 +171,6 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
             out = pred[at]
         denom = m.sum().clamp_min(1.0)
         w_rows = m[at]
-        if i == 0:
-            row0 = torch.cumsum((m != 0).reshape(-1), 0).view_as(m) - 1  # a step-0 loss row's place in p_step0
-        if keep0 is not None:  # the token loss on rows whose target argmax the draft vocabulary holds
-            w_rows = w_rows * keep0[row0[:, i:][at]].to(w_rows.dtype)
-            tok_denom = w_rows.sum().clamp_min(1.0)
-        else:
-            tok_denom = denom
         if eagle3:  # its features are its own (no regression target)
             feat = torch.zeros((), device=pred.device)
         else:
@@ -187,8 +180,13 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         # are picked before the [·, s] GEMMs, forward and backward
         if i == 0:
             p = p_step0 = p0 if p0 is not None else target_probs(f[:, 1:][at], head_w, softcap)
+            row0 = torch.cumsum((m != 0).reshape(-1), 0).view_as(m) - 1  # a step-0 loss row's place in p_step0
         else:  # step i's row t is step 0's row t + i (loss_rows)
             p = p_step0[row0[:, i:][at]]
+        tok_denom = denom
+        if keep0 is not None:  # the token loss on rows whose target argmax the draft vocabulary holds
+            w_rows = w_rows * keep0[row0[:, i:][at]].to(w_rows.dtype)
+            tok_denom = w_rows.sum().clamp_min(1.0)
         logq = torch.log_softmax(draft_logits(drafter, out, head_w, softcap).float(), dim=-1)
         ce = (-(p * logq).sum(-1) * w_rows).sum() / tok_denom
         w = cfg.ttt_decay**i
