@@ -145,11 +145,18 @@ def drafter_alpha_from(rec: dict | None, name: str, where: str) -> tuple[list[fl
 
 
 def update_engines(engines_json: Path, lengths: dict, engine: str = "llama.cpp") -> None:
-    """Write each drafter's chosen ``draft_n`` for ``engine`` into an export's ``engines.json`` and the engine's
-    command there (``python -m export engines`` wrote it with the export's default)."""
+    """Write each drafter's chosen ``draft_n`` for ``engine`` into an export's ``engines.json`` file
+    (:func:`set_draft_lengths`)."""
     rec = read_json_or_none(engines_json)
     if rec is None:
         raise PolyspecError(f"{engines_json} not found: --engines names an export's engines.json")
+    set_draft_lengths(rec, lengths, engine)
+    atomic_write_json(engines_json, rec)
+
+
+def set_draft_lengths(rec: dict, lengths: dict, engine: str) -> None:
+    """Each drafter's chosen ``draft_n`` for ``engine`` into a loaded ``engines.json`` record, and the engine's
+    command there (``python -m export engines`` wrote it with the export's default)."""
     for name, pick in lengths.items():
         if name in rec.get("drafters", {}):
             rec["drafters"][name].setdefault("draft_n", {})[engine] = pick["draft_n"]
@@ -159,7 +166,6 @@ def update_engines(engines_json: Path, lengths: dict, engine: str = "llama.cpp")
         if "command" in table:  # an export made without a llama.cpp build has no GGUF and no command (its "why")
             for pattern, repl in COMMAND_LENGTH.get(engine, []):
                 table["command"] = re.sub(pattern, repl, table["command"])
-    atomic_write_json(engines_json, rec)
 
 
 @cli_entry
@@ -188,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: draft_n {p['draft_n']} (predicted {p['predicted_speedup'][p['draft_n']]:.2f}× plain at a = 0; "
               f"a drafted token {p['draft_cost_forwards']:.3f} forwards; α from {source})")
     for engine in [e.strip() for e in a.engine.split(",") if e.strip()]:
-        update_engines(a.engines, picks, engine)
+        set_draft_lengths(rec, picks, engine)
+    atomic_write_json(a.engines, rec)
     print(f"draft_n written into {a.engines} for {a.engine}")
     return 0
 
