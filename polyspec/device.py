@@ -132,3 +132,17 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype not in _DTYPES:
         raise PolyspecError(f"unknown dtype {dtype!r}; choose auto, {', '.join(sorted(set(_DTYPES)))}")
     return _DTYPES[dtype]
+
+
+def host_kind() -> str:
+    """This CPU in one line, as the reports name the host kinds: model name and the ISA that decides its speed
+    (AMX, AVX512-BF16, or AVX2 only) and its core count."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="ignore")
+    except OSError:
+        return "unknown CPU"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "CPU")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    isa = ("AMX + avx512_bf16" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags
+           else "AVX2" if "avx2" in flags else "no AVX2")
+    return f"{name} ({isa}, {len(os.sched_getaffinity(0))} cores)"

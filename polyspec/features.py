@@ -41,6 +41,36 @@ def write_shard(path: Path, rows: dict[str, dict[str, torch.Tensor]], meta: dict
     return len(data)
 
 
+@torch.inference_mode()
+def prefill_features(target, seqs: list[list[int]], aux_layers: list[int] | None,
+                     batch_tokens: int = 4096) -> list[dict[str, torch.Tensor]]:
+    """Token id lists → per list {"f": [n, H], "aux": [n, 3H] (with ``aux_layers``)} on the CPU in the model's
+    dtype, from right-padded batches of similar length (at most ``batch_tokens`` padded tokens a forward): the
+    base model's output and ``output_hidden_states[aux_layers]``, as distillation's capture keeps them."""
+    base = target.model.get_decoder()
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    got: dict[int, dict[str, torch.Tensor]] = {}
+    pad = target.tokenizer.pad_token_id or 0
+    i = 0
+    while i < len(order):
+        width = len(seqs[order[i]])
+        rows = order[i : i + max(1, batch_tokens // width)]
+        i += len(rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, k in enumerate(rows):
+            ids[r, : len(seqs[k])] = torch.as_tensor(seqs[k])
+            mask[r, : len(seqs[k])] = 1
+        out = base(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), use_cache=False,
+                   output_hidden_states=bool(aux_layers))
+        for r, k in enumerate(rows):
+            n = len(seqs[k])
+            got[k] = {"f": out.last_hidden_state[r, :n].cpu()}
+            if aux_layers:
+                got[k]["aux"] = torch.cat([out.hidden_states[j][r, :n] for j in aux_layers], -1).cpu()
+    return [got[k] for k in range(len(seqs))]
+
+
 def disk_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in Path(root).glob("features/*.safetensors"))
 

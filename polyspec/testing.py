@@ -115,3 +115,52 @@ def build_tiny_target(path: str | Path, family: Family = "llama", seed: int = 0,
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
     return path
+
+
+
+def build_engine_target(path: str | Path, seed: int = 0) -> Path:
+    """A tiny chat Llama that engines' CPU kernels take (4 layers, head_dim 64: vLLM's CPU attention has no head_dim
+    16) whose head is its embedding matrix with the ids paired up (``head[j] = embed[π(j)]``, π an involution
+    fixing the special ids): its layers add little to the residual stream (init std 0.02 against unit-scale
+    embeddings), so its greedy next token after x is mostly π(x), and the token after that is x again — what
+    :func:`oracle_eagle3` predicts."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    tok = build_tokenizer(chat=True)
+    model = build_tiny_model("llama", vocab_size=len(tok), seed=seed, hidden_size=256, layers=4)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight[involution(len(tok), seed)])
+    with atomic_directory(path, overwrite=True) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+    return path
+
+
+def involution(n: int, seed: int = 0) -> torch.Tensor:
+    """A permutation π of range(n) with π(π(x)) = x that pairs up the ids after the special ones (kept fixed)."""
+    rest = torch.randperm(n - len(SPECIALS), generator=torch.Generator().manual_seed(seed)) + len(SPECIALS)
+    pi = torch.arange(n)
+    a, b = rest[0::2][: len(rest) // 2], rest[1::2][: len(rest) // 2]
+    pi[a], pi[b] = b, a
+    return pi
+
+
+def oracle_eagle3(target, draft_ids: torch.Tensor):
+    """An EAGLE-3 drafter for :func:`build_engine_target` whose first draft is mostly right: fed the features of
+    position t (and the token after it), it names token t again — the target's greedy token two steps on, π(π(x)) = x.
+    fc passes the first aux layer (≈ the token's embedding) through, its decoder layer adds nothing, and its head is
+    the target's embedding rows. Later drafts read the drafter's own state and are mostly wrong. An engine that reads
+    the drafter otherwise than polyspec exports it (aux layer ids, fc layout, the d2t map) accepts almost nothing."""
+    from polyspec.drafter_models import Eagle3Drafter
+
+    model = Eagle3Drafter.for_target(target, draft_ids)
+    H = model.hidden_size
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.weight[:, :H] = torch.eye(H)
+        model.self_attn.o_proj.weight.zero_()
+        model.mlp.down_proj.weight.zero_()
+        embed = target.model.get_input_embeddings().weight
+        model.lm_head.weight.copy_(embed[draft_ids.to(embed.device)].float().cpu())
+    return model.eval()

@@ -24,6 +24,8 @@ class EngineConfig(StrictModel):
         1, ge=1, description="vllm: GPUs of the one model replica (more GPUs: one synth job per language, synth/engines.py)"
     )
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="vllm")
+    enforce_eager: bool = Field(False, description="vllm: no torch.compile / CUDA graphs (start-up ~20 s instead of "
+                                "~2 min on a 2-core CPU; slower steps)")
 
 
 class FilterConfig(StrictModel):

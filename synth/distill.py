@@ -69,7 +69,7 @@ def load_prompts(cfg: DistillConfig) -> list:
 def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = None) -> dict:
     lang = get_language(cfg.lang)
     prompts = load_prompts(cfg)
-    target, engine = open_engine(cfg.engine, cfg.target, target, engine)
+    target, engine = open_engine(cfg.engine, cfg.target, target, engine, need_model=cfg.capture_features)
     fmt = target.spec.prompt_format
     temps = cfg.temperatures
     out_dir = Path(cfg.run) / "synth" / f"{lang.code}-{cfg.out_name}"

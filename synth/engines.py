@@ -5,7 +5,9 @@
   carries its own seed and is sampled with its own ``torch.Generator``, so a sample depends only on
   (prompt, seed) and a resumed run reproduces an uninterrupted one exactly.
 - ``vllm``: offline ``LLM.generate`` with one ``SamplingParams`` per request (``seed`` set per request) and
-  tensor parallelism from the config. Optional extra ``polyspec[vllm]``.
+  tensor parallelism from the config, in vLLM's own process (``polyspec.vllm_process``: ``make setup-vllm`` on
+  CPU, ``pip install 'polyspec[vllm]'`` on GPUs). Captured features come from the target's prefill over each
+  answer (vLLM returns no hidden states to the offline ``LLM``).
 
 Both engines receive the same token ids for a prompt: :func:`polyspec.prompts.encode` (a chat template
 carries its own BOS; a completion prompt gets the tokenizer's). vLLM is given those ids
@@ -33,6 +35,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from polyspec.errors import PolyspecError
+from polyspec.features import prefill_features
 from polyspec.prompts import encode, truncate_at_stop
 
 
@@ -429,8 +432,12 @@ def _eos_ids(tok: Any, model: Any) -> set[int]:
 
 
 class VLLMEngine:
-    """vLLM offline inference on the target's token ids. ``target`` needs its tokenizer only (loaded
-    ``with_model=False``); ``llm`` may be passed in (tests use a fake with vLLM's API)."""
+    """vLLM offline inference on the target's token ids, run by :mod:`polyspec.vllm_process` (vLLM's own environment
+    on CPU, ``make setup-vllm``; or ``pip install vllm`` beside polyspec on a GPU machine). ``target`` needs its
+    tokenizer, and its weights too for ``capture``: vLLM returns tokens and logprobs, and the features a drafter trains
+    on come from the target's prefill over prompt + answer (:func:`polyspec.features.prefill_features`, the corpus
+    prefill's path), in the layout the transformers engine captures. ``llm`` may be passed in (tests use a fake with
+    vLLM's API)."""
 
     def __init__(
         self,
@@ -438,37 +445,38 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         dtype: str = "auto",
         gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
         llm: Any = None,
         sampling_params_cls: Any = None,
     ):
-        if llm is None or sampling_params_cls is None:
-            try:
-                from vllm import LLM, SamplingParams
-            except ImportError:
-                raise PolyspecError("ENGINE=vllm needs the optional extra: pip install 'polyspec[vllm]'") from None
+        if llm is None:
+            from polyspec.vllm_process import RemoteLLM
+
             spec = target.spec
-            llm = llm or LLM(
+            llm = RemoteLLM(dict(
                 model=str(target.path or spec.model_id),
                 revision=None if target.path else spec.revision,
                 tensor_parallel_size=tensor_parallel_size,
                 dtype=dtype,
                 gpu_memory_utilization=gpu_memory_utilization,
                 trust_remote_code=spec.trust_remote_code,
-            )
-            sampling_params_cls = sampling_params_cls or SamplingParams
+                enforce_eager=enforce_eager,
+                seed=0,
+            ))
+            sampling_params_cls = sampling_params_cls or llm.sampling_params_cls
         self.target = target
         self.llm = llm
         self.sampling_params_cls = sampling_params_cls
-        self.stats = {"tokens": 0, "seconds": 0.0}
+        self.stats = {"tokens": 0, "seconds": 0.0, "capture_seconds": 0.0}
 
     def prompt(self, text: str) -> dict[str, list[int]]:
         """vLLM's ``TokensPrompt`` (a TypedDict) of a rendered prompt: the transformers engine's ids."""
         return {"prompt_token_ids": encode(self.target.spec.prompt_format, self.target.tokenizer, text)}
 
     def generate(self, requests: list[Request], capture: list[int] | None = None) -> list[Result]:
-        if capture is not None:  # vLLM's offline LLM returns tokens and logprobs, never hidden states
-            raise PolyspecError("capture_features needs engine.name=transformers (vLLM does not return hidden "
-                                "states); or train with features: online")
+        if capture is not None and getattr(self.target, "model", None) is None:
+            raise PolyspecError("capture_features with engine.name=vllm needs the target's weights as well: the "
+                                "features come from its prefill over the answers (load it with_model=True)")
         params = [
             self.sampling_params_cls(
                 temperature=r.temperature,
@@ -485,14 +493,31 @@ class VLLMEngine:
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.stats["seconds"] += time.perf_counter() - t0
         results = []
-        for out in outputs:  # vLLM returns outputs in request order
+        for p, out in zip(prompts, outputs):  # vLLM returns outputs in request order
             c = out.outputs[0]
             n = len(c.token_ids)
             self.stats["tokens"] += n
             cum = getattr(c, "cumulative_logprob", None)  # raw (untempered) logprobs: vLLM's default logprobs_mode
             results.append(Result(text=c.text, num_tokens=n, finished=c.finish_reason == "stop",
-                                  nll=-cum / n if cum is not None and n else None))
+                                  nll=-cum / n if cum is not None and n else None,
+                                  ids=p["prompt_token_ids"] + list(c.token_ids), prompt_tokens=len(p["prompt_token_ids"])))
+        if capture is None:
+            for r in results:
+                r.ids, r.prompt_tokens = None, 0
+            return results
+        t0 = time.perf_counter()
+        # a row's last sampled token is never fed to the target while generating: as the transformers engine's
+        # capture, the features (and ids) stop before it
+        fed = [r.ids[:-1] for r in results]
+        for r, ids, f in zip(results, fed, prefill_features(self.target, fed, capture)):
+            r.ids, r.features = ids, f
+        self.stats["capture_seconds"] += time.perf_counter() - t0
         return results
+
+    def close(self) -> None:
+        """Stops a vLLM process this engine started (a passed-in ``llm`` is the caller's)."""
+        if hasattr(self.llm, "close"):
+            self.llm.close()
 
 
 def make_engine(cfg: Any, target: Any) -> Engine:
@@ -504,16 +529,20 @@ def make_engine(cfg: Any, target: Any) -> Engine:
             tensor_parallel_size=cfg.tensor_parallel_size,
             dtype=cfg.dtype or "auto",
             gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
         )
     return TransformersEngine(target, batch_size=cfg.batch_size)
 
 
-def open_engine(cfg: Any, target_name: str, target: Any = None, engine: Engine | None = None) -> tuple[Any, Engine]:
-    """The target (weights only for the transformers engine) and its engine; given ones are kept."""
+def open_engine(cfg: Any, target_name: str, target: Any = None, engine: Engine | None = None,
+                need_model: bool = False) -> tuple[Any, Engine]:
+    """The target (its weights for the transformers engine, or ``need_model``: vLLM's captured features) and its
+    engine; given ones are kept."""
     if target is None:
         from polyspec.targets import load_target
 
-        target = load_target(target_name, device=cfg.device, dtype=cfg.dtype, with_model=cfg.name != "vllm")
+        target = load_target(target_name, device=cfg.device, dtype=cfg.dtype,
+                             with_model=cfg.name != "vllm" or need_model)
     if engine is None:
         engine = make_engine(cfg, target)
     return target, engine

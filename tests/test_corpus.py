@@ -16,8 +16,9 @@ import torch
 from conftest import run_cli
 from corpus.build import build_language
 from corpus.config import CorpusConfig
-from corpus.prefill import prefill_features, run_prefill
+from corpus.prefill import run_prefill
 from polyspec.config import validate
+from polyspec.features import prefill_features
 from polyspec.languages import get_language
 from polyspec.targets import eagle3_layers, load_target
 

@@ -276,8 +276,8 @@ def test_speculators_refuses_eagle1_drafters_with_the_reason(tmp_path, trained, 
 @pytest.mark.integration
 @pytest.mark.slow
 def test_make_check_speculators_loads_exports_with_speculators_and_fails_on_a_wrong_one(tmp_path, tiny_llama_dir):
-    """`make check-speculators` on a tiny EAGLE-3 bundle: builds .venv-speculators once (measured 1 min 20 s with
-    a warm pip cache), exports both languages, loads each with speculators' own Eagle3DraftModel and compares its
+    """`make check-speculators` on a tiny EAGLE-3 bundle: builds the engines environment .venv-vllm once unless
+    .ci/run did (make setup-vllm, ~2 min), exports both languages, loads each with speculators' own Eagle3DraftModel and compares its
     logits with polyspec's drafter (measured ~40 s). Then the same check fails on an export whose
     norm_before_residual is flipped (vLLM's default when the flag is missing): the flag changes the model."""
     import re
@@ -295,7 +295,7 @@ def test_make_check_speculators_loads_exports_with_speculators_and_fails_on_a_wr
     cfg = json.loads(cfg_file.read_text())
     cfg["norm_before_residual"] = True
     cfg_file.write_text(json.dumps(cfg))
-    r = subprocess.run([str(REPO / ".venv-speculators" / "bin" / "python"), "export/check_speculators.py",
+    r = subprocess.run([str(REPO / ".venv-vllm" / "bin" / "python"), "export/check_speculators.py",
                         "--exported", str(tmp_path / "speculators"), "--reference", str(tmp_path / "speculators-reference")],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1 and re.search(r"^vi: FAIL — max \|Δlogit\|", r.stdout, re.M), r.stdout[-3000:]

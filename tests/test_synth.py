@@ -443,17 +443,48 @@ def test_selfsynth_runs_on_the_vllm_engine(tmp_path, tiny_gemma_dir):
     assert all(sp.seed == derive_seed(0, i, "instruction") for i, sp in enumerate(llm.calls[0][1]))
 
 
-def test_vllm_without_the_extra_is_one_line_error(tiny_gemma_dir):
-    pytest.importorskip("torch")
-    try:
-        import vllm  # noqa: F401
+def test_vllm_without_an_environment_is_one_line_error_before_loading(tiny_gemma_dir, monkeypatch, tmp_path):
+    """No vLLM anywhere (no POLYSPEC_VLLM_PYTHON, no .venv-vllm, not importable here): one line naming the fixes,
+    raised before any process starts; a POLYSPEC_VLLM_PYTHON that is not a program says so."""
+    import importlib.util
 
-        pytest.skip("vllm is installed here: the missing-extra error cannot be shown")
-    except ImportError:
-        pass
+    import polyspec.vllm_process as vp
+
+    monkeypatch.delenv("POLYSPEC_VLLM_PYTHON", raising=False)
+    monkeypatch.setattr(vp, "REPO_ROOT", tmp_path)
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find(name, *a))
     cfg = validate(SynthConfig, {"engine": {"name": "vllm"}}).engine
-    with pytest.raises(PolyspecError, match=r"polyspec\[vllm\]"):
-        make_engine(cfg, load_target(str(tiny_gemma_dir), with_model=False))
+    target = load_target(str(tiny_gemma_dir), with_model=False)
+    with pytest.raises(PolyspecError, match=r"^vLLM is not installed: make setup-vllm .*polyspec\[vllm\]") as e:
+        make_engine(cfg, target)
+    assert "\n" not in str(e.value)
+    monkeypatch.setenv("POLYSPEC_VLLM_PYTHON", str(tmp_path / "nothing"))
+    with pytest.raises(PolyspecError, match=r"POLYSPEC_VLLM_PYTHON=.* is not an executable Python"):
+        make_engine(cfg, target)
+
+
+def test_vllm_capture_needs_the_targets_weights(tiny_gemma_dir):
+    target = load_target(str(tiny_gemma_dir), with_model=False)
+    engine = VLLMEngine(target, llm=FakeLLM(), sampling_params_cls=FakeSamplingParams)
+    with pytest.raises(PolyspecError, match="needs the target's weights"):
+        engine.generate([Request("p1", seed=0)], capture=[1, 2])
+
+
+def test_vllm_capture_is_the_targets_prefill_over_prompt_and_answer(tiny_llama_dir):
+    """With capture, the vLLM engine's features are the target's own prefill over prompt + answer less its last
+    token, in the transformers engine's capture layout (ids, prompt_tokens, f, aux)."""
+    from polyspec.features import prefill_features
+
+    target = load_target(str(tiny_llama_dir), device="cpu", dtype="float32")
+    engine = VLLMEngine(target, llm=FakeLLM(), sampling_params_cls=FakeSamplingParams)
+    res = engine.generate([Request("p1", seed=0), Request("a longer prompt", seed=1)], capture=[1, 2])
+    for r, p in zip(res, ["p1", "a longer prompt"]):
+        prompt = engine.prompt(p)["prompt_token_ids"]
+        assert r.prompt_tokens == len(prompt) and r.ids == prompt + [1] * 8  # the fake's 9 tokens, less the last
+        want = prefill_features(target, [r.ids], [1, 2])[0]
+        assert r.features["f"].shape == (len(r.ids), target.hidden_size)
+        assert torch.allclose(r.features["f"], want["f"], atol=1e-5) and torch.allclose(r.features["aux"], want["aux"], atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------ distillation
