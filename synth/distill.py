@@ -26,7 +26,7 @@ from polyspec.lid import identify
 from polyspec.prompts import render
 from polyspec.targets import eagle3_layers
 from synth.config import DistillConfig
-from synth.engines import Engine, Request, open_engine
+from synth.engines import Engine, Request, engine_record, open_engine
 from synth.filters import strip_leakage
 from synth.selfsynth import derive_seed
 from synth.store import SynthStore
@@ -156,7 +156,7 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
     stats = store.write_stats({"lang": lang.code, "target": target.spec.name, "prompts": len(prompts),
                                "temperatures": temps, "complete": store.next_attempt >= total,
                                "feature_bytes": disk_bytes(out_dir), "wall_seconds_this_session":
-                               round(time.perf_counter() - wall, 1)})
+                               round(time.perf_counter() - wall, 1), **engine_record(cfg.engine, engine)})
     tqdm.write(f"distill {lang.code}: {stats['accepted']} records, {stats['tokens']} tokens at "
                f"{stats['tokens_per_second']} tok/s (generation {stats['seconds']} s), features "
                f"{stats['feature_bytes'] / 2**20:.0f} MB in {out_dir}")

@@ -467,7 +467,8 @@ class VLLMEngine:
         self.target = target
         self.llm = llm
         self.sampling_params_cls = sampling_params_cls
-        self.stats = {"tokens": 0, "seconds": 0.0, "capture_seconds": 0.0}
+        self.stats = {"tokens": 0, "seconds": 0.0, "capture_seconds": 0.0,
+                      "version": getattr(getattr(llm, "process", None), "version", None)}
 
     def prompt(self, text: str) -> dict[str, list[int]]:
         """vLLM's ``TokensPrompt`` (a TypedDict) of a rendered prompt: the transformers engine's ids."""
@@ -532,6 +533,15 @@ def make_engine(cfg: Any, target: Any) -> Engine:
             enforce_eager=cfg.enforce_eager,
         )
     return TransformersEngine(target, batch_size=cfg.batch_size)
+
+
+def engine_record(cfg: Any, engine: Engine) -> dict:
+    """What a stage's stats.json says of the engine that ran: its name and, this session, the seconds of its
+    generate calls (vLLM: also the prefill that captured features)."""
+    st = getattr(engine, "stats", {}) or {}
+    return {"engine": cfg.name, "engine_seconds_this_session": round(st.get("seconds", 0.0), 1),
+            **({"engine_version": st["version"]} if st.get("version") else {}),
+            **({"capture_seconds_this_session": round(st["capture_seconds"], 1)} if st.get("capture_seconds") else {})}
 
 
 def open_engine(cfg: Any, target_name: str, target: Any = None, engine: Engine | None = None,

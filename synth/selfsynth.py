@@ -25,7 +25,7 @@ from polyspec.io import read_jsonl
 from polyspec.languages import Language, builtin_codes, get_language, is_valid_code
 from polyspec.prompts import render, render_open_turn
 from synth.config import SynthConfig
-from synth.engines import Engine, Request, open_engine
+from synth.engines import Engine, Request, engine_record, open_engine
 from synth.filters import check_instruction, check_language, check_response, dedup_keys, strip_leakage
 from synth.store import SynthStore
 from synth.translate import translate_language
@@ -136,6 +136,7 @@ def run_selfsynth(cfg: SynthConfig, target: Any = None, engine: Engine | None = 
             "attempt_budget": budget,
             "complete": len(store.accepted) >= cfg.n,
             "lid_threshold": threshold,
+            **engine_record(cfg.engine, engine),
         }
     )
 
