@@ -96,14 +96,22 @@ def write_engine_exports(run: str | Path, langs: list[str], target, out: str | P
         "target": pin, "target_path": model_path(target.spec), "train_dir": train_dir,
         "architecture": list(getattr(target.config, "architectures", None) or []),
         "drafters": drafters,
-        "engines": engine_table(out, drafters, model_path(target.spec), speculative_tokens, gguf is not None, gguf_why),
+        "engines": engine_table(out, drafters, model_path(target.spec), speculative_tokens, gguf is not None, gguf_why,
+                                architecture=(getattr(target.config, "architectures", None) or [""])[0]),
     }
     atomic_write_json(out / ENGINES_FILE, record)
     load_bundle(out / "bundle", target_pin=pin)
     return record
 
 
-def engine_table(out: Path, drafters: dict, target_path: str, k: int, gguf: bool, gguf_why: str | None = None) -> dict:
+# Target architectures whose vLLM model serves no EAGLE-3 drafts (no SupportsEagle3), as measured by make check-vllm's
+# probe of the installed vLLM; the probe's answer replaces this line in engines.json when check-vllm runs.
+VLLM_NO_EAGLE3 = {"Gemma3ForCausalLM": "vLLM 0.32's Gemma3ForCausalLM does not implement SupportsEagle3: vLLM serves "
+                                       "no EAGLE-3 drafter for Gemma-3 (its ngram and draft_model methods run)"}
+
+
+def engine_table(out: Path, drafters: dict, target_path: str, k: int, gguf: bool, gguf_why: str | None = None,
+                 architecture: str = "") -> dict:
     """Per engine: which drafters it loads and the command that serves one (``<name>``: a drafter name)."""
     names = sorted(drafters)
     spec = str(out / "speculators" / "<name>")
@@ -111,9 +119,8 @@ def engine_table(out: Path, drafters: dict, target_path: str, k: int, gguf: bool
         "vllm": {"loads": names, "format": "speculators",
                  "command": f"vllm serve {target_path} --speculative-config "
                             f"'{{\"method\": \"eagle3\", \"model\": \"{spec}\", \"num_speculative_tokens\": {k}}}'",
-                 "tested_here": "no (vLLM has no CPU build; the folders load in speculators' own classes: "
-                                "make check-speculators)"},
-        "sglang": {"loads": names, "format": "speculators",
+                 "tested_here": "make check-vllm (vLLM's CPU build; make setup-vllm)"},
+        "sglang": {"loads": names, "format": "speculators",  # SGLang has no CPU wheel on PyPI: never run here
                    "command": f"python -m sglang.launch_server --model-path {target_path} --speculative-algorithm EAGLE3 "
                               f"--speculative-draft-model-path {spec} --speculative-num-steps {k} "
                               f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}",
@@ -122,6 +129,9 @@ def engine_table(out: Path, drafters: dict, target_path: str, k: int, gguf: bool
                      "command": f"python -m decoder.bench --engine-bundle {out / 'bundle'} --methods ar,eagle3",
                      "tested_here": "yes"},
     }
+    if architecture in VLLM_NO_EAGLE3:
+        table["vllm"] = {"loads": [], "format": "speculators", "why": VLLM_NO_EAGLE3[architecture],
+                         "tested_here": table["vllm"]["tested_here"]}
     if gguf:
         table["llama.cpp"] = {"loads": names, "format": "gguf",
                               "command": f"llama-speculative-simple -m <target.gguf> -md {out / 'gguf' / '<name>.gguf'} "

@@ -315,7 +315,7 @@ def bench(target_name: str, out: str | Path, drafters: str | Path | None = None,
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "vllm.json", report)
     atomic_write_text(out / "vllm.md", markdown(report))
-    if engines_json and report["draft_length"]:
+    if engines_json:
         write_engines(engines_json, report, out)
     return report
 
@@ -462,17 +462,23 @@ def _r(x: float | None, nd: int) -> float | None:
 
 
 def write_engines(engines_json: Path, report: dict, out: Path) -> None:
-    """The chosen ``draft_n`` per drafter and what was measured, into an export's ``engines.json``."""
+    """What vLLM was measured to do into an export's ``engines.json``: each drafter's chosen ``draft_n`` (and the serve
+    command's), the measured speedups, or why vLLM serves no EAGLE-3 drafter for this target."""
     rec = read_json_or_none(engines_json)
     if rec is None:
         raise PolyspecError(f"{engines_json} not found: --engines names an export's engines.json")
-    draft_length.set_draft_lengths(rec, report["draft_length"], "vllm")
-    table = rec.get("engines", {}).get("vllm")
-    if table is not None:
-        table["tested_here"] = (f"make check-vllm: vLLM {report['vllm']['version']} on {report['machine']['host']}, "
-                                f"{report['settings']['dtype']} → {out / 'vllm.md'}")
-        table["measured"] = {name: {"draft_n": d["draft_n"], "speedup_batch1": d["measured_speedup"].get(d["draft_n"])}
-                             for name, d in report["draft_length"].items()}
+    lengths = {k: d for k, d in report["draft_length"].items() if k in rec.get("drafters", {})}
+    draft_length.set_draft_lengths(rec, lengths, "vllm")
+    table = rec.setdefault("engines", {}).setdefault("vllm", {"format": "speculators"})
+    table["tested_here"] = (f"make check-vllm: vLLM {report['vllm']['version']} on {report['machine']['host']}, "
+                            f"{report['settings']['dtype']} → {out / 'vllm.md'}")
+    ngram = next((m["by_batch"] for m in report["modes"] if m["mode"] == "ngram"), {})
+    table["measured"] = {**{name: {"draft_n": d["draft_n"], "speedup": d["measured_speedup"].get(d["draft_n"])}
+                            for name, d in lengths.items()},
+                         "ngram": {b: r.get("speedup") for b, r in ngram.items()}}
+    if not report["vllm"].get("eagle3_for_target", True):
+        table["loads"] = []
+        table["why"] = next(iter((report.get("refused") or {}).values()), "no EAGLE-3 for this target in vLLM")
     atomic_write_json(engines_json, rec)
 
 
@@ -575,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(report))
     print(f"written: {Path(a.out) / 'vllm.json'}, {Path(a.out) / 'vllm.md'}")
     if engines and report["draft_length"]:
-        print(f"draft_n written into {engines}: " + ", ".join(f"{n} {d['draft_n']}" for n, d in report["draft_length"].items()))
+        print(f"draft_n for vLLM written into {engines}: " + ", ".join(f"{n} {d['draft_n']}" for n, d in report["draft_length"].items()))
     if s.dtype == "float32":
         differ = [f"{e['mode']}({e['drafter'] or '-'})@b{b}" for e in report["modes"] for b, r in e["by_batch"].items()
                   if r["identical"] < r["prompts"]]

@@ -160,8 +160,11 @@ def test_a_divergence_in_fp32_fails_with_its_margin(fake, drafters, tiny_llama_d
 
 def test_a_target_without_eagle3_in_vllm_runs_plain_and_ngram(fake, drafters, tiny_llama_dir, tmp_path):
     fake.eagle3 = False
+    engines = _engines(tmp_path / "engines.json")
     assert vb.main(["--target", str(tiny_llama_dir), "--drafters", str(drafters), "--out", str(tmp_path / "out"),
-                    "--prompts", "2", "--n", "8", "--batch", "1"]) == 0
+                    "--prompts", "2", "--n", "8", "--batch", "1", "--engines", str(engines)]) == 0
+    table = json.loads(engines.read_text())["engines"]["vllm"]
+    assert table["loads"] == [] and "SupportsEagle3" in table["why"] and "ngram" in table["measured"]
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
     assert [m["mode"] for m in rep["modes"]] == ["ngram"] and rep["draft_length"] == {}
     assert "does not implement SupportsEagle3" in rep["refused"]["en"] and rep["vllm"]["eagle3_for_target"] is False
