@@ -125,7 +125,20 @@ def engines_section(run: Path) -> list[str]:
     for engine, e in rec["engines"].items():
         lines.append(f"- **{engine}** loads {', '.join(e.get('loads') or []) or 'nothing'}"
                      + (f" — {e['why']}" if e.get("why") else f": `{e.get('command', '')}`"))
-    return [*lines, ""]
+    return [*lines, "", *measured_engines(run)]
+
+
+def measured_engines(run: Path) -> list[str]:
+    """The engine checks' own tables (``make check-vllm``: vllm/vllm.md; ``make check-llamacpp``: llamacpp/llamacpp.md),
+    their headings one level down and without their definitions, where they ran."""
+    lines = []
+    for sub, name in (("vllm/vllm.md", "vLLM"), ("llamacpp/llamacpp.md", "llama.cpp")):
+        path = run / sub
+        if not path.is_file():
+            continue
+        body = path.read_text(encoding="utf-8").split("\n## Definitions")[0].splitlines()
+        lines += [f"### {name} (`{sub}`)", "", *("#" + ln if ln.startswith("## ") else ln for ln in body[1:]), ""]
+    return lines
 
 
 def build_report(run: Path) -> tuple[Path, list[str]]:

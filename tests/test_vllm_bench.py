@@ -194,3 +194,15 @@ def test_bad_input_is_one_line_before_any_engine(fake, drafters, tiny_llama_dir,
     with pytest.raises(PolyspecError, match="make setup-vllm"):
         vb.bench(str(tiny_llama_dir), tmp_path / "out", drafters)
     assert fake.started == []
+
+
+def test_the_run_report_carries_the_vllm_table(fake, drafters, tiny_llama_dir, tmp_path):
+    from pipelines.report import measured_engines
+
+    run = tmp_path / "run"
+    assert vb.main(["--target", str(tiny_llama_dir), "--drafters", str(drafters), "--out", str(run / "vllm"),
+                    "--prompts", "2", "--n", "12", "--sweep", "1,2", "--batch", "1"]) == 0
+    lines = measured_engines(run)
+    assert lines[0] == "### vLLM (`vllm/vllm.md`)"
+    assert any(ln.startswith("### Draft length for en: ") for ln in lines)  # a heading one level down
+    assert any(ln.startswith("| eagle3@2 | en |") for ln in lines) and not any("Definitions" in ln for ln in lines)
