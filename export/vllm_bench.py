@@ -73,7 +73,7 @@ class Settings:
     dtype: str = "float32"
     ngram_k: int = 3
     ngram_n: int = 3
-    eager: bool = False  # vLLM's enforce_eager: no torch.compile (start-up ~20 s instead of ~2 min; slower steps)
+    eager: bool = False  # vLLM's enforce_eager: no torch.compile (start-up ~30 s instead of ~2 min; slower steps)
     k_max: int = 8  # longest draft length the choice considers
 
 
@@ -312,12 +312,21 @@ def bench(target_name: str, out: str | Path, drafters: str | Path | None = None,
                                  if first else None}
     report["machine"]["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     report["seconds"] = round(time.perf_counter() - t_start, 1)
+    polyspec_alpha(report, engines_json)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "vllm.json", report)
     atomic_write_text(out / "vllm.md", markdown(report))
     if engines_json:
         write_engines(engines_json, report, out)
     return report
+
+
+def polyspec_alpha(report: dict, engines_json: Path | None) -> None:
+    """Each drafter's held-out α as polyspec scored it (``engines.json``) beside vLLM's, in its draft-length entry."""
+    rec = read_json_or_none(engines_json) if engines_json else None
+    for name, d in report["draft_length"].items():
+        alpha, source = draft_length.drafter_alpha_from(rec, name, str(engines_json))
+        d["polyspec_alpha"], d["polyspec_alpha_from"] = alpha, source
 
 
 def probe_target(target, name: str, python: str, out: Path) -> bool:
@@ -373,6 +382,8 @@ def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dic
             e["by_batch"][b] = {**summarize_run(run, ref, len(mine)),
                                 "identical": sum(c["identical"] for c in same.values()), "prompts": len(same),
                                 "divergences": {p: c for p, c in same.items() if not c["identical"]}}
+            if mode.name == "ngram":  # its steps without a match carry no draft and vLLM does not count them
+                e["by_batch"][b].pop("tau", None)
         entries.append(e)
     lengths = {}
     low, big = min(s.batches), max(s.batches)
@@ -406,7 +417,8 @@ def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dic
             "speedup": "tok/s / plain's tok/s at the same batch size, same prompts",
             "alpha_i": "accepted_per_pos[i] / drafts: the share of verification steps that kept the first i drafts",
             "tokens_per_step": "1 + accepted / drafts (vLLM's mean acceptance length)",
-            "tau": "tokens / (drafts + prompts): tokens per target forward, the prefill counted as one",
+            "tau": "tokens / (drafts + prompts): tokens per target forward, the prefill counted as one (not for ngram: "
+                   "vLLM counts only its steps that found a match)",
             "identical": "token ids equal to plain's at the same batch size",
             "margin": "plain's logprob of its token − of the mode's token at the first divergence (top 5 probed)",
             "draft_n": "export.draft_length.choose: E(k) / (1 + a + c·k) with vLLM's α and the step cost fitted "
@@ -527,7 +539,9 @@ def markdown(report: dict) -> str:
         ks = list(d["predicted_speedup"])
         big = list(d.get("best_measured_at_batch", {}).items())
         lines += ["", f"## Draft length for {name}: {d['draft_n']} ({d['chosen_by']})", "",
-                  f"α {', '.join(f'{x:.2f}' for x in d['alpha'])} ({d['alpha_from']}); a step costs 1 + "
+                  f"α {', '.join(f'{x:.2f}' for x in d['alpha'])} ({d['alpha_from']}); polyspec's held-out α "
+                  + (", ".join(f"{x:.2f}" for x in d["polyspec_alpha"]) if d.get("polyspec_alpha") else "not recorded")
+                  + f"; a step costs 1 + "
                   f"{d['step_cost']['a']:.2f} + {d['step_cost']['c']:.2f}·k plain forwards (fitted from the batch-1 "
                   "sweep)." + (f" Best measured at batch {big[0][0]}: {big[0][1]}." if big else ""), "",
                   "| k | " + " | ".join(str(k) for k in ks) + " |", "|---|" + "---|" * len(ks),

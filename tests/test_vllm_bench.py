@@ -107,7 +107,7 @@ def drafters(tmp_path_factory, tiny_llama_dir):
 
 
 def _engines(path):
-    path.write_text(json.dumps({"drafters": {"en": {}}, "engines": {"vllm": {
+    path.write_text(json.dumps({"drafters": {"en": {"heldout_alpha": [0.5, 0.25]}}, "engines": {"vllm": {
         "command": "vllm serve t --speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 3}'"}}}))
     return path
 
@@ -135,12 +135,14 @@ def test_bench_measures_speedup_acceptance_step_cost_and_draft_length(fake, draf
     assert max(expect, key=expect.get) == 2 == d["draft_n"]
     for k in range(1, 5):
         assert predicted[k] == pytest.approx(expect[k], rel=0.03)
+    assert d["polyspec_alpha"] == [0.5, 0.25] and "heldout_alpha" in d["polyspec_alpha_from"]
     rec = json.loads(engines.read_text())
     assert rec["drafters"]["en"]["draft_n"]["vllm"] == 2
     assert '"num_speculative_tokens": <draft_n>' in rec["engines"]["vllm"]["command"]
     assert rep["plain_again"]["identical"] == 4 and rep["plain_again"]["drift"] == pytest.approx(1.0)
     md = (tmp_path / "out" / "vllm.md").read_text()
-    assert "## Draft length for en: 2" in md and "| eagle3@4 | en |" in md
+    assert "## Draft length for en: 2" in md and "| eagle3@4 | en |" in md and "polyspec's held-out α 0.50, 0.25" in md
+    assert "tau" not in modes["ngram"]["by_batch"]["1"] and e4["tau"] == pytest.approx(4 * 80 / (4 * steps + 4), rel=1e-3)
     started = [c.get("speculative_config") for c in fake.started]
     assert started[0] is None and {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                                    "prompt_lookup_min": 1} in started
