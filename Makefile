@@ -203,7 +203,8 @@ check-llamacpp: $(STAMP)
 		$(if $(wildcard $(dir $(SPEC_BUNDLE))engines.json),--engines $(dir $(SPEC_BUNDLE))engines.json)
 
 # make check-vllm RUN=… [TARGET=…] [LANGS=…] [BUNDLE=<an engines export's bundle>] [VLLM_PROMPTS=24] [VLLM_N=128]
-#      [VLLM_SWEEP=1,2,3,4] [VLLM_BATCH=1,16] [VLLM_DTYPE=float32|bfloat16] [VLLM_ARGS=…]
+#      [VLLM_SWEEP=1,2,3,4] [VLLM_BATCH=1,16] [VLLM_DTYPE=float32|bfloat16] [VLLM_DRAFTERS=<speculators folders or one>]
+#      [VLLM_ARGS=…]
 # Every EAGLE-3 drafter of the run's engines export (each language's and the multilingual one) served by vLLM's offline
 # LLM (the engines environment: setup-vllm) on the held-out prompts: plain, eagle3 at each draft length, vLLM's ngram;
 # batch 1 and 16; outputs against plain (float32: identical or it fails), vLLM's per-position acceptance, tok/s ratios,
@@ -216,9 +217,10 @@ VLLM_SWEEP   ?= 1,2,3,4
 VLLM_BATCH   ?= 1,16
 VLLM_DTYPE   ?= float32
 VLLM_ARGS    ?=
+VLLM_DRAFTERS ?= $(dir $(SPEC_BUNDLE))speculators
 check-vllm: $(STAMP) $(VLLM_STAMP)
 	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m export.vllm_bench --target $(TARGET) --out $(RUN)/vllm \
-		$(if $(wildcard $(dir $(SPEC_BUNDLE))speculators/*/config.json),--drafters $(dir $(SPEC_BUNDLE))speculators) \
+		$(if $(wildcard $(VLLM_DRAFTERS)/config.json $(VLLM_DRAFTERS)/*/config.json),--drafters $(VLLM_DRAFTERS)) \
 		$(if $(filter command line,$(origin LANGS)),--langs $(LANGS)) --prompts $(VLLM_PROMPTS) --n $(VLLM_N) \
 		--sweep $(VLLM_SWEEP) --batch $(VLLM_BATCH) --dtype $(VLLM_DTYPE) \
 		$(if $(wildcard $(dir $(SPEC_BUNDLE))engines.json),--engines $(dir $(SPEC_BUNDLE))engines.json) $(VLLM_ARGS)
