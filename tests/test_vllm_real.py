@@ -89,6 +89,9 @@ def test_vllm_synthesis_equals_the_transformers_engine_in_fp32(engine_target, tm
                     env={"POLYSPEC_VLLM_PYTHON": VLLM_PYTHON})
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
         got[engine] = list(read_jsonl(tmp_path / engine / "synth" / "en-d" / "data.jsonl"))
+        stats = json.loads((tmp_path / engine / "synth" / "en-d" / "stats.json").read_text())
+        assert stats["engine"] == engine and stats["engine_seconds_this_session"] > 0  # the report says which ran
+        assert (engine == "vllm") == bool(stats.get("engine_version")) == bool(stats.get("capture_seconds_this_session"))
     assert len(got["vllm"]) == len(got["transformers"]) == 4
     for a, b in zip(got["transformers"], got["vllm"]):
         assert a["conversations"][-1]["value"] == b["conversations"][-1]["value"] and a["id"] == b["id"]
