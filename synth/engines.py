@@ -493,27 +493,27 @@ class VLLMEngine:
         t0 = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.stats["seconds"] += time.perf_counter() - t0
-        results = []
+        results, seqs = [], []
         for p, out in zip(prompts, outputs):  # vLLM returns outputs in request order
             c = out.outputs[0]
             n = len(c.token_ids)
             self.stats["tokens"] += n
             cum = getattr(c, "cumulative_logprob", None)  # raw (untempered) logprobs: vLLM's default logprobs_mode
             results.append(Result(text=c.text, num_tokens=n, finished=c.finish_reason == "stop",
-                                  nll=-cum / n if cum is not None and n else None,
-                                  ids=p["prompt_token_ids"] + list(c.token_ids), prompt_tokens=len(p["prompt_token_ids"])))
-        if capture is None:
-            for r in results:
-                r.ids, r.prompt_tokens = None, 0
-            return results
-        t0 = time.perf_counter()
-        # a row's last sampled token is never fed to the target while generating: as the transformers engine's
-        # capture, the features (and ids) stop before it
-        fed = [r.ids[:-1] for r in results]
-        for r, ids, f in zip(results, fed, prefill_features(self.target, fed, capture)):
-            r.ids, r.features = ids, f
-        self.stats["capture_seconds"] += time.perf_counter() - t0
+                                  nll=-cum / n if cum is not None and n else None))
+            seqs.append(p["prompt_token_ids"] + list(c.token_ids))
+        if capture is not None:
+            self._capture(results, seqs, [len(p["prompt_token_ids"]) for p in prompts], capture)
         return results
+
+    def _capture(self, results: list[Result], seqs: list[list[int]], starts: list[int], layers: list[int]) -> None:
+        """The target's features over each prompt + answer less its last token: a row's last sampled token is never
+        fed to the target while generating, so the transformers engine's capture stops before it too."""
+        t0 = time.perf_counter()
+        fed = [ids[:-1] for ids in seqs]
+        for r, ids, start, f in zip(results, fed, starts, prefill_features(self.target, fed, layers)):
+            r.ids, r.prompt_tokens, r.features = ids, start, f
+        self.stats["capture_seconds"] += time.perf_counter() - t0
 
     def close(self) -> None:
         """Stops a vLLM process this engine started (a passed-in ``llm`` is the caller's)."""
