@@ -251,7 +251,8 @@ class Context:
     python: str
     out: Path
     eagle3: bool  # this vLLM serves EAGLE-3 drafts for the target's architecture
-    refused: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # drafter key → why vLLM serves none for this target
+    failed: dict[str, str] = field(default_factory=dict)  # mode → vLLM's error line (it failed every try)
     plain: dict[int, dict] = field(default_factory=dict)
     prefill: dict[str, float] = field(default_factory=dict)
     load_start: tuple = ()
@@ -340,23 +341,27 @@ def probe_target(target, name: str, python: str, out: Path) -> bool:
     return got["architectures"][arch]["eagle3"]
 
 
-def run_spec(ctx: Context, mode: Mode, log) -> None:
-    """One speculative mode's engine: its runs into ``mode.runs``; a drafter vLLM refuses to load is recorded in
-    ``ctx.refused`` (vLLM's own error line) and its other draft lengths are skipped."""
+def run_spec(ctx: Context, mode: Mode, log, tries: int = 2) -> None:
+    """One speculative mode's engine: its runs into ``mode.runs``. An engine that fails is started again (vLLM's
+    start-up can fail on its own torch.compile cache: a stack overflow recompiling after a cache load failure, seen
+    here); failing ``tries`` times, vLLM's error line goes into ``ctx.failed`` and the bench goes on. Drafters the probe
+    found unservable (``ctx.refused``) are skipped."""
     if _key(mode) in ctx.refused:
         return
     cfg = {**ctx.base, "speculative_config": mode.speculative_config}
     stem = f"{mode.drafter or 'target'}-{mode.name.replace('@', '-')}"
-    try:
-        with VLLMProcess(cfg, log=ctx.out / "logs" / f"{stem}.log", python=ctx.python) as eng:
-            log(f"[vllm] {mode.name} ({mode.drafter or 'no drafter'}): up in {eng.load_seconds:.0f} s")
-            mode.runs = run_mode(eng, ctx.rows_of(mode.langs), ctx.params, ctx.s.batches)
-    except PolyspecError as e:
-        if mode.drafter is None:
-            raise
-        ctx.refused[_key(mode)] = str(e).removeprefix("vLLM failed: ")
-        log(f"[vllm] vLLM refused {_key(mode)} ({mode.name}): {ctx.refused[_key(mode)]} — going on")
-        return
+    for attempt in range(1, tries + 1):
+        try:
+            with VLLMProcess(cfg, log=ctx.out / "logs" / f"{stem}-{attempt}.log", python=ctx.python) as eng:
+                log(f"[vllm] {mode.name} ({mode.drafter or 'no drafter'}): up in {eng.load_seconds:.0f} s")
+                mode.runs = run_mode(eng, ctx.rows_of(mode.langs), ctx.params, ctx.s.batches)
+            break
+        except PolyspecError as e:
+            msg = str(e).removeprefix("vLLM failed: ")
+            log(f"[vllm] {mode.name} ({mode.drafter or 'no drafter'}) failed, try {attempt} of {tries}: {msg}")
+            if attempt == tries:
+                ctx.failed[f"{_key(mode)}: {mode.name}" if mode.drafter else mode.name] = msg
+                return
     log(f"[vllm] {mode.name} ({mode.drafter or '-'}): " + ", ".join(
         f"batch {b} {r['tok_s']:.1f} tok/s ({r['tok_s'] / _subset(ctx.plain[b], ctx.rows_of(mode.langs))['tok_s']:.2f}×)"
         for b, r in mode.runs.items()))
@@ -411,6 +416,7 @@ def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dic
         "prefill_seconds": {lang: round(x, 3) for lang, x in ctx.prefill.items()},
         "modes": entries,
         "refused": ctx.refused or None,
+        "failed": ctx.failed or None,
         "draft_length": lengths,
         "definitions": {
             "tok/s": "generated tokens / seconds of vLLM's generate calls (warm-up call excluded)",
@@ -515,6 +521,8 @@ def markdown(report: dict) -> str:
                 f"{report['plain_again']['identical']} identical." if report.get("plain_again") else ""), ""]
     for name, msg in (report.get("refused") or {}).items():
         lines += [f"**vLLM refused drafter {name}:** `{msg}`", ""]
+    for name, msg in (report.get("failed") or {}).items():
+        lines += [f"**{name} failed in vLLM (twice):** `{msg}`", ""]
     head = ["mode", "drafter"]
     for b in batches:
         head += [f"b{b} tok/s (×)", f"b{b} same"]

@@ -26,10 +26,14 @@ class FakeProcess:
     eagle3 = True
     diverge: tuple[str, int] | None = None  # (mode name, batch): the first prompt's 6th token differs there, once
     started: list[dict] = []
+    fail: dict[str, int] = {}  # mode name → how many of its next starts fail
 
     def __init__(self, llm, log=None, python=None):
         self.llm, self.python, self.version, self.load_seconds = llm, python, "fake", 0.0
         self.spec = (llm or {}).get("speculative_config")
+        if self.spec and self.fail.get(_mode(self.spec), 0) > 0:
+            self.fail[_mode(self.spec)] -= 1
+            raise PolyspecError("vLLM failed: RuntimeError: cancelled — log: x.log")
         self.counts = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0] * 8}
         if llm is not None:
             FakeProcess.started.append(llm)
@@ -93,7 +97,7 @@ def _mode(spec):
 def fake(monkeypatch):
     monkeypatch.setattr(vb, "VLLMProcess", FakeProcess)
     monkeypatch.setattr(vb, "vllm_python", lambda: "/fake/python")
-    FakeProcess.eagle3, FakeProcess.diverge, FakeProcess.started = True, None, []
+    FakeProcess.eagle3, FakeProcess.diverge, FakeProcess.started, FakeProcess.fail = True, None, [], {}
     return FakeProcess
 
 
@@ -208,3 +212,15 @@ def test_the_run_report_carries_the_vllm_table(fake, drafters, tiny_llama_dir, t
     assert lines[0] == "### vLLM (`vllm/vllm.md`)"
     assert any(ln.startswith("### Draft length for en: ") for ln in lines)  # a heading one level down
     assert any(ln.startswith("| eagle3@2 | en |") for ln in lines) and not any("Definitions" in ln for ln in lines)
+
+
+def test_an_engine_that_fails_to_start_is_tried_again_then_recorded(fake, drafters, tiny_llama_dir, tmp_path):
+    """vLLM's start-up can fail on its own (its compile cache): one failure is retried; a mode failing twice is
+    recorded with vLLM's line and the other draft lengths still run."""
+    fake.fail = {"eagle3@2": 4, "eagle3@3": 1}  # eagle3@2 is also the chosen length: run again, failing again
+    assert vb.main(["--target", str(tiny_llama_dir), "--drafters", str(drafters), "--out", str(tmp_path / "out"),
+                    "--prompts", "2", "--n", "12", "--batch", "1"]) == 0
+    rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
+    assert [m["mode"] for m in rep["modes"]] == ["ngram", "eagle3@1", "eagle3@3", "eagle3@4"]
+    assert rep["failed"] == {"en: eagle3@2": "RuntimeError: cancelled — log: x.log"} and rep["refused"] is None
+    assert "**en: eagle3@2 failed in vLLM (twice):**" in (tmp_path / "out" / "vllm.md").read_text()
