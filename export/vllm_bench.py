@@ -54,6 +54,7 @@ from export.interop import check_speculators
 from export.llamacpp import bench_plan, heldout_prompts, resolve_drafters
 from polyspec.device import host_kind
 from polyspec.errors import PolyspecError, cli_entry
+from polyspec.heldout import load_heldout
 from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none
 from polyspec.vllm_process import VLLMProcess, vllm_python
 
@@ -275,7 +276,8 @@ def bench(target_name: str, out: str | Path, drafters: str | Path | None = None,
     for folder in folders.values():  # a broken export: one line now, not after minutes of engines
         check_speculators(folder, target.vocab_size)
     eagle3 = probe_target(target, target_name, python, out)
-    all_langs = list(dict.fromkeys([lang for _, lang in plan] + [lang for lang in smalls if langs is None]))
+    # a draft model named for a language with held-out prompts runs on them; any other name on every language here
+    all_langs = list(dict.fromkeys([lang for _, lang in plan] + [n for n in smalls if langs is None and load_heldout(n)]))
     rows = prompt_rows(target, all_langs, s.prompts)
     max_len = max(len(r["ids"]) for r in rows) + s.n + max(s.sweep + (s.ngram_k,)) + 8
     path = model_path(target.spec)

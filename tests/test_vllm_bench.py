@@ -224,3 +224,18 @@ def test_an_engine_that_fails_to_start_is_tried_again_then_recorded(fake, drafte
     assert [m["mode"] for m in rep["modes"]] == ["ngram", "eagle3@1", "eagle3@3", "eagle3@4"]
     assert rep["failed"] == {"en: eagle3@2": "RuntimeError: cancelled — log: x.log"} and rep["refused"] is None
     assert "**en: eagle3@2 failed in vLLM (twice):**" in (tmp_path / "out" / "vllm.md").read_text()
+
+
+def test_draft_models_run_as_vllms_draft_model_on_the_runs_languages(fake, drafters, tiny_llama_dir, tmp_path):
+    """A small-LM folder (hf-assistant export) named for no language runs on the plan's languages (en here)."""
+    small = tmp_path / "small" / "untrained"
+    small.mkdir(parents=True)
+    (small / "config.json").write_text("{}")
+    assert vb.main(["--target", str(tiny_llama_dir), "--draft-models", str(small.parent), "--out", str(tmp_path / "o"),
+                    "--prompts", "2", "--n", "12", "--sweep", "1,2", "--batch", "1"]) == 0
+    rep = json.loads((tmp_path / "o" / "vllm.json").read_text())
+    got = {m["mode"]: m for m in rep["modes"]}
+    d = rep["draft_length"]["untrained (draft_model)"]
+    assert set(got) == {"ngram", "draft@1", "draft@2", f"draft@{d['draft_n']}"} and got["draft@2"]["langs"] == ["en"]
+    assert got["draft@2"]["speculative_config"] == {"method": "draft_model", "model": str(small),
+                                                    "num_speculative_tokens": 2}
