@@ -291,7 +291,7 @@ def bench(target_name: str, out: str | Path, drafters: str | Path | None = None,
         log(f"[vllm] {why}: plain, ngram and draft models only")
     modes = spec_modes(folders, plan, smalls, s, all_langs)
     t_start = time.perf_counter()
-    log(f"[vllm] {len(modes) + 1} engines × batch {', '.join(map(str, s.batches))} on {len(rows)} prompts "
+    log(f"[vllm] {sum(_key(m) not in ctx.refused for m in modes) + 1} engines × batch {', '.join(map(str, s.batches))} on {len(rows)} prompts "
         f"({', '.join(all_langs)}), {s.dtype}, {s.n} new tokens; vLLM's Python: {python}")
     with VLLMProcess(ctx.base, log=out / "logs" / "plain.log", python=python) as plain_engine:
         log(f"[vllm] plain: vLLM {plain_engine.version} up in {plain_engine.load_seconds:.0f} s")
