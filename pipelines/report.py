@@ -154,8 +154,9 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
         langs.add(s.get("lang") or stats_path.parent.name)
         rejects = ", ".join(f"{k} {v}" for k, v in s.get("lid_labels_of_rejects", {}).items()) or "–"
         reasons = ", ".join(f"{k} {v}" for k, v in s.get("rejected_by_reason", {}).items()) or "–"
+        engine = s.get("engine", "transformers") + (f" {s['engine_version']}" if s.get("engine_version") else "")
         synth_rows.append(f"| {stats_path.parent.name} | {s['accepted']}/{s['attempted']} | {reasons} | {rejects} | "
-                          f"{s.get('tokens_per_second', 0)} |")
+                          f"{s.get('tokens_per_second', 0)} | {engine} |")
     for png in ("coverage.png", "overlap.png"):
         if (run / "vocab" / png).is_file():
             shutil.copy2(run / "vocab" / png, out / png)
@@ -184,7 +185,8 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     lines = ["# polyspec run report", "", f"Run `{run}` · languages {', '.join(sorted(langs))} · " +
              ", ".join(f"{k} {val}" for k, val in v.items() if val), "", "## Summary", "",
              *(f"- {s}" for s in summary), "", *(results_table(run, ev) if ev else []), "", "## 1 synth (ADASPEC Alg. 1)", "",
-             "| synth set | kept/attempted | rejected by reason | LID labels of rejects | tokens/s |", "|---|---|---|---|---|",
+             "| synth set | kept/attempted | rejected by reason | LID labels of rejects | tokens/s | engine |",
+             "|---|---|---|---|---|---|",
              *synth_rows, "", "## 2 vocab", ""]
     if coverage:
         lines += ["Coverage of held-out text by the top-k ids: see `coverage.png`; top-8K overlap: `overlap.png`.", "",
