@@ -187,11 +187,13 @@ def test_distill_capture_kill_9_then_resume_equals_uninterrupted(tmp_path, tiny_
         assert torch.equal(reader.get(a, rec["id"]), reader.get(b, rec["id"]))
 
 
-def test_vllm_engine_refuses_capture(tmp_path, tiny_llama_dir):
+def test_vllm_engine_refuses_capture_without_the_targets_weights(tmp_path, tiny_llama_dir):
+    """vLLM's captured features come from the target's prefill (tests/test_synth.py, tests/test_vllm_real.py): a target
+    loaded without its weights is refused in one line, before vLLM is asked anything."""
     target = load_target(str(tiny_llama_dir), with_model=False)
     engine = VLLMEngine(target, llm=object(), sampling_params_cls=object)  # refused before vLLM is asked anything
     prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:2])
-    with pytest.raises(PolyspecError, match="capture_features needs engine.name=transformers") as e:
+    with pytest.raises(PolyspecError, match="capture_features with engine.name=vllm needs the target's weights") as e:
         run_distill(dcfg(tmp_path, tiny_llama_dir, prompts, "engine.name=vllm"), target=target, engine=engine)
     assert "\n" not in str(e.value)
 
