@@ -161,11 +161,10 @@ class RemoteLLM:
 
     def __init__(self, llm: dict, log: str | Path | None = None):
         self.process = VLLMProcess(llm, log=log)
-        self.last_seconds = 0.0
         atexit.register(self.close)  # the worker would also leave on EOF of its stdin: this is the orderly way
 
     def generate(self, prompts: list[dict], params: list[dict], use_tqdm: bool = False) -> list[SimpleNamespace]:
-        outputs, self.last_seconds = self.process.generate([p["prompt_token_ids"] for p in prompts], params)
+        outputs, _ = self.process.generate([p["prompt_token_ids"] for p in prompts], params)
         return [SimpleNamespace(outputs=[SimpleNamespace(**o)]) for o in outputs]
 
     def close(self) -> None:
