@@ -1,4 +1,4 @@
-"""The corpus stage: general text per language for the drafters' pretrain (seed 004's P step reads C4 + ShareGPT;
+"""The corpus stage: general text per language for the drafters' pretrain (Yi et al. 2024's P step reads C4 + ShareGPT;
 here, offline, Debian's translated documentation). Per language, source by source:
 
 1. fetch the source (a Debian package, unpacked once into the cache; or a local folder) — one line and on without

@@ -1,7 +1,7 @@
 """Text extraction of the corpus stage: the paragraphs of a documentation file, as plain text.
 
 These are the rules by which the corpus stage turns Debian's translated documentation (HTML help, man
-pages, plain text and reStructuredText, GNOME Mallard pages) into the general text that seed 004's pretrain
+pages, plain text and reStructuredText, GNOME Mallard pages) into the general text that Yi et al. 2024's pretrain
 reads (see the issue "Drafters pretrained on real text"). Every format yields a list of blocks (paragraphs,
 headings, list items); whitespace inside a block collapses to single spaces, except that a line break
 between two CJK characters (Chinese, Japanese; not Hangul, which separates words with spaces) joins them

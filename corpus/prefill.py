@@ -1,7 +1,7 @@
 """The target reads the corpus: one batched prefill per batch of token chunks captures, at every position, what
 distillation captures while generating (the last layer after the final norm, which the LM head reads, and the three
 layers an EAGLE-3 drafter fuses), so the pretrain learns from general text at prefill speed, not generation speed
-(seed 004's P step; EAGLE's training features are the target's hidden states on fixed text).
+(Yi et al. 2024's P step; EAGLE's training features are the target's hidden states on fixed text).
 
     python -m corpus prefill --lang vi --target gemma3-270m --run runs/x [--max-tokens 2000000] [--seq-len 256]
 

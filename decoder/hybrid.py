@@ -42,33 +42,25 @@ class _Arm:
 # guesses filling the device's flat-verify budget, with or without the drafter's chain first. Neither proposing
 # nothing (one plain forward, what ``pld`` does there) nor the drafter's chain alone is an arm beside SPECTRA:
 # inside the calibrated budget a SPECTRA tree costs about a plain forward and keeps at least its token, and the
-# drafter's chain merged with SPECTRA's fill costs what the chain alone costs. Measured on the held-out prompts
-# (49, seven languages + mixed; demo bundle, bf16 Xeon, interleaved runs, ±3–4 % run to run): these two arms ran
-# 1.03, 1.11 and 1.06× pld, the old four arms (plain and drafter included) 1.03–1.07× in five runs (means 1.07 and
-# 1.04: probing two dominated arms costs), SPECTRA alone 1.08–1.10×. Without SPECTRA (no n-gram tables), the arms are the plain forward and the drafter.
-# Where the node budget was not measured on this device and dtype (no calibration entry, or nodes chosen by hand)
-# nothing says a SPECTRA tree costs about a forward, so the plain forward stays an arm (``plain_arm``): measured in
-# fp32 on the bf16 host with the bf16 calibration's bundle (12 default nodes), the two arms ran 1.00× pld (ja 0.92,
-# mixed 0.91) where the four had run 1.02×.
+# drafter's chain merged with SPECTRA's fill costs what the chain alone costs. Without SPECTRA (no n-gram tables),
+# the arms are the plain forward and the drafter. Where the node budget was not measured on this device and dtype
+# (no calibration entry, or nodes chosen by hand), nothing says a SPECTRA tree costs about a forward, so the plain
+# forward stays an arm (``plain_arm``).
+# (evidence: docs/experiments.md#the-hybrids-no-match-arms-re-measured-spectra-with-or-without-the-drafter-per-request-language-2026-11-26-bf16-host-code-4e660b4--c990d3a)
 NO_MATCH_ARMS = ("spectra", "drafter+spectra")
 NO_SPECTRA_ARMS = ("plain", "drafter")
 # A *blank* step: prompt lookup found no match and SPECTRA has no guess either (its tables hold nothing after the
-# context's last tokens: on the held-out prompts, demo bundle, 149 of 289 no-match steps). Only the drafter can
-# propose there, so its arms are those of a hybrid without SPECTRA. Known before choosing (both lookups are free,
-# ~0.2 ms), so it is a step kind of its own: measured with SPECTRA's no-match steps, the drafter's cost there was
-# charged to steps where SPECTRA's guess already held what it adds. Measured (held-out prompts, demo bundle, bf16
-# Xeon, ``scripts/hybrid_ab.py``, interleaved): with blank and weak steps as kinds of their own the hybrid ran 1.12,
-# 1.09, 1.11 and 1.11× pld in four runs, without them 1.06, 1.05, 1.06 and 1.06× (blank alone: 1.09, 1.11).
+# context's last tokens). Only the drafter can propose there, so its arms are those of a hybrid without SPECTRA.
+# Known before choosing (both lookups are free), it is a step kind of its own, so that the drafter's cost there is
+# not charged to steps where SPECTRA's guess already held what the drafter adds.
+# (evidence: docs/experiments.md#where-the-hybrids-steps-go-and-blank-steps-and-weak-matches-as-step-kinds-of-their-own-2026-11-26-bf16-host-code-9c376c4--5c964f3)
 BLANK_ARMS = NO_SPECTRA_ARMS
-# SPECTRA beside a prompt-lookup match is not an arm: measured per arm on held-out prompts (demo bundle, bf16 Xeon,
-# 10 prompts), match steps ran at 134 tok/s with prompt lookup's chain alone and 112 with SPECTRA's fill (its wider
-# trees cost verification time, its extra nodes were rarely the kept branch), and the hybrid without that arm was
-# 1.05–1.07× the hybrid with it on two prompt sets (16 and 8 prompts, one interleaved run each)
+# SPECTRA beside a prompt-lookup match is not an arm: its wider trees cost verification time and its extra nodes
+# were rarely the kept branch (evidence: docs/experiments.md#the-hybrid-beside-prompt-lookup-on-held-out-prompts--mixed-the-xeons-16-row-cliff-calibration-that-picks-the-same-γ-2026-11-26-bf16-host-code-4539a98--this-sections-commits)
 MATCH_ARMS = ("pld",)
-# A *weak* match: prompt lookup matched only the last token (a 1-gram). Measured on the held-out prompts (demo
-# bundle, bf16 Xeon), such chains kept nothing at 44–47 % of their steps (2- and 3-gram matches: 4–21 %), so there
-# SPECTRA's guesses beside the chain (the rest of the flat budget) are an arm of their own. The bandit ran the two
-# about evenly and the kind added ~1 % (within the runs' ±3 %).
+# A *weak* match: prompt lookup matched only the last token (a 1-gram). Such chains often keep nothing, so SPECTRA's
+# guesses beside the chain (the rest of the flat budget) are an arm of their own
+# (evidence: docs/experiments.md#the-hybrids-weak-matches)
 WEAK_ARMS = ("pld", "pld+spectra")
 
 
@@ -100,9 +92,9 @@ class HybridSource(DraftSource):
     step of the kind re-measures the arm measured longest ago, so a drafter that does not pay on a language's
     requests costs only its probes. Inside a drafter step the drafter drafts a chain token by token while the
     estimated probability that the next draft survives (SPIDE table of its confidences) times the time an
-    accepted token saves exceeds its measured cost per token. Measured on the cpu-full bundle (en, 568 steps), the
-    drafter added 0.06 tokens per step beside a prompt-lookup match and 0.8 where there was none, so it runs on
-    no-match steps only. Sampling: a chain from the source with the best recent acceptance (Leviathan rejection
+    accepted token saves exceeds its measured cost per token. The drafter runs on no-match steps only: beside a
+    prompt-lookup match it adds almost nothing (evidence: docs/experiments.md#the-hybrids-drafter-on-no-match-steps-only).
+    Sampling: a chain from the source with the best recent acceptance (Leviathan rejection
     sampling stays exact); the arms are not measured there.
     """
 

@@ -2,7 +2,7 @@
 
 - ``prompt_lookup``: PLD — the longest recent n-gram (n = max..min) that occurred earlier in the context
   proposes the tokens that followed it (as transformers' ``prompt_lookup_num_tokens``).
-- ``TokenRecycler``: Token Recycling / UNISPEC (seeds 000, 002): an adjacency matrix [|V|, k] of the
+- ``TokenRecycler``: Token Recycling / UNISPEC (papers: UNISPEC, SPECTRA): an adjacency matrix [|V|, k] of the
   verifier's top-k next tokens after each token, with their probabilities as confidences, refreshed from
   every verification forward and kept across requests. A draft tree grows best-first from the pending
   token by cumulative confidence: the first level is broadened (``first_width`` children), deeper nodes

@@ -50,8 +50,8 @@ class TargetRunner:
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Head logits [n, V] in the head's dtype (argmax reads them as they are; samplers and n-gram tables
-        convert the rows they read). An unpacked fp32 head GEMM is pathological at 2–3 rows on CPU (FACTS.md: 97 ms
-        at 2 rows vs 44 ms at 1 and 71 ms at 8), so there small row counts are zero-padded to ``pad_rows``."""
+        convert the rows they read). An unpacked fp32 head GEMM is pathological at 2–3 rows on CPU, so there small
+        row counts are zero-padded to ``pad_rows`` (evidence: docs/experiments.md#the-fp32-head-gemm-at-2-3-rows)."""
         n = h.shape[0]
         if self.pad_rows and 1 < n < self.pad_rows:
             h = torch.cat([h, h.new_zeros(self.pad_rows - n, h.shape[1])])

@@ -26,10 +26,8 @@ that is not a language (an engines export's ``multilingual/``) runs on the promp
 Default outtype ``f32``: the dequantized weights bit for bit (polyspec's exact mode), and the one in which
 llama.cpp's greedy runs agreed with each other here. In bf16 llama.cpp rounds activations to bf16 inside its dot
 products and its batched and one-token kernels accumulate in different orders, so the prompt's split into
-batches alone can flip a near-tie: on Gemma-3-270m llama-completion and llama-speculative-simple (no draft
-accepted) parted at token 14 of en-heldout-02 in bf16 and agreed in f32. ``--outtype bf16`` decodes about 1.6×
-faster on this CPU (AVX512-BF16; one thread: SmolLM2-135M 28 vs 44 ms, Gemma-3-270m 52 vs 85 ms per token); its
-``identical`` column then also counts such flips.
+batches alone can flip a near-tie (evidence: docs/experiments.md#llamacpp-in-bf16-and-f32). ``--outtype bf16``
+decodes faster on CPUs with native bf16; its ``identical`` column then also counts such flips.
 
 **bench — what is measured.** Per language, the first ``--prompts`` held-out prompts (``synth/data/heldout.jsonl``,
 first turn as the user message) rendered with the target's prompt format (``polyspec.prompts.render``; a chat
@@ -44,7 +42,7 @@ are compared with them (``prompt_tokens_equal``). Greedy (``--temp 0``) everywhe
 
 - ``plain``: ``llama-completion -no-cnv --no-display-prompt --verbose-prompt -n N+max(draft, ngram-m)+1`` (it
   runs past N so that every speculative output below is a prefix of it); tok/s = its ``eval time`` rate
-  (one-token target forwards; sampling, under 1 % here, excluded).
+  (one-token target forwards; sampling excluded).
 - ``eagle3``: ``llama-speculative-simple -md <lang>.gguf --spec-type draft-eagle3 --spec-draft-n-max D -n N``.
 - ``ngram``: ``llama-speculative-simple --spec-type ngram-simple --spec-ngram-simple-size-n 3
   --spec-ngram-simple-size-m D`` (llama.cpp's documented "simplest self-speculative" mode: the m tokens that followed
@@ -679,7 +677,7 @@ class Settings:
     @property
     def t(self) -> int:
         # one CPU is left to everything else: llama.cpp's threads wait on each other at every op, so one preempted
-        # thread stalls them all (2 threads on this machine's 2 shared cores: 2.6 s per token; 1 thread: 47 ms)
+        # thread stalls them all (evidence: docs/experiments.md#llamacpp-threads)
         return self.threads or max(1, len(os.sched_getaffinity(0)) - 1)
 
     @property

@@ -17,7 +17,7 @@ class SynthStage(StrictModel):
 
 
 class DistillStage(StrictModel):
-    """Self-distillation (seed 004). ``on-policy``: the target answers the language's prompt pool (synth/pool.py)
+    """Self-distillation (Yi et al. 2024). ``on-policy``: the target answers the language's prompt pool (synth/pool.py)
     at T = 0 and sampled temperatures, its hidden states captured in the same pass, plus its greedy answers to
     the held-out prompts (the training score, vocabulary coverage); drafters then train on the captured
     features (``features=captured``). ``continuation``: free-text continuations of the seeds (the older path)."""
@@ -30,7 +30,7 @@ class DistillStage(StrictModel):
 
 
 class CorpusStage(StrictModel):
-    """General text for the pretrain (seed 004's P step): ``corpus:<l>`` builds the language's corpus (python -m corpus:
+    """General text for the pretrain (Yi et al. 2024's P step): ``corpus:<l>`` builds the language's corpus (python -m corpus:
     Debian's translated documentation, offline) and ``prefill:<l>`` captures the target's features on its first
     ``tokens`` tokens; the pretrain then reads them beside the distilled answers (``features=captured``)."""
 

@@ -1,4 +1,4 @@
-"""The drafter's held-out score against the general text its pretrain read (seed 004: the gain of the P step grows
+"""The drafter's held-out score against the general text its pretrain read (Yi et al. 2024: the gain of the P step grows
 with log pretrain tokens). Collects the runs ``scripts/learning-curve.sh`` trained — one folder ``<run>/lc-<N>/<lang>/``
 a point, N corpus tokens beside the distilled answers — into a table and a plot.
 

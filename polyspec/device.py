@@ -43,8 +43,8 @@ def retain_freed_memory() -> bool:
     By default glibc gives every allocation above its mmap threshold (at most 32 MB) fresh pages from ``mmap`` and
     unmaps them when freed, and returns the heap's free top above the trim threshold to the kernel. A forward then
     page-faults its large temporaries in anew at every step: a 32-row step's logits over Gemma-3's 262K vocabulary
-    are 33.5 MB. Measured on the AVX2 host (AMD EPYC, fp32): ``torch.logsumexp`` over them 32.5 → 15.6 ms,
-    ``x - max`` 19.4 → 4.0 ms; distillation +5–8 % tokens/s. ``POLYSPEC_MALLOC=default`` leaves malloc as it is;
+    are 33.5 MB. Keeping freed memory halves such steps' element-wise work and speeds distillation up
+    (evidence: docs/experiments.md#make-demo-from-a-fresh-clone-on-the-amd-epyc-host-itself-81-minutes-with-the-engine-track-2026-11-27-code-82a6c85). ``POLYSPEC_MALLOC=default`` leaves malloc as it is;
     nothing happens off Linux or without glibc's ``mallopt``."""
     if os.environ.get("POLYSPEC_MALLOC", "") == "default" or not sys.platform.startswith("linux"):
         return False
@@ -82,9 +82,7 @@ def set_cuda_attention(device: torch.device) -> bool | None:
     In bf16 on Hopper, PyTorch picks the cuDNN backend, which builds an attention graph for every new pair of query
     and key lengths (sgl-project/sglang#4650; "recreated whenever sequence length increases", ml-explore/mlx#2743):
     every step of a decoding loop is a new key length and every speculative step a new pair; fp32 never takes it.
-    Measured on an H200 (2026-11-27, SmolLM2-135M-Instruct with its EAGLE-3 drafter, bf16, 6 prompts × 128 tokens,
-    docs/experiments.md), cuDNN on → off: ``ar`` 30.5 → 44.5 tok/s, ``eagle3`` 17.4 → 45.1, ``hybrid`` 40.0 → 76.1;
-    on the 8B-shaped target ``ar`` 20.2 → 39.3 tok/s on prompts the process had not seen."""
+    Turning it off made bf16 decoding on a GPU even and faster (evidence: docs/experiments.md#bf16-on-an-h200-with-cudnn-attention-off-the-unevenness-was-cudnns-and-polyspec-now-turns-it-off-2026-11-27-code-71ab564--d5fe6f7)."""
     if device.type != "cuda":
         return None
     setting = os.environ.get("POLYSPEC_CUDNN_SDPA", "").strip().lower()

@@ -1,7 +1,7 @@
 """Shape-invariant target forwards: each position's logits bitwise the same whether it is computed alone (plain
 decoding) or inside a k-token verification or a draft tree — what makes speculative decoding lossless in bf16 too.
 
-Where a bf16 forward differs today (measured on Gemma-3-270m and SmolLM2-135M, 2-core Xeon, ``tests/test_exact.py``):
+Where a bf16 forward differs today (``tests/test_exact.py``; evidence: docs/experiments.md#lossless-in-bf16-shape-invariant-forwards-2026-11-28-code-910d58d--db05400):
 
 - **attention**: PyTorch's SDPA takes another path for 1 query than for k (and oneDNN's bf16 ``p @ V`` rounds
   differently at 1 row than at k rows), so the first layer's attention output already differs in the last bit;
@@ -77,9 +77,8 @@ def exact_wanted(exact: bool | str | None, device: torch.device, dtype: torch.dt
     return _MODES[value]
 
 
-# where ``auto`` turns the invariant mode on (device type, dtype): where it costs ≤ 10 % of speed. None yet: on the
-# Xeon bf16 host (2026-11-28) it cost ar 4 % and hybrid 15 % on Gemma-3-270m, ar 18 % and hybrid 19 % on SmolLM2-135M
-# (pld, adaspec, eagle3 2–7 %); README "Lossless in fp32 and bf16"
+# where ``auto`` turns the invariant mode on (device type, dtype): where it costs ≤ 10 % of speed. None yet: on a
+# 2-core bf16 CPU it costs up to ~20 % (evidence: docs/experiments.md#lossless-in-bf16-shape-invariant-forwards-2026-11-28-code-910d58d--db05400)
 AUTO_ON: set[tuple[str, str]] = set()
 
 

@@ -3,15 +3,10 @@
 ``nn.Linear`` hands the BLAS a plain row-major weight and nothing is reordered ahead of time, so at the few rows a
 speculative step verifies the GEMM is neither memory-bound nor flat. The weight is reordered once into oneDNN's
 blocked layout and multiplied by ``torch.ops.mkldnn._linear_pointwise`` (the op torch.compile's CPU freezing pass
-emits for frozen linears). Measured, the default target's head [262144, 640] (``python -m decoder.costs`` prints the
-whole target's curve on any machine):
-
-- bf16, 2-core avx512_bf16 host (FACTS.md): 21 ms at 1 row, 32 at 10, 41 at 16 with ``nn.Linear``; 14 ms flat up
-  to 12 rows packed. A target forward at context 200: 47.5 → 38 ms at 1 token, 61 → 44 ms at 10, logits
-  bit-identical.
-- fp32, 2-core AVX2 host without bf16 (AMD EPYC): 58 ms at 1 row, 126 at 2, 189 at 3, 136 at 8 with ``nn.Linear``
-  (MKL); packed with the reorder told to expect 8 rows, 32 ms at 1, 2 and 3 rows, 43 at 8, 50 at 12. Packed for
-  1 row instead, 31 / 53 / 58 / 69 ms: the batch-size hint matters, so fp32 reorders for ``FP32_ROWS_HINT``.
+emits for frozen linears). Packed, the default target's head costs less than with ``nn.Linear`` and grows less
+with the rows, in bf16 and in fp32; the rows the reorder is told to expect matter, so each dtype has its hint
+(``ROWS_HINT``). ``python -m decoder.costs`` prints the whole target's curve on any machine
+(evidence: docs/experiments.md#packed-linears-on-cpu).
 
 fp32 packed at that hint is also *batch-invariant*: a row's output is bitwise the same whether the GEMM has 1 or
 16 rows (MKL's ``F.linear`` is not: its 1-row GEMV and k-row GEMM round differently). So in a k-token verification
@@ -34,13 +29,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-# The rows oneDNN's reorder is told to expect (its ``batch_size`` argument picks the blocked layout). bf16: 1, as
-# measured flat on the avx512_bf16 host. fp32: 8 — flat up to 12 rows and batch-invariant on the AVX2 host (see above).
+# The rows oneDNN's reorder is told to expect (its ``batch_size`` argument picks the blocked layout). bf16: 1 (flat
+# as it is); fp32: 8 (flat up to 12 rows, and batch-invariant) (evidence: docs/experiments.md#packed-linears-on-cpu)
 ROWS_HINT = {torch.bfloat16: 1, torch.float32: 8}
-# The smallest weight (elements) packed by default. oneDNN's fp32 call costs ~55 µs however small the GEMM, so on the AVX2
-# host a 256×640 fp32 weight (Gemma-3-270m's k/v projections) took 58 µs packed against 25 µs with MKL at 1 row (78 vs
-# 54 at 8), and a 64-wide test model decoded at 3.8 ms/token packed against 2.5 plain; from 1024×640 up packing
-# wins (58 vs 86 µs at 1 row, 148 vs 205 at 8). bf16 packs every linear, as measured on the avx512_bf16 host.
+# The smallest weight (elements) packed by default. oneDNN's fp32 call costs ~55 µs however small the GEMM, so small
+# fp32 weights stay with MKL; from 1024×640 up packing wins. bf16 packs every linear
+# (evidence: docs/experiments.md#packed-linears-on-cpu)
 MIN_NUMEL = {torch.bfloat16: 0, torch.float32: 1 << 19}
 # How close a packed probe must come to ``F.linear`` before anything is swapped: rounding of the dtype, no more.
 _PROBE_TOL = {torch.bfloat16: 2e-2, torch.float32: 1e-4}

@@ -172,8 +172,8 @@ def load_target(
     environment's ``POLYSPEC_PACK=0`` turns it off for every stage). ``exact``: shape-invariant forwards
     (``polyspec.exact``: a k-token verification gives each position the logits a 1-token forward gives, bitwise, so
     greedy speculative decoding equals plain decoding in bf16 too); ``"auto"``/``None`` reads ``POLYSPEC_EXACT``
-    and turns it on where it is measured to be cheap (CPU bf16); the decoder's commands pass ``auto``, the
-    training stages leave it off.
+    and turns it on where it is measured to be cheap (``polyspec.exact.AUTO_ON``: nowhere yet); the decoder's
+    commands pass ``auto``, the training stages leave it off.
     """
     spec = name_or_spec if isinstance(name_or_spec, TargetSpec) else resolve_target(name_or_spec)
     dev = resolve_device(device)

@@ -101,10 +101,9 @@ def ar_speed(target, max_new_tokens: int, prompts: int, rounds: int = 2) -> dict
 def sdpa_ab(target, max_new_tokens: int = 96) -> dict:
     """tok/s of polyspec's ``ar`` and ``pld`` loops with PyTorch's cuDNN attention backend allowed and not
     (``torch.backends.cuda.enable_cudnn_sdp``; the order on, off, off, on, so drift falls on both), on prompts the
-    process has not decoded before. The H200 run of 2026-11-27 (bf16) had every method's first answers and the
-    speculative methods' answers at a third to a half of their later speed while fp32 (where SDPA takes no cuDNN path)
-    ran evenly: cuDNN builds an attention graph for new (query, key) shapes, up to several hundred ms each
-    (sglang#4650, mlx#2743), and speculative steps keep making new pairs."""
+    process has not decoded before. cuDNN builds an attention graph for new (query, key) shapes, up to several
+    hundred ms each (sglang#4650, mlx#2743), and speculative steps keep making new pairs, which made bf16 decoding
+    uneven where fp32 (no cuDNN path) ran evenly (evidence: docs/experiments.md#bf16-on-an-h200-with-cudnn-attention-off-the-unevenness-was-cudnns-and-polyspec-now-turns-it-off-2026-11-27-code-71ab564--d5fe6f7)."""
     from decoder.core import Decoder
     from polyspec.languages import get_language
 
@@ -137,10 +136,8 @@ def ar_profile(target, max_new_tokens: int = 32, top: int = 8) -> dict:
     """Where each AR loop's time per token goes, one profiled answer each (torch.profiler, after a warm-up): aten
     calls per token (host-side work: a launch-bound GPU runs at the pace its host issues kernels), the ops with the
     most host time, and on CUDA the kernels and device time per token and the synchronizing calls per token
-    (``torch.cuda.set_sync_debug_mode``). The H100 run of 2026-11-26 had polyspec's loop at 41 ms a token against
-    generate's 27 with forward(1) = 18 ms; on CPU, with a 32-layer width-64 target where every op is dispatch
-    overhead (the launch-bound regime's CPU analogue), the two loops ran 78 and 77 tok/s — the gap is not host work
-    both devices share."""
+    (``torch.cuda.set_sync_debug_mode``): it looks for a gap between the two loops on a GPU that host work shared
+    with the CPU does not explain (evidence: docs/experiments.md#polyspecs-ar-loop-against-generate)."""
     import warnings
 
     from torch.profiler import ProfilerActivity, profile
@@ -184,8 +181,8 @@ def main() -> int:
     ap.add_argument("--target", required=True)
     ap.add_argument("--bundle", default=None, help="also time this bundle's drafter (the smoke run's engines bundle)")
     ap.add_argument("--max-k", type=int, default=64)
-    # 2 passes of 3 cost what one pass of 6 did, and a slow spell of the machine (the H200 run of 2026-11-27: k = 4–12
-    # and 28–32 at ~2× in one pass, their medians slow) falls on other k in the other pass
+    # 2 passes of 3 cost what one pass of 6 did, and a slow spell of the machine falls on other k in the other pass
+    # (evidence: docs/experiments.md#the-gpu-path-on-an-h200-pytest--m-cuda-9-of-9-the-cost-figures-again-and-the-chat-target-with-its-trained-drafter-2026-11-27-code-eef6a0a--5f4e522)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--context", type=int, default=200)

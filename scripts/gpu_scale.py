@@ -13,7 +13,7 @@ tests/test_gpu_smoke.py rehearses it on the tiny random target):
    (synth/pool.py), at T = 0, 0.7, 1.0, large batches, for at most its share of the budget (``max_seconds``);
 4. ``vocab``: the draft vocabulary from the corpus and the distilled answers (``python -m vocab``);
 5. ``pretrain``: EAGLE-3 on every corpus document (split into ``--seq-len`` pieces) and the distilled answers, the
-   target's features computed in each step (``features: online``, bf16 on a GPU: the prefill of seed 004's P step
+   target's features computed in each step (``features: online``, bf16 on a GPU: the prefill of Yi et al. 2024's P step
    without writing ~4.6 KB a token to disk);
 6. ``finetune``: on the distilled answers (response tokens), scored on the held-out answers;
 7. ``export``: the bundle and the engines' folders (speculators), and ``drafter.tar.gz`` in parts of at most 15 MiB

@@ -1,4 +1,4 @@
-"""``python -m synth`` — ADASPEC Alg. 1 self-synthesis (default) and ``distill`` (seed 004).
+"""``python -m synth`` — ADASPEC Alg. 1 self-synthesis (default) and ``distill`` (Yi et al. 2024's self-distillation).
 
     python -m synth --lang vi --n 64 [--target gemma3-270m] [--run runs/default] [--engine vllm] [key=value ...]
     python -m synth distill --lang vi [--prompts seeds|file.jsonl|org/dataset] [--temperatures 0,0.3,0.7,1]

@@ -70,7 +70,7 @@ class SynthConfig(StrictModel):
 
 
 class DistillConfig(StrictModel):
-    """`python -m synth distill --prompts prompts.jsonl --lang vi` (seed 004 self-distillation)."""
+    """`python -m synth distill --prompts prompts.jsonl --lang vi` (Yi et al. 2024's self-distillation)."""
 
     lang: str = "vi"
     prompts: str = Field("seeds", description="jsonl/ShareGPT file, a synth data.jsonl, 'seeds' (free-text "

@@ -1,4 +1,4 @@
-"""Self-distillation (seed 004, Appendix F.2): the target answers given prompts at several temperatures
+"""Self-distillation (Yi et al. 2024, Appendix F.2): the target answers given prompts at several temperatures
 (default 0, 0.3, 0.7, 1.0) so a drafter learns the target's own output distribution.
 
 Prompts come from a jsonl file (``{"instruction": …}`` or ShareGPT ``conversations``, e.g. a synth

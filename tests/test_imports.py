@@ -16,12 +16,12 @@ from conftest import REPO
 
 PACKAGES = ("polyspec", "corpus", "synth", "vocab", "train", "export", "decoder", "pipelines")
 
-# A stage's public modules: what other stages may import (DESIGN.md "Layout" and "Files between stages").
+# A stage's public modules: what other stages may import (DESIGN.md "Layout" and "Stage files").
 PUBLIC = {
     "vocab.files",  # ranked vocabularies: load/save, tokenizer check
     "vocab.masks",  # language masks: build/save/load, size offsets
     "export.bundle",  # the bundle format: load_bundle / write_bundle
-    "decoder.core",  # Decoder, the runtime's API (README "Python API")
+    "decoder.core",  # Decoder, the runtime's API (README "Serve the drafters"; docs/stages.md)
     "decoder.methods",  # the registry of decoding methods (names a profile's eval may list)
 }
 # pipelines runs the stages: besides their public modules it reads their configs and CLIs, and score_check
