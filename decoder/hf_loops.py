@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteri
 
 from decoder.bench_report import Answer
 from decoder.methods import BenchInputs
-from decoder.stopping import Stopper, eos_ids
 from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError
+from polyspec.generation import Stopper, eos_ids, stop_window, tail_has_stop
 
 
 class ForwardCounter:
@@ -32,11 +32,11 @@ class StopText(StoppingCriteria):
 
     def __init__(self, tokenizer, stop: list[str], start: int):
         self.tok, self.stop, self.start = tokenizer, stop, start
-        self.tail = max((len(x) for x in stop), default=0) + 2
+        self.window = stop_window(stop)
 
-    def __call__(self, input_ids, scores, **_):
-        text = self.tok.decode(input_ids[0, max(self.start, input_ids.shape[1] - self.tail):])
-        return torch.tensor([any(x in text for x in self.stop)], device=input_ids.device)
+    def __call__(self, input_ids, scores, **_):  # the check Stopper makes, on the answer's last tokens
+        tail = input_ids[0, max(self.start, input_ids.shape[1] - self.window):].tolist()
+        return torch.tensor([tail_has_stop(self.tok, tail, self.stop)], device=input_ids.device)
 
 
 def hf_runner(target, counter: ForwardCounter, **generate_kwargs):

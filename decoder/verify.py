@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from polyspec.generation import top_p_filter
+
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
     """Target logits [.., V] → sampling probabilities after temperature and nucleus (top-p) filtering."""
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = top_p_filter(probs, top_p)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 

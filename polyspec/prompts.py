@@ -74,6 +74,7 @@ def encode(fmt: PromptFormat, tokenizer: Any, text: str) -> list[int]:
 
 
 def truncate_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
-    """Cut ``text`` at the first stop string; returns (text, stopped)."""
+    """Cut ``text`` before the first stop string (empty ones are ignored); returns (text, stopped).
+    :class:`polyspec.generation.Stopper` applies it token by token to the stream being generated."""
     cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)

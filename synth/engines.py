@@ -36,7 +36,8 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from polyspec.errors import PolyspecError
 from polyspec.features import prefill_features
-from polyspec.prompts import encode, truncate_at_stop
+from polyspec.generation import Stopper, eos_ids, top_p_filter
+from polyspec.prompts import encode
 
 
 @dataclass
@@ -102,10 +103,10 @@ class TransformersEngine:
         encoded = [encode(self.target.spec.prompt_format, tok, r.prompt) for r in reqs]  # the ids vLLM gets too
         n = len(reqs)
         gens = [torch.Generator(device="cpu").manual_seed(r.seed) for r in reqs]
-        eos = _eos_ids(tok, model)
-        new_tokens: list[list[int]] = [[] for _ in reqs]
+        eos = eos_ids(self.target)
+        stoppers = [Stopper(tok, eos, r.stop, r.max_new_tokens) for r in reqs]  # where each row's answer ends
+        new_tokens = [s.tokens for s in stoppers]  # each row's sampled tokens (EOS or stop included), its Stopper's
         nll = [0.0] * n  # sum of -log p(token) at T = 1
-        finished = [False] * n
         grab = _FeatureGrab(model, capture, n) if capture is not None else None
         can_join = None  # set by the first prefill's cache (_joinable); False: a group starts when the last is done
 
@@ -117,12 +118,9 @@ class TransformersEngine:
             token_nll = (lse - logits.gather(1, torch.tensor(picked, device=logits.device).unsqueeze(1)).squeeze(1)).tolist()
             going = []
             for j, (b, t) in enumerate(zip(rows, picked)):
-                r = reqs[b]
-                new_tokens[b].append(t)
                 nll[b] += token_nll[j]
-                if t in eos or (r.stop and _hit_stop(tok, new_tokens[b], r.stop)):
-                    finished[b] = True
-                elif len(new_tokens[b]) < r.max_new_tokens:
+                stoppers[b].push([t])  # EOS, a stop string or max_new_tokens ends the row
+                if not stoppers[b].done:
                     going.append(j)
             return going
 
@@ -167,10 +165,8 @@ class TransformersEngine:
         if grab is not None:
             grab.close()
         results = []
-        for b, r in enumerate(reqs):
-            toks = [t for t in new_tokens[b] if t not in eos]
-            text, _ = truncate_at_stop(tok.decode(toks, skip_special_tokens=True), r.stop)
-            res = Result(text=text, num_tokens=len(new_tokens[b]), finished=finished[b],
+        for b, st in enumerate(stoppers):
+            res = Result(text=st.text(), num_tokens=len(new_tokens[b]), finished=st.reason != "length",
                          nll=nll[b] / len(new_tokens[b]) if new_tokens[b] else None)
             if grab is not None:  # a row's last sampled token is never fed: its feature does not exist
                 res.features = grab.rows(b)
@@ -394,11 +390,7 @@ def _sample_rows(logits: torch.Tensor, temperatures: list[float], top_ps: list[f
             for j, tok in zip(rows, x.argmax(-1).tolist()):
                 out[j] = tok
             continue
-        probs = torch.softmax(x / t, dim=-1)
-        if p < 1.0:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < p
-            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
+        probs = top_p_filter(torch.softmax(x / t, dim=-1), p)  # not renormalised: the draw scales by the total
         # inverse CDF with one uniform draw per row: torch.multinomial over a 262K vocabulary cost 5.5 ms a call on
         # this CPU, more than the batched forward it follows (half the distillation's wall time at T > 0)
         cdf = probs.cumsum(-1, dtype=torch.float64)  # fp64: fp32 rounding near 1.0 would shift mass between tail ids
@@ -410,22 +402,6 @@ def _sample_rows(logits: torch.Tensor, temperatures: list[float], top_ps: list[f
         for j, tok in zip(rows, torch.searchsorted(cdf, u).squeeze(-1).clamp_(max=cdf.shape[-1] - 1).tolist()):
             out[j] = tok
     return out
-
-
-def _hit_stop(tok: Any, toks: list[int], stop: list[str]) -> bool:
-    tail = tok.decode(toks[-24:], skip_special_tokens=True)  # stop strings are short: the tail suffices
-    return any(s in tail for s in stop)
-
-
-def _eos_ids(tok: Any, model: Any) -> set[int]:
-    ids = {tok.eos_token_id}
-    cfg = getattr(model, "generation_config", None)
-    extra = getattr(cfg, "eos_token_id", None)
-    if isinstance(extra, int):
-        ids.add(extra)
-    elif extra:
-        ids.update(extra)
-    return {i for i in ids if i is not None}
 
 
 # --------------------------------------------------------------------------------------------- vLLM
