@@ -41,6 +41,7 @@ from decoder.costs import calibration_context, stable_curve, tree_budget, verify
 from decoder.draft_types import DecodeState
 from decoder.methods import METHODS
 from export.bundle import load_bundle
+from polyspec.draft_length import TOLERANCE, choose_length
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.exact import add_exact_argument
 from polyspec.languages import get_language
@@ -67,12 +68,6 @@ def fit(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float]) -> 
     return {"a": float(a), "b": float(b), "alpha": float(res.x)}
 
 
-# Predicted throughputs closer than this count as equal, and the smallest such g is chosen: on the 2-core CPU
-# verify(k)/forward(1) moved by up to 0.05 between two calibrations of one bundle (``curve_noise`` records each
-# run's pass-to-pass spread), which moves predictions by a few per cent, and g* with them where the optimum is flat.
-TOLERANCE = 0.02
-
-
 def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], draft_s_per_token: float,
            measured_tok_s: dict[int, float] | None = None, tolerance: float = 0.0) -> dict:
     """g* over 1..max(sizes): the argmax of τ(g) / (s(g) + d·g) — with ``tolerance``, the smallest g predicted
@@ -94,15 +89,13 @@ def choose(sizes: list[int], verify_s: dict[int, float], tau: dict[int, float], 
         return t / max(s + draft_s_per_token * g, 1e-9)
 
     grid = range(1, max(sizes) + 1)
-    best_pred = max(predicted(g) for g in grid)
-    g_fit = min(g for g in grid if predicted(g) >= (1 - tolerance) * best_pred)
-    g_star, why = g_fit, "measured τ(g) for every g" if all(g in tau for g in grid) else "fit"
-    if measured_tok_s:
-        best = max(measured_tok_s, key=measured_tok_s.get)
-        if g_fit in measured_tok_s and measured_tok_s[g_fit] < 0.95 * measured_tok_s[best]:
-            g_star, why = best, "measured (the fitted pick was >5% slower when measured)"
-    return {"g_star": int(g_star), "g_fit": int(g_fit), "chosen_by": why, "fit": f,
-            "predicted_tok_s": {g: predicted(g) for g in grid}}
+    pred = {g: predicted(g) for g in grid}
+    pick = choose_length(pred, tolerance, measured_tok_s)  # the rule export.draft_length's engine choice uses too
+    why = "measured τ(g) for every g" if all(g in tau for g in grid) else "fit"
+    if pick.overruled:
+        why = "measured (the fitted pick was >5% slower when measured)"
+    return {"g_star": int(pick.length), "g_fit": int(pick.predicted), "chosen_by": why, "fit": f,
+            "predicted_tok_s": pred}
 
 
 def profile(dec: Decoder, prompt_ids: list[int], max_new_tokens: int, gamma: int) -> dict:
@@ -183,11 +176,11 @@ def stability(per_prompt: list[dict[int, tuple[int, int]]], verify_s: dict[int, 
             "loss_p95": losses[min(len(losses) - 1, int(0.95 * len(losses)))], "resamples": resamples}
 
 
-# the cost curve's share of the calibration time: its reps per point follow from forward(1) (at 12 reps the Xeon's
-# curve varied 7–8 % from pass to pass and the tie rule flipped γ between runs; at 20, 4.6 % and the same γ twice)
+# the cost curve's share of the calibration time: its reps per point follow from forward(1), so that a fast device
+# gets the repetitions that keep the pick of γ stable (evidence: docs/experiments.md#calibration-repetitions)
 CURVE_SECONDS = 30.0
-# how far the verification cost curve is measured: CPUs leave their flat region within 8–16 tokens; on an H100 the
-# curve of an 8B-shaped bf16 target is flat from k = 2 to ~40 (scripts/gpu-check.sh, README "Performance")
+# how far the verification cost curve is measured: CPUs leave their flat region within 8–16 tokens, a GPU's curve
+# can stay flat to ~40 tokens (evidence: docs/experiments.md#the-first-gpu-run-make-gpu-check-on-an-h100-with-a-random-8b-shaped-target-2026-11-26-commit-387e935)
 DEFAULT_MAX_K = {"cpu": 16, "cuda": 64}
 
 
@@ -200,10 +193,10 @@ def measure(target, bundle, prompts: list[list[int]], sizes: list[int], max_new_
     (``decoder.costs.stable_curve``) — and g* and the budget read its non-decreasing fit (``monotone``), so that
     one noisy row cannot set them."""
     gmax = max(sizes)
-    if max_k is None:  # an H100 verifies ~40 tokens of an 8B model for one step's price (scripts/gpu-check.sh): look that far
+    if max_k is None:  # as far as the device's curve can stay flat (DEFAULT_MAX_K)
         max_k = DEFAULT_MAX_K["cuda" if target.device.type == "cuda" else "cpu"]
     ctx, ks = calibration_context(target, context), list(range(1, max(max_k, gmax + 1) + 1))
-    if reps is None:  # as many as CURVE_SECONDS allow (the Xeon: 13–16; an AVX2 host or a GPU's 64 points: the minimum 8)
+    if reps is None:  # as many as CURVE_SECONDS allow, at least 8 (evidence: docs/experiments.md#calibration-repetitions)
         f1 = verify_curve(target, ctx, [1], 3)["forward1_s"]
         reps = max(8, min(24, int(CURVE_SECONDS / (3 * len(ks) * f1))))
     curve = stable_curve(target, ctx, ks, reps=reps, passes=3)  # three passes: the tree budget is read off a flat curve
@@ -301,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     grid = list(range(1, max(sizes) + 1))
     # the whole cost curve, τ at every g; predictions within the tolerance of the best count as equal (the smallest
     # wins). τ(g) is exact, the costs are not: predictions closer than the cost curve's own pass-to-pass noise
-    # cannot be told apart (the Xeon: 7–8 %; at 2 %, then at half the noise, the pick flipped between γ 2, 3 and 4
-    # from one run to the next on an optimum flat to 2.5–5 %), so the tolerance is at least that noise
+    # cannot be told apart (below it the pick flipped from run to run on a flat optimum), so the tolerance is at least
+    # that noise (evidence: docs/experiments.md#the-hybrid-beside-prompt-lookup-on-held-out-prompts--mixed-the-xeons-16-row-cliff-calibration-that-picks-the-same-γ-2026-11-26-bf16-host-code-4539a98--this-sections-commits)
     tol = max(TOLERANCE, m["curve_noise"])
     pick = choose(grid, m["verify_s_all"], m["tau"], m["draft_s_per_token"], tolerance=tol)
     per_prompt = [{g: tuple(x[g]) for g in grid} for x in m["per_prompt"]]

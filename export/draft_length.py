@@ -26,12 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from polyspec.draft_length import TOLERANCE, choose_length
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.io import atomic_write_json, read_json_or_none
-
-# Predictions closer than this count as equal; the shortest such k is chosen (cheaper, and as fast within the noise of
-# a 2-core CPU), as decoder.calibrate's TOLERANCE does for γ.
-TOLERANCE = 0.02
 
 
 def ratio(curve: dict[int, float], k: float) -> float:
@@ -83,14 +80,9 @@ def choose(alpha: list[float], curve: dict[int, float], a: float, c: float, k_ma
     """The draft length with the best predicted speedup over 1..k_max (the shortest within ``tolerance`` of the best),
     overruled by ``measured`` speedups {k: ×} when the predicted pick measured > 5 % slower than the best measured."""
     predicted = {k: expected_tokens(alpha, k) / max(ratio(curve, k + 1) + a + c * k, 1e-9) for k in range(1, k_max + 1)}
-    best = max(predicted.values())
-    k_pred = min(k for k, s in predicted.items() if s >= (1 - tolerance) * best)
-    k, why = k_pred, "predicted"
-    if measured:
-        top = max(measured, key=measured.get)
-        if k_pred in measured and measured[k_pred] < 0.95 * measured[top]:
-            k, why = top, "measured (the predicted length ran > 5 % slower than the best measured)"
-    return {"draft_n": int(k), "predicted_draft_n": int(k_pred), "chosen_by": why,
+    pick = choose_length(predicted, tolerance, measured)  # the rule decoder.calibrate's choice of γ uses too
+    why = "measured (the predicted length ran > 5 % slower than the best measured)" if pick.overruled else "predicted"
+    return {"draft_n": int(pick.length), "predicted_draft_n": int(pick.predicted), "chosen_by": why,
             "predicted_speedup": {k: round(s, 4) for k, s in predicted.items()},
             "measured_speedup": {k: round(s, 4) for k, s in (measured or {}).items()}}
 

@@ -53,6 +53,7 @@ from export import draft_length
 from export.interop import check_speculators
 from export.llamacpp import bench_plan, heldout_prompts, resolve_drafters
 from polyspec.device import host_kind
+from polyspec.draft_length import TOLERANCE, shortest_within
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.heldout import load_heldout
 from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none
@@ -209,12 +210,9 @@ def choose_length(mode_runs: dict[int, dict], plain: dict, prefill_s: float, pro
                                      for p in fit["points"]]}}
 
 
-def best_measured(speedups: dict[int, float], tolerance: float = draft_length.TOLERANCE) -> int | None:
+def best_measured(speedups: dict[int, float], tolerance: float = TOLERANCE) -> int | None:
     """The shortest draft length within ``tolerance`` of the best measured speedup."""
-    if not speedups:
-        return None
-    top = max(speedups.values())
-    return min(k for k, x in speedups.items() if x >= (1 - tolerance) * top)
+    return shortest_within(speedups, tolerance) if speedups else None
 
 
 # ------------------------------------------------------------------------------------------------- bench
