@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from polyspec.drafter_kind import DrafterKind
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.exact import add_exact_argument
 
@@ -39,8 +40,7 @@ def _time_round_robin(fns: dict, reps: int, sync) -> dict:
     """{key: median seconds of ``fns[key]()``}, the repetitions taken in turns (every key once, then again, ``reps``
     times) after one warm-up of each: a burst of interference on a shared CPU then falls on every key alike instead
     of on the consecutive repetitions of one key, so the medians, and the curve's ratios, stay what the device costs
-    (taken key by key, one burst made single points of the Xeon's 2026-11-28 curves 1.3–2.0 forwards between
-    neighbours at 1.0–1.1, and moved the tree budget between 5 and 16 from one calibration to the next)."""
+    (evidence: docs/experiments.md#make-demo-and-the-held-out-bench-on-the-xeon-again-3444-from-a-fresh-clone-the-hybrid-106-pld-in-bf16-and-099-in-fp32-2026-11-28-bf16-host-code-cf36b24--286f3d9)."""
     for fn in fns.values():
         fn()
     out = {key: [] for key in fns}
@@ -81,8 +81,8 @@ def verify_curve(target, context: list[int], ks: list[int], reps: int = 12) -> d
 
 def stable_curve(target, context: list[int], ks: list[int], reps: int = 12, passes: int = 2) -> dict:
     """``verify_curve`` measured ``passes`` times, each k keeping the smallest of its medians: on a shared CPU
-    interference only ever adds time, and one noisy row must not set the tree budget (a single 6-repetition
-    pass on a short prompt once gave verify(2)/forward(1) = 1.32 where 12 at context 200 gave 0.99)."""
+    interference only ever adds time, and one noisy row must not set the tree budget
+    (evidence: docs/experiments.md#one-noisy-pass-of-the-cost-curve)."""
     runs = [verify_curve(target, context, ks, reps) for _ in range(max(1, passes))]
     verify = {k: min(r["verify_s"][k] for r in runs) for k in runs[0]["verify_s"]}
     f1 = verify[1]
@@ -90,9 +90,9 @@ def stable_curve(target, context: list[int], ks: list[int], reps: int = 12, pass
     # how far apart the passes were, on the curve calibration reads — each pass's verify(k)/forward(1), so a pass
     # slower at every k by one factor (the host's speed drifting between passes) is no disagreement: per k ≥ 2 the
     # second-lowest pass's ratio over the lowest one's (with two passes, the higher over the lower), then the median
-    # over k. With three passes one disturbed pass does not set it. Read in seconds on the Xeon (2026-11-28) it was
-    # 0.80 (the slowest pass over the fastest, the demo's calibration) and 0.035–0.62 (the second-fastest, six more),
-    # and it is calibration's γ tolerance: "any γ within 80 % of the best is as good", so γ 1
+    # over k. With three passes one disturbed pass does not set it. It is calibration's γ tolerance: read in seconds
+    # (the slowest pass over the fastest) it once came out 0.80, and γ 1 was chosen whatever τ said
+    # (evidence: docs/experiments.md#make-demo-and-the-held-out-bench-on-the-xeon-again-3444-from-a-fresh-clone-the-hybrid-106-pld-in-bf16-and-099-in-fp32-2026-11-28-bf16-host-code-cf36b24--286f3d9)
     spread = []
     for k in verify:
         if k != 1:
@@ -146,7 +146,7 @@ def packing_curves(target, context: list[int], ks: list[int], reps: int = 12, pa
 
 def calibration_context(target, n: int = 200) -> list[int]:
     """``n`` tokens of rendered built-in seed instructions (en, then de; repeated if short): the context at which
-    costs are measured (FACTS.md's figures are at ≈ 200)."""
+    costs are measured."""
     from polyspec.languages import get_language
     from polyspec.prompts import encode, render
 
@@ -166,7 +166,7 @@ def tree_budget(ratio: dict, flat: float = 0.15) -> int:
 
     The reference is verify(2) — the smallest speculative step (the pending token and one draft) — not forward(1):
     on a GPU a forward of 2+ tokens takes other kernels than a 1-token decode and costs a fixed ~15 % more
-    (H100, 8B-shaped bf16: 1.15 at k = 2, then flat to k ≈ 60), a step every speculative method pays once; the
+    (evidence: docs/experiments.md#the-first-gpu-run-make-gpu-check-on-an-h100-with-a-random-8b-shaped-target-2026-11-26-commit-387e935), a step every speculative method pays once; the
     budget is how far a tree can grow beyond it for free. On CPUs whose curve starts flat, verify(2) ≈ forward(1)."""
     base = max(1.0, ratio.get(2, 1.0))
     best = 1
@@ -208,7 +208,7 @@ def draft_cost(target, runtime, head, context: list[int], n: int = 8, reps: int 
 
     runner = TargetRunner(target)
     runner.reset()
-    runner.aux_layers = list(runtime.drafter.aux_layers) if getattr(getattr(runtime, "drafter", None), "arch_name", "") == "eagle3" else None
+    runner.aux_layers = list(runtime.drafter.aux_layers) if DrafterKind.of(getattr(runtime, "drafter", None)) is DrafterKind.EAGLE3 else None
     feats, _ = runner.forward(context, logits_for=slice(-1, None))
     dev = feats.device
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)

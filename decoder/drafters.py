@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from polyspec.drafter_kind import DrafterKind
 from polyspec.errors import PolyspecError
 from polyspec.lookup import entry_hints, hint_inputs, lookup_hints
 
@@ -215,8 +216,9 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
         model, _ = load_drafter(bundle.drafter_dir(lang), device=device)
         model.to(dtype).requires_grad_(False)
         pack_linears(model)  # CPU bf16/fp32: oneDNN-prepacked weights, as the target's (polyspec.packed)
-        archs.add(getattr(model, "arch_name", "small-lm"))
-        if getattr(model, "arch_name", None) == "eagle3":  # own head over its draft vocabulary
+        kind = DrafterKind.of(model)
+        archs.add(kind)
+        if kind is DrafterKind.EAGLE3:  # own head over its draft vocabulary
             rt = EagleRuntime(model, target.model.get_input_embeddings(), model.lm_head.weight)
             banks[lang] = HeadBank(model.lm_head.weight.detach(), {}, 0, draft_ids=(lang, model.draft_ids), pre=model.norm)
         elif bundle.manifest["drafter_type"] == "eagle":
@@ -229,11 +231,11 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
             banks[lang] = HeadBank(rt.head_weight.detach(), ranked, max_size)
         runtimes[lang] = rt
     if len(archs) != 1:
-        raise PolyspecError(f"bundle {bundle.root} mixes drafter forms {sorted(archs)}; one form per bundle")
+        raise PolyspecError(f"bundle {bundle.root} mixes drafter forms {sorted(k.value for k in archs)}; one form per bundle")
     return runtimes, banks
 
 
 def aux_layers(runtimes: dict) -> list[int] | None:
     """The target layers EAGLE-3 drafters read (None for EAGLE-1 and small-LM drafters)."""
     first = next(iter(runtimes.values()))
-    return list(first.drafter.aux_layers) if getattr(getattr(first, "drafter", None), "arch_name", "") == "eagle3" else None
+    return list(first.drafter.aux_layers) if DrafterKind.of(getattr(first, "drafter", None)) is DrafterKind.EAGLE3 else None

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polyspec.drafter_kind import DrafterKind
 from polyspec.errors import PolyspecError
 from polyspec.io import (
     atomic_directory,
@@ -176,8 +177,9 @@ def _training_facts(cfg: dict) -> dict:
         except OSError:
             n = None
         files.append((path.name if path.parent.name == "" else f"{path.parent.name}/{path.name}", n))
+    kind = DrafterKind.of_config(cfg)
     return {"stage": cfg.get("stage"), "steps": cfg.get("step"), "files": files,
-            "accept_len": (cfg.get("eval") or {}).get("accept_len"), "arch": cfg.get("arch", "eagle1" if cfg["drafter_type"] == "eagle" else cfg["drafter_type"])}
+            "accept_len": (cfg.get("eval") or {}).get("accept_len"), "arch": kind.value if kind else cfg["drafter_type"]}
 
 
 def model_card(manifest: dict, cards: dict | None = None, evaluation: dict | None = None) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from export.bundle import load_bundle, safe_join, write_bundle
 from export.interop import check_speculators, write_speculators, write_speculators_folder
+from polyspec.drafter_kind import DrafterKind
 from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError
 from polyspec.io import atomic_directory, atomic_write_json, read_jsonl
@@ -71,7 +72,7 @@ def write_engine_exports(run: str | Path, langs: list[str], target, out: str | P
         with atomic_directory(out / "drafters" / MULTILINGUAL, overwrite=True) as tmp:
             shutil.copytree(multi_dir, tmp, dirs_exist_ok=True)
         model, meta = load_drafter(out / "drafters" / MULTILINGUAL)
-        if getattr(model, "arch_name", "") != "eagle3":
+        if DrafterKind.of(model) is not DrafterKind.EAGLE3:
             raise PolyspecError(f"{multi_dir}: the multilingual pretrain is not an EAGLE-3-form drafter")
         folders[MULTILINGUAL] = write_speculators_folder(model, target, out / "speculators" / MULTILINGUAL,
                                                          speculative_tokens, {"exported_from": str(multi_dir),

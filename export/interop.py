@@ -26,6 +26,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save, save_file
 
+from polyspec.drafter_kind import DrafterKind
 from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError
 from polyspec.io import atomic_directory, atomic_write_bytes, atomic_write_json
@@ -121,7 +122,7 @@ def _eagle3_drafters(bundle, fmt: str):
                             f"{bundle.manifest['drafter_type']} drafters")
     for lang in bundle.languages:
         model, _ = load_drafter(bundle.drafter_dir(lang))
-        if getattr(model, "arch_name", "eagle1") != "eagle3":
+        if DrafterKind.of(model) is not DrafterKind.EAGLE3:
             raise PolyspecError(
                 f"drafter {lang} is EAGLE-1 form (fc over [embedding ‖ last feature]); speculators/vLLM eagle3 reads "
                 f"three target layers and its own head — train with eagle.arch=eagle3 to export for vLLM")

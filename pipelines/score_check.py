@@ -19,6 +19,7 @@ import torch
 
 from decoder.core import Decoder
 from export.bundle import load_bundle
+from polyspec.drafter_kind import DrafterKind
 from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.features import FeatureReader
@@ -47,7 +48,7 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     model.eval()
     if meta.get("drafter_type") != "eagle":
         raise PolyspecError(f"{drafter_dir}: score_check compares EAGLE drafters")
-    if getattr(model, "arch_name", "") == "eagle3":  # its own head: row j is target id draft_ids[j]
+    if DrafterKind.of(model) is DrafterKind.EAGLE3:  # its own head: row j is target id draft_ids[j]
         ids_s = model.draft_ids.to(dev)
     else:
         ids_s = torch.as_tensor(load_ranked(meta["vocab"]["file"]).top(meta["vocab"]["size"]).astype("int64"), device=dev)

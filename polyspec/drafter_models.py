@@ -46,6 +46,7 @@ from transformers.models.llama.modeling_llama import (
     eager_attention_forward,
 )
 
+from polyspec.drafter_kind import DrafterKind
 from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_directory, atomic_write_json
 from polyspec.lookup import STRENGTHS
@@ -84,7 +85,7 @@ def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 class EagleDrafter(nn.Module):
     drafter_type = "eagle"
-    arch_name = "eagle1"
+    arch_name: DrafterKind = DrafterKind.EAGLE1  # what DrafterKind.of(model) reads
 
     def __init__(self, layer_config, lookup_hint: bool = False):
         super().__init__()
@@ -159,7 +160,7 @@ class Eagle3Drafter(nn.Module):
     feed the layer's pre-norm output back as g (training-time test)."""
 
     drafter_type = "eagle"
-    arch_name = "eagle3"
+    arch_name: DrafterKind = DrafterKind.EAGLE3
 
     def __init__(self, layer_config, target_hidden_size: int, aux_layers: list[int], draft_vocab_size: int):
         super().__init__()
@@ -283,7 +284,7 @@ class Eagle3Drafter(nn.Module):
         return self.lm_head(self.norm(h)).float()
 
     def arch(self) -> dict:
-        return {"arch": "eagle3", "layer_config": self.layer_config.to_dict(), "aux_layers": self.aux_layers,
+        return {"arch": DrafterKind.EAGLE3.value, "layer_config": self.layer_config.to_dict(), "aux_layers": self.aux_layers,
                 "target_hidden_size": self.target_hidden_size, "draft_vocab_size": self.draft_vocab_size}
 
     @classmethod
@@ -358,7 +359,7 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu") -> tuple[
                             f"rewrite {path} (rerun the stage that wrote it)") from None
     kind = meta.get("drafter_type")
     if kind == "eagle":
-        model = (Eagle3Drafter if meta.get("arch") == "eagle3" else EagleDrafter).from_arch(meta)
+        model = (Eagle3Drafter if DrafterKind.of_config(meta) is DrafterKind.EAGLE3 else EagleDrafter).from_arch(meta)
     elif kind == "small-lm":  # Llama as built by build_small_lm; any transformers causal-LM family loads
         cfg = dict(meta["config"])
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type", "llama"), **cfg))

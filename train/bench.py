@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         raise PolyspecError("name one stage: stage=pretrain or stage=finetune")
     recipe = DrafterRecipe(cfg, cfg.stage)
     recipe.setup(timing_only=True)
-    result = {"lang": cfg.lang, "stage": cfg.stage, "drafter": cfg.drafter_type if cfg.drafter_type != "eagle" else cfg.eagle.arch,
+    result = {"lang": cfg.lang, "stage": cfg.stage, "drafter": cfg.drafter_kind.value,
               "features": cfg.features, "device": str(recipe.acc.device), "threads": torch.get_num_threads(),
               "mixed_precision": recipe.acc.mixed_precision, "batch_size": cfg.optim.batch_size,
               "grad_accum": cfg.optim.grad_accum, "processes": recipe.acc.num_processes,

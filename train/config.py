@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from polyspec.config import StrictModel
+from polyspec.drafter_kind import DrafterKind
 
 
 class DataConfig(StrictModel):
@@ -141,3 +142,8 @@ class TrainConfig(StrictModel):
     eval_only: bool = Field(False, description="evaluate the stage's starting weights (random init unless init_from) and stop")
     report_to: Literal["wandb", "tensorboard", "none"] = Field("wandb", description="wandb runs offline by default")
     device: str = "auto"
+
+    @property
+    def drafter_kind(self) -> DrafterKind:
+        """The kind of drafter this recipe trains: ``eagle.arch``'s for ``drafter_type`` eagle, else a small LM."""
+        return DrafterKind(self.eagle.arch) if self.drafter_type == "eagle" else DrafterKind.SMALL_LM

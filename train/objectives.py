@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from polyspec.drafter_kind import DrafterKind
 from polyspec.drafter_models import attention_bias, gather_rows
 from polyspec.lookup import hint_inputs, hint_tensors
 
@@ -28,7 +29,7 @@ def target_features(target_model, input_ids: torch.Tensor, attention_mask: torch
 
 
 def is_eagle3(drafter) -> bool:
-    return getattr(getattr(drafter, "module", drafter), "arch_name", "eagle1") == "eagle3"  # DDP wraps in .module
+    return DrafterKind.of(drafter) is DrafterKind.EAGLE3  # DDP's wrapper too
 
 
 def uses_hints(drafter) -> bool:

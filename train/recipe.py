@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from polyspec.device import resolve_dtype
+from polyspec.drafter_kind import DrafterKind
 from polyspec.drafter_models import (
     Eagle3Drafter,
     EagleDrafter,
@@ -38,6 +39,7 @@ from polyspec.drafter_models import (
 from polyspec.errors import PolyspecError
 from polyspec.faults import maybe_kill
 from polyspec.features import FeatureReader
+from polyspec.generation import cut_at_stop
 from polyspec.io import atomic_write_json, sha256_file
 from polyspec.targets import check_pin, greedy_generate, load_target
 from train import checkpoint
@@ -123,7 +125,7 @@ class DrafterRecipe:
             self.in_draft = torch.zeros(full.shape[0], dtype=torch.bool, device=full.device)
             self.in_draft[self.ids_s] = True
         self.features = None
-        if cfg.features == "offline" and cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3":
+        if cfg.features == "offline" and cfg.drafter_kind is DrafterKind.EAGLE3:
             raise PolyspecError("features: offline stores the last layer only; EAGLE-3 drafters train with features: online")
         if cfg.features == "offline" and cfg.drafter_type == "eagle":
             # keyed by what determines them, so languages sharing a pretrain corpus share the features
@@ -234,7 +236,7 @@ class DrafterRecipe:
             raise PolyspecError(f"init_from {cfg.init_from} is not a drafter folder")
         else:
             self.init_from = None
-            if cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3":
+            if cfg.drafter_kind is DrafterKind.EAGLE3:
                 model = Eagle3Drafter.for_target(self.target, self.ids_s.cpu())
             elif cfg.drafter_type == "eagle":
                 model = EagleDrafter(eagle_layer_config(self.target.model.config, cfg.eagle.num_layers),
@@ -248,12 +250,12 @@ class DrafterRecipe:
                 model = build_small_lm(self.target, sl.hidden_size, sl.num_layers, sl.num_heads, sl.intermediate_size)
         if cfg.drafter_type == "eagle" and model.hidden_size != self.target.hidden_size:
             raise PolyspecError(f"drafter hidden size {model.hidden_size} ≠ target hidden size {self.target.hidden_size}")
-        if cfg.drafter_type == "eagle" and getattr(model, "arch_name", "eagle1") != cfg.eagle.arch:
+        if cfg.drafter_type == "eagle" and DrafterKind.of(model) is not cfg.drafter_kind:
             raise PolyspecError(f"{self.init_from} holds an {model.arch_name} drafter, the config asks for {cfg.eagle.arch}")
         if cfg.drafter_type == "eagle" and getattr(model, "lookup_hint", False) != cfg.eagle.lookup_hint:
             raise PolyspecError(f"{self.init_from}: eagle.lookup_hint is {cfg.eagle.lookup_hint} in the config, "
                                 f"{not cfg.eagle.lookup_hint} in the drafter it starts from")
-        if getattr(model, "arch_name", None) == "eagle3" and not torch.equal(model.draft_ids.cpu(), self.ids_s.cpu()):
+        if DrafterKind.of(model) is DrafterKind.EAGLE3 and not torch.equal(model.draft_ids.cpu(), self.ids_s.cpu()):
             # a multilingual pretrain's head → this language's draft vocabulary: the rows of ids both hold are
             # kept, the others start as the target's rows (as a new drafter's head does)
             kept = model.rehead(self.ids_s.cpu(), self.target.model.get_output_embeddings().weight)
@@ -291,7 +293,7 @@ class DrafterRecipe:
                 prompt = ex.input_ids[:start]
                 new = greedy_generate(self.target, prompt, max(8, min(96, self.cfg.data.max_length - start)))
                 if self.stage == "finetune":
-                    new = _cut_at_stop(self.target.tokenizer, new, stop)
+                    new = cut_at_stop(self.target.tokenizer, new, stop)
                 data.append({"ids": prompt + new, "start": start})
             if self.acc.is_main_process:
                 atomic_write_json(cache, {"key": key, "sequences": data})
@@ -490,8 +492,7 @@ class DrafterRecipe:
         """Ends the stage. The prepared drafter and optimizer go first, while the process group still lives:
         accelerate's ``free_memory`` calls DeepSpeed's ``engine.destroy()`` (ZeRO-3's parameter and gradient hooks,
         its gathered-parameter buffers), so no gloo work handle outlives the group (``end_training`` destroys it)
-        into interpreter shutdown, where a rank can abort ("terminate called without an active exception": rank 1
-        of the 2-process ZeRO-3 test, once in a CI run, after its last step)."""
+        into interpreter shutdown, where a rank can abort (evidence: docs/experiments.md#a-rank-aborting-at-shutdown)."""
         self.model = self.opt = self.sched = None
         self.acc.free_memory()
         gc.collect()
@@ -507,14 +508,6 @@ def resolve_mixed_precision(mp: str) -> str:
     dev = torch.device("cuda") if torch.cuda.is_available() and not use_cpu else torch.device("cpu")
     cpu_ds = dev.type == "cpu" and parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
     return "bf16" if resolve_dtype("auto", dev) == torch.bfloat16 and not cpu_ds else "no"
-
-
-def _cut_at_stop(tok, new: list[int], stop: list[str]) -> list[int]:
-    """The greedy answer up to the token that completes a stop string (where the decoder stops)."""
-    for k in range(1, len(new) + 1):
-        if any(st in tok.decode(new[:k], skip_special_tokens=True) for st in stop):
-            return new[:k]
-    return new
 
 
 def _fingerprint(paths: list[str]) -> list:
