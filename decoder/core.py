@@ -30,6 +30,8 @@ Each method is one entry of the registry ``decoder.methods`` (its draft source, 
 which calibrated defaults it reads); what the loop needs while decoding it reads from the built draft source
 (``decoder.draft_types.DraftSource``: features, trees, EAGLE-3 layers, its node bound).
 
+The options are one dataclass, ``decoder.methods.DecodeOptions``: ``Decoder(target, bundle, method,
+options=DecodeOptions(gamma=3))`` or the same fields as keywords (``Decoder(target, bundle, method, gamma=3)``).
 γ (chain draft length) defaults to the bundle's ``calibration.json`` g* for this device
 (``python -m decoder.calibrate``), else 4. Options ``lang`` (``auto`` = from the prompt, or a bundle language: fixed), ``size`` (``auto``, an int of
 the bundle's sizes: fixed, or ``full``: the whole vocabulary) and ``vocab_lang`` (head language different
@@ -39,7 +41,7 @@ from the drafter's, e.g. one English vocabulary for all: FR-Spec) give the ADASP
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +49,13 @@ import torch
 
 from decoder.calibration_file import load_entry
 from decoder.draft_types import DecodeState, Proposal, Verified
-from decoder.methods import METHODS, SourceOptions, get_method
+from decoder.methods import METHODS, DecodeOptions, get_method
 from decoder.runner import TargetRunner
 from decoder.spectra import Spectra, refined_corpus
-from decoder.stopping import Stopper, eos_ids
 from decoder.verify import accept_greedy, accept_sampled, argmax, sample, warp
 from export.bundle import Bundle, load_bundle
 from polyspec.errors import PolyspecError
+from polyspec.generation import Stopper, eos_ids
 
 _REFINED: dict = {}  # (target, corpus files) → SPECTRA-RETRIEVAL's perplexity-refined sequences
 
@@ -122,29 +124,28 @@ class GenerationResult:
                 "overlap_s": self.overlap_s, "steps": [asdict(s) for s in self.steps]}
 
 
-# tree node budget where the bundle holds no calibration for this device: the flat part of the measured cost curves
-# (CPU: ≤ 8–16 tokens cost about one forward; H100, 8B-shaped bf16: verify(k) within 15 % of verify(2) up to k ≈ 40;
-# H200, cuDNN attention off: 8B-shaped 1.06–1.25× forward(1) to k = 64, SmolLM2-135M 1.08–1.20× to 32, calibrated
-# budget 32 — scripts/gpu-check.sh, scripts/gpu-real.sh, README "On a GPU"); `python -m decoder.calibrate` measures the
-# device's own
+# tree node budget where the bundle holds no calibration for this device: inside the flat part of the cost curves
+# measured on CPUs and GPUs (evidence: docs/experiments.md#uncalibrated-tree-node-budgets);
+# `python -m decoder.calibrate` measures the device's own
 UNCALIBRATED_TREE_NODES = {"cpu": 12, "cuda": 32}
 
 
 class Decoder:
-    def __init__(self, target, bundle=None, method: str = "adaspec", *, gamma: int | None = None, tree_depth: int = 4,
-                 tree_topk: int = 4, tree_nodes: int | None = None, shape: str = "chain", lang: str = "auto",
-                 size: str | int = "auto", vocab_lang: str | None = None, window: int | None = None,
-                 step: int | None = None, offset: float | None = None, gamma_max: int = 8,
-                 spide_threshold: float = 0.35, ngram_k: int = 8, ngram_first_width: int = 8,
-                 ngram_threshold: float = 0.02, spectra=None, spectra_corpus: str | Path | None = None,
-                 lookup_runs: bool = True, log=None):
+    def __init__(self, target, bundle=None, method: str = "adaspec", *, options: DecodeOptions | None = None,
+                 log=None, **overrides):
+        """``options``: ``decoder.methods.DecodeOptions`` (declared there, with their defaults); ``overrides``: any
+        of its fields as keywords, over ``options`` (``Decoder(target, bundle, "chain", gamma=3)``). ``self.options``
+        holds them as the draft source got them: γ, node budget and SPECTRA's tables filled in."""
+        o = replace(options or DecodeOptions(), **overrides)  # an unknown keyword: TypeError, as for any call
+        gamma, tree_nodes, spectra = o.gamma, o.tree_nodes, o.spectra
         entry = get_method(method, kind="decoder")
-        if shape not in ("chain", "tree"):
-            raise PolyspecError(f"shape must be chain or tree, not {shape!r}")
+        if o.shape not in ("chain", "tree"):
+            raise PolyspecError(f"shape must be chain or tree, not {o.shape!r}")
         if entry.needs_bundle and bundle is None:
             free = [m.name for m in METHODS.values() if m.kind == "decoder" and not m.needs_bundle]
             raise PolyspecError(f"method {method!r} needs a bundle (drafters); {', '.join(free)} run without one")
-        if (gamma is not None and gamma < 1) or tree_depth < 1 or tree_topk < 1 or (tree_nodes is not None and tree_nodes < 1):
+        if (gamma is not None and gamma < 1) or o.tree_depth < 1 or o.tree_topk < 1 \
+                or (tree_nodes is not None and tree_nodes < 1):
             raise PolyspecError("gamma, tree_depth, tree_topk and tree_nodes must be ≥ 1")
         self.target, self.method = target, method
         self.log = log or (lambda msg: None)
@@ -164,25 +165,22 @@ class Decoder:
         tree_measured = tree_nodes is None and bool(cal.get("tree_budget")) and "tree_budget" in entry.calibration
         if tree_nodes is None:
             # the budget counts the tokens one forward verifies, the pending token among them: nodes = budget − 1
-            # (16 nodes verified 17 tokens on the Xeon, past its AMX tiles' 16 rows: 50 ms against 43 at 16)
+            # (a budget of 16 read as 16 nodes verified 17 tokens: one row past the 16 that AMX tiles hold)
+            # (evidence: docs/experiments.md#the-hybrid-beside-prompt-lookup-on-held-out-prompts--mixed-the-xeons-16-row-cliff-calibration-that-picks-the-same-γ-2026-11-26-bf16-host-code-4539a98--this-sections-commits)
             tree_nodes = max(1, int(cal["tree_budget"]) - 1) if tree_measured \
                 else UNCALIBRATED_TREE_NODES["cuda" if self.device.type == "cuda" else "cpu"]
         if entry.spectra and spectra is None:
-            spectra = self._spectra(spectra_corpus)
+            spectra = self._spectra(o.spectra_corpus)
         self.gamma, self.nodes = gamma or 4, tree_nodes
-        opts = SourceOptions(target, self.bundle, gamma=gamma, tree_depth=tree_depth, tree_topk=tree_topk,
-                             tree_nodes=tree_nodes, tree_measured=tree_measured, shape=shape, lang=lang, size=size,
-                             vocab_lang=vocab_lang, window=window, step=step, offset=offset, gamma_max=gamma_max,
-                             spide_threshold=spide_threshold, ngram_k=ngram_k, ngram_first_width=ngram_first_width,
-                             ngram_threshold=ngram_threshold, spectra=spectra, lookup_runs=lookup_runs, log=self.log)
-        src = self.source = entry.build_source(opts)
+        self.options = replace(o, gamma=gamma, tree_nodes=tree_nodes, tree_measured=tree_measured, spectra=spectra)
+        src = self.source = entry.build_source(target, self.bundle, self.options)
         # what the loop needs, as the source declares it (decoder.draft_types.DraftSource)
         self.tree_capable = src is not None and src.tree_capable
         self.runner.aux_layers = src.aux_layers if src is not None else None
         self.needs_feats = src is not None and src.needs_feats
         # the most tokens one verification may carry: the source's own bound, else the node budget
         self.tree_span = (src.max_nodes if src is not None else None) or self.nodes
-        self.max_draft = max(self.tree_span, self.gamma, gamma_max, 16) + 2
+        self.max_draft = max(self.tree_span, self.gamma, o.gamma_max, 16) + 2
         self._step_s = 0.0  # running mean of a verification forward, shared with cost-aware sources
 
     def _calibration(self) -> dict:

@@ -8,10 +8,12 @@ import torch
 from decoder.adaptive import LanguageSelector
 from decoder.draft_types import DecodeState, DraftSource, Proposal, Verified
 from decoder.drafters import build_runtimes
+from decoder.methods import DecodeOptions
 from decoder.ngram import SpideTable
 from decoder.ngram_sources import PromptLookup
 from decoder.runner import additive_mask
 from decoder.verify import sample
+from polyspec.drafter_kind import DrafterKind
 from polyspec.errors import PolyspecError
 from polyspec.lookup import MAX_NGRAM, earlier_occurrence
 from vocab.masks import load_masks
@@ -26,24 +28,26 @@ class DrafterSource(DraftSource):
 
     ``lookup_runs`` (a ``PromptLookup(grow_to=)``; greedy only): where the verified text's last three tokens
     occurred earlier (prompt lookup's longest match: a loop or a copy is running), the step proposes prompt
-    lookup's loop-aware chain instead of running the drafter — free, and as deep as the loop goes. Measured on the
-    demo's held-out greedy answers (vi, de, ja; 1,036–1,618 answer positions each): such positions are 61–76 % of
-    the answer, prompt lookup's next token is the target's at 84–92 % of them, and its 20-token chain keeps
-    10.3–12.3 tokens on average — where a drafter's chain of γ keeps at most γ, at ~3 ms per drafted token. Every
+    lookup's loop-aware chain instead of running the drafter — free, and as deep as the loop goes: such positions
+    are most of a greedy answer, and there prompt lookup's chain keeps far more than a drafter's chain of γ
+    (evidence: docs/experiments.md#results-adaspec-copies-the-answers-running-loops-with-prompt-lookup--now-faster-than-prompt-lookup-measured-2026-11-25-commit-ac33755). Every
     other step runs the drafter (which, reading prompt lookup's hint, ``eagle.lookup_hint``, learned when the
     weaker matches are worth copying)."""
 
     needs_feats = True
 
-    def __init__(self, target, bundle, *, mode: str = "chain", adaptive: bool = False, gamma: int = 4,
-                 depth: int = 4, topk: int = 4, nodes: int = 12, lang: str = "auto", size="auto",
-                 vocab_lang: str | None = None, window=None, step=None, offset=None, gamma_max: int = 8,
+    def __init__(self, target, bundle, options: DecodeOptions, *, mode: str = "chain", adaptive: bool = False,
                  spide_threshold: float | None = None, name: str = "drafter", lookup_runs: PromptLookup | None = None):
+        """``options``: the decoder's (``tree_nodes`` set); it reads γ (None: 4), the tree shape, ``gamma_max``,
+        ``lang``, ``size``, ``vocab_lang`` and ADASPEC's ``window``/``step``/``offset``. ``spide_threshold``: SPIDE's
+        (None: no SPIDE table, chains of γ)."""
+        o = options
+        lang, size, vocab_lang = o.lang, o.size, o.vocab_lang
         self.name, self.mode, self.adaptive = name, mode, adaptive
         self.tree_capable = mode == "tree"
         self.runs = lookup_runs
-        self.gamma, self.depth, self.topk, self.nodes = gamma, depth, topk, nodes
-        self.gamma_max, self.spide_threshold = gamma_max, spide_threshold
+        self.gamma, self.depth, self.topk, self.nodes = o.gamma or 4, o.tree_depth, o.tree_topk, o.tree_nodes
+        self.gamma_max, self.spide_threshold = o.gamma_max, spide_threshold
         self.spide = SpideTable() if spide_threshold is not None else None  # learns online, across requests
         self.device = target.model.get_output_embeddings().weight.device
         self.vocab_size = int(target.model.get_output_embeddings().weight.shape[0])
@@ -64,13 +68,13 @@ class DrafterSource(DraftSource):
         self.runtimes, self.banks = build_runtimes(bundle, target, self.device)
         first = next(iter(self.runtimes.values()))
         d = getattr(first, "drafter", None)
-        self.aux_layers = list(d.aux_layers) if getattr(d, "arch_name", "") == "eagle3" else None
+        self.aux_layers = list(d.aux_layers) if DrafterKind.of(d) is DrafterKind.EAGLE3 else None
         if self.aux_layers and self.vocab_lang:
             raise PolyspecError("vocab_lang needs EAGLE-1 or small-LM drafters (EAGLE-3 heads cover their own language)")
         mask, _, _ = load_masks(bundle.masks_file())
         a = bundle.manifest["adaptive"]
-        self.selector_args = dict(mask=mask, languages=langs, sizes=sizes, window=window or a["window"],
-                                  step=step or a["step"], offset=a["offset"] if offset is None else offset)
+        self.selector_args = dict(mask=mask, languages=langs, sizes=sizes, window=o.window or a["window"],
+                                  step=o.step or a["step"], offset=a["offset"] if o.offset is None else o.offset)
         self.lang = self.size = self.selector = None
         self.prompt_ids, self._heads = [], {}  # this request's prompt, and its heads per (language, head language, size)
 

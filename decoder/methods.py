@@ -1,7 +1,7 @@
 """The one registry of decoding methods: each name maps to one ``Method`` entry.
 
     from decoder.methods import METHODS, get_method
-    get_method("pld").build_source(SourceOptions(target))     # → its DraftSource (decoder.sources)
+    get_method("pld").build_source(target, None, DecodeOptions(gamma=10))  # → its DraftSource (decoder.sources)
     [m.name for m in METHODS.values() if m.kind == "decoder"]  # what ``Decoder(method=…)`` accepts
 
 Modelled on transformers' ``candidate_generator.py`` (one factory picks the candidate generator) and the
@@ -9,11 +9,12 @@ speculators registry of proposal types (a proposal kind registers by name with i
 of three kinds:
 
 - ``decoder``: a method ``decoder.core.Decoder`` runs (``python -m decoder run --method``): ``source`` builds its
-  draft source from the decoder's options (``SourceOptions``), plus what the decoder must prepare for it — a
-  bundle (``needs_bundle``), calibrated defaults (``calibration``: ``g_star`` → γ, ``tree_budget`` → node
-  budget, from ``calibration.json``), SPECTRA's tables (``spectra``). What the decoding loop needs while it runs
-  (tree-capable, node bound, EAGLE-3 feature layers, features at all) the built source declares itself
-  (``decoder.draft_types.DraftSource``), since it can depend on options and on the bundle's drafter form.
+  draft source from the target, the bundle and the decoder's options (``DecodeOptions``), plus what the decoder
+  must prepare for it — a bundle (``needs_bundle``), calibrated defaults (``calibration``: ``g_star`` → γ,
+  ``tree_budget`` → node budget, from ``calibration.json``), SPECTRA's tables (``spectra``). What the decoding
+  loop needs while it runs (tree-capable, node bound, EAGLE-3 feature layers, features at all) the built source
+  declares itself (``decoder.draft_types.DraftSource``), since it can depend on options and on the bundle's
+  drafter form.
 - ``preset``: a bench column that runs a decoder method (``runs``) with fixed options (``options``: a dict, or a
   function of the bench's ``BenchInputs``), e.g. the EAGLE-2 and FR-Spec baselines and the ADASPEC ablations.
 - ``transformers``: a bench column that runs transformers' own ``generate`` loop with ``options`` as its
@@ -32,45 +33,43 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from decoder.spectra import Spectra
+from polyspec.drafter_kind import DrafterKind
 from polyspec.errors import PolyspecError
 
 Kind = Literal["decoder", "preset", "transformers"]
 
 
 @dataclass
-class SourceOptions:
-    """What a draft-source factory reads: the target, the bundle (or None) and the decoder's options
-    (``decoder.core.Decoder`` documents them). ``spectra``: a ``decoder.spectra.Spectra`` to share, or None."""
+class DecodeOptions:
+    """The decoder's options, each declared once: ``Decoder(target, bundle, method, options=DecodeOptions(…))``
+    or the same fields as keywords (``Decoder(target, bundle, method, gamma=3)``). ``Decoder`` fills in ``gamma``,
+    ``tree_nodes``, ``tree_measured`` and ``spectra`` (calibration, device, SPECTRA's tables) and hands the whole
+    object to the method's draft-source factory (``Method.build_source``)."""
 
-    target: Any
-    bundle: Any = None
-    gamma: int | None = None
-    tree_depth: int = 4
-    tree_topk: int = 4
-    tree_nodes: int = 12
-    tree_measured: bool = False  # tree_nodes is this device's calibrated flat-verify budget (else a default or a choice)
-    shape: str = "chain"
-    lang: str = "auto"
-    size: str | int = "auto"
-    vocab_lang: str | None = None
-    window: int | None = None
-    step: int | None = None
-    offset: float | None = None
-    gamma_max: int = 8
-    spide_threshold: float = 0.35
-    ngram_k: int = 8
-    ngram_first_width: int = 8
-    ngram_threshold: float = 0.02
-    spectra: Any = None
-    lookup_runs: bool = True
-    log: Callable[[str], Any] | None = None
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.target.model.get_output_embeddings().weight.shape[0])
+    gamma: int | None = None  # chain draft length; None: the bundle's calibrated g* (methods that read it), else 4
+    tree_depth: int = 4  # EAGLE-2 tree: levels
+    tree_topk: int = 4  # EAGLE-2 tree: nodes expanded per level (Token Recycling: children of a deeper node)
+    tree_nodes: int | None = None  # node budget; None: calibrated budget − 1, else core.UNCALIBRATED_TREE_NODES
+    tree_measured: bool = False  # set by the decoder: tree_nodes is this device's calibrated flat-verify budget
+    shape: str = "chain"  # adaspec: chain or tree
+    lang: str = "auto"  # drafter language: auto (from the prompt, ADASPEC Alg. 2) or a bundle language (fixed)
+    size: str | int = "auto"  # vocabulary size: auto, one of the bundle's sizes (fixed) or full
+    vocab_lang: str | None = None  # head language other than the drafter's (FR-Spec: one vocabulary for all)
+    window: int | None = None  # ADASPEC Alg. 2 w; None: the bundle's
+    step: int | None = None  # ADASPEC Alg. 2 u; None: the bundle's
+    offset: float | None = None  # ADASPEC Alg. 2 z (favours smaller heads); None: the bundle's
+    gamma_max: int = 8  # the longest chain SPIDE and the hybrid's drafter draft
+    spide_threshold: float = 0.35  # SPIDE: stop drafting below this predicted acceptance
+    ngram_k: int = 8  # Token Recycling: next-token candidates kept per token
+    ngram_first_width: int = 8  # Token Recycling: the tree's first-level width
+    ngram_threshold: float = 0.02  # Token Recycling: least cumulative confidence of a kept node
+    spectra: Any = None  # a decoder.spectra.Spectra to share; None: the decoder builds one (spectra, hybrid)
+    spectra_corpus: str | Path | None = None  # SPECTRA-RETRIEVAL corpus (synth JSONL or text); None: the run's
+    lookup_runs: bool = True  # adaspec: prompt lookup's chain where a loop or a copy is running (greedy)
 
 
 @dataclass
@@ -94,7 +93,8 @@ class Method:
     paper: str  # where it comes from
     kind: Kind = "decoder"
     # decoder methods
-    source: Callable[[SourceOptions], Any] | None = None  # → its DraftSource; None: no drafting (plain AR)
+    source: Callable[[Any, Any, DecodeOptions], Any] | None = None  # (target, bundle, options) → its DraftSource;
+    # None: no drafting (plain AR)
     needs_bundle: bool = False  # drafts with the bundle's trained drafters
     calibration: tuple[str, ...] = ()  # calibration.json values its defaults read (g_star → γ, tree_budget → nodes)
     spectra: bool = False  # drafts from SPECTRA's tables (the decoder builds them, with the RETRIEVAL corpus)
@@ -106,11 +106,12 @@ class Method:
     baseline: bool = False  # the bench's speedups are over the faster baseline
     bench_default: bool = False  # in ``python -m decoder.bench``'s default ``--methods``
 
-    def build_source(self, o: SourceOptions):
-        """A decoder method's draft source for these options (None: ``ar``)."""
+    def build_source(self, target, bundle, options: DecodeOptions):
+        """A decoder method's draft source for the target, the bundle (or None) and these options, whose
+        ``tree_nodes`` is set (None: ``ar``)."""
         if self.kind != "decoder":
             raise PolyspecError(f"{self.name} is a bench {self.kind} method, not one the decoder runs")
-        return self.source(o) if self.source is not None else None
+        return self.source(target, bundle, options) if self.source is not None else None
 
     @property
     def decoder_method(self) -> Method | None:
@@ -136,12 +137,10 @@ class Method:
 
 
 # ------------------------------------------------------------------------- draft-source factories
-def _drafter(o: SourceOptions, **kw):
+def _drafter(target, bundle, o: DecodeOptions, **kw):
     from decoder.drafter_source import DrafterSource  # torch loads on first build (module docstring)
 
-    return DrafterSource(o.target, o.bundle, gamma=o.gamma or 4, depth=o.tree_depth, topk=o.tree_topk,
-                         nodes=o.tree_nodes, lang=o.lang, size=o.size, vocab_lang=o.vocab_lang, window=o.window,
-                         step=o.step, offset=o.offset, gamma_max=o.gamma_max, **kw)
+    return DrafterSource(target, bundle, o, **kw)
 
 
 def _loop_lookup():
@@ -151,68 +150,69 @@ def _loop_lookup():
     return PromptLookup(10, grow_to=20)
 
 
-def _spectra_tables(o: SourceOptions):
-    return o.spectra if o.spectra is not None else Spectra(o.vocab_size, guess_len=10)
+def _vocab_size(target) -> int:
+    return int(target.model.get_output_embeddings().weight.shape[0])
 
 
-def _pld(o: SourceOptions):
+def _spectra_tables(target, o: DecodeOptions):
+    return o.spectra if o.spectra is not None else Spectra(_vocab_size(target), guess_len=10)
+
+
+def _pld(target, bundle, o: DecodeOptions):
     from decoder.ngram_sources import PromptLookup  # torch loads on first build (module docstring)
 
     return PromptLookup(o.gamma or 10)  # transformers' prompt_lookup_num_tokens=10
 
 
-def _ngram_tree(o: SourceOptions):
+def _ngram_tree(target, bundle, o: DecodeOptions):
     from decoder.ngram_sources import TokenRecycling  # torch loads on first build (module docstring)
 
-    return TokenRecycling(o.vocab_size, o.ngram_k, o.tree_nodes, o.ngram_first_width, o.tree_topk, o.tree_depth,
-                          o.ngram_threshold, o.gamma or 4)
+    return TokenRecycling(_vocab_size(target), o.ngram_k, o.tree_nodes, o.ngram_first_width, o.tree_topk,
+                          o.tree_depth, o.ngram_threshold, o.gamma or 4)
 
 
-def _spectra(o: SourceOptions):
+def _spectra(target, bundle, o: DecodeOptions):
     from decoder.ngram_sources import SpectraSource  # torch loads on first build (module docstring)
 
-    return SpectraSource(_spectra_tables(o), max(o.tree_nodes, 10))  # as deep as PLD: loops repay long guesses
+    # as deep as PLD: loops repay long guesses
+    return SpectraSource(_spectra_tables(target, o), max(o.tree_nodes, 10))
 
 
-def _chain(o: SourceOptions):
-    return _drafter(o, mode="chain", name="chain")
+def _chain(target, bundle, o: DecodeOptions):
+    return _drafter(target, bundle, o, mode="chain", name="chain")
 
 
-def _tree(o: SourceOptions):
-    return _drafter(o, mode="tree", name="tree")
+def _tree(target, bundle, o: DecodeOptions):
+    return _drafter(target, bundle, o, mode="tree", name="tree")
 
 
-def _adaspec(o: SourceOptions):
-    return _drafter(o, mode=o.shape, adaptive=True, name="adaspec", lookup_runs=_loop_lookup() if o.lookup_runs else None)
+def _adaspec(target, bundle, o: DecodeOptions):
+    return _drafter(target, bundle, o, mode=o.shape, adaptive=True, name="adaspec",
+                    lookup_runs=_loop_lookup() if o.lookup_runs else None)
 
 
-def _spide(o: SourceOptions):
+def _spide(target, bundle, o: DecodeOptions):
     from decoder.drafter_source import SpideSource  # torch loads on first build (module docstring)
 
-    return SpideSource(o.target, o.bundle, gamma=o.gamma or 4, lang=o.lang, size=o.size, vocab_lang=o.vocab_lang,
-                       window=o.window, step=o.step, offset=o.offset, gamma_max=o.gamma_max,
-                       spide_threshold=o.spide_threshold, name="spide")
+    return SpideSource(target, bundle, o, spide_threshold=o.spide_threshold, name="spide")
 
 
-def _spide_parallel(o: SourceOptions):
+def _spide_parallel(target, bundle, o: DecodeOptions):
     from decoder.spide_parallel import SpideParallelSource  # torch loads on first build (module docstring)
 
-    return SpideParallelSource(o.target, o.bundle, lang=o.lang, size=o.size, vocab_lang=o.vocab_lang, window=o.window,
-                               step=o.step, offset=o.offset, gamma_max=o.gamma_max,
-                               spide_threshold=o.spide_threshold, name="spide-parallel")
+    return SpideParallelSource(target, bundle, options=o, spide_threshold=o.spide_threshold, name="spide-parallel")
 
 
-def _hybrid(o: SourceOptions):
+def _hybrid(target, bundle, o: DecodeOptions):
     from decoder.hybrid import HybridSource  # torch loads on first build (module docstring)
     from decoder.ngram_sources import SpectraSource
 
-    d = _drafter(o, mode="chain", adaptive=True, name="drafter") if o.bundle is not None else None
-    # the same node budget as spectra alone: the calibrated flat budget, but at least PLD's depth (measured on the
-    # 2-core CPU: a 5-node flat budget cut the base model's long, looping guesses; spectra at 10 nodes ran 3.8× AR,
-    # hybrid at 5 branch nodes 3.2×)
+    d = _drafter(target, bundle, o, mode="chain", adaptive=True, name="drafter") if bundle is not None else None
+    # the same node budget as spectra alone: the calibrated flat budget, but at least PLD's depth (a smaller flat
+    # budget cuts the target's long, looping guesses; evidence: docs/experiments.md#the-hybrids-node-budget)
     nodes = max(o.tree_nodes, 10)
-    return HybridSource(d, [_loop_lookup(), SpectraSource(_spectra_tables(o), nodes)], nodes=nodes,
-                        gamma_max=o.gamma_max, lang_of=_request_language(o.target.tokenizer),
+    return HybridSource(d, [_loop_lookup(), SpectraSource(_spectra_tables(target, o), nodes)], nodes=nodes,
+                        gamma_max=o.gamma_max, lang_of=_request_language(target.tokenizer),
                         plain_arm=not o.tree_measured)
 
 
@@ -234,7 +234,7 @@ def _request_language(tokenizer):
 def _eagle3_bundle(bundle) -> bool:
     """Whether a bundle's drafters are of the EAGLE-3 form (read from their config, no weights loaded)."""
     cfg = json.loads((bundle.drafter_dir(bundle.languages[0]) / "config.json").read_text(encoding="utf-8"))
-    return cfg.get("drafter_type") == "eagle" and cfg.get("arch") == "eagle3"
+    return DrafterKind.of_config(cfg) is DrafterKind.EAGLE3
 
 
 def _engines(b: BenchInputs):

@@ -19,10 +19,11 @@ This module gathers the pieces; each lives in a module named for what it does:
 
 from __future__ import annotations
 
+from decoder.core import UNCALIBRATED_TREE_NODES
 from decoder.draft_types import DecodeState, DraftSource, Proposal, Verified
 from decoder.drafter_source import DrafterSource, SpideSource
 from decoder.hybrid import HybridSource, _Arm, merge
-from decoder.methods import SourceOptions, get_method
+from decoder.methods import DecodeOptions, get_method
 from decoder.ngram_sources import PromptLookup, SpectraSource, TokenRecycling
 from decoder.spide_parallel import SpideParallelSource
 
@@ -32,5 +33,8 @@ __all__ = ["DecodeState", "DraftSource", "DrafterSource", "HybridSource", "Promp
 
 def build_source(method: str, target, bundle=None, **options) -> DraftSource | None:
     """method → its draft source (None for ``ar``), from the registry (``decoder.methods``). ``options``: the
-    fields of ``decoder.methods.SourceOptions`` (γ, tree shape, ``spectra`` tables to share, ``lookup_runs``, …)."""
-    return get_method(method, kind="decoder").build_source(SourceOptions(target, bundle, **options))
+    fields of ``decoder.methods.DecodeOptions`` (γ, tree shape, ``spectra`` tables to share, ``lookup_runs``, …),
+    taken as given: no calibration is read, and the node budget defaults to the CPU's uncalibrated one on every
+    device (``Decoder`` resolves γ, the node budget and SPECTRA's tables itself)."""
+    o = DecodeOptions(**{"tree_nodes": UNCALIBRATED_TREE_NODES["cpu"], **options})
+    return get_method(method, kind="decoder").build_source(target, bundle, o)
