@@ -24,8 +24,9 @@ import yaml
 
 from corpus.config import CorpusConfig
 from decoder.methods import METHODS
-from pipelines.config import Profile
+from pipelines.config import Profile, TrainStage
 from polyspec.config import load_config
+from polyspec.drafter_kind import DrafterKind
 from polyspec.errors import PolyspecError
 from polyspec.languages import parse_languages
 from polyspec.paths import REPO_ROOT, repo_file
@@ -67,166 +68,367 @@ def repo_sources(spec: str) -> str:
     return ",".join(x[: -len(p)] + repo_path(p) if p else x for x, p in zip(items, paths))
 
 
+@dataclass
+class _PlanInputs:
+    """What every stage builder reads: the profile (its repository paths resolved), the languages,
+    the target and the run directory."""
+
+    profile: Profile
+    langs: list[str]
+    target: str
+    run: Path
+    first_lang: str  # the pretrain is named for it: <run>/train/<first_lang>/pretrain
+    python: str  # the interpreter every stage's command runs
+
+    def command(self, module: str, *args: str) -> list[str]:
+        return [self.python, "-m", module, *args]
+
+    @property
+    def on_policy(self) -> bool:
+        return self.profile.distill.mode == "on-policy"
+
+    @property
+    def run_arg(self) -> str:  # the run directory as the commands spell it
+        return str(self.run)
+
+    @property
+    def langs_arg(self) -> str:
+        return ",".join(self.langs)
+
+    @property
+    def bundle(self) -> Path:
+        return self.run / "export" / "bundle"
+
+    @property
+    def engines(self) -> Path:
+        return self.run / "export" / "engines"
+
+
+@dataclass
+class _TrainTrack:
+    """One set of drafters to train: a multilingual pretrain, then a finetune per language."""
+
+    prefix: str  # stage names: <prefix>:pretrain, <prefix>:<lang>
+    train_dir: str  # where under the run: <run>/<train_dir>/<lang>/
+    recipe: str
+    pretrain_overrides: list[str]
+    finetune_overrides: list[str]
+    launch: list[str]  # python -m accelerate.commands.launch … train/drafter.py --config <recipe>
+
+
 def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> list[Stage]:
-    py = sys.executable
-    run = Path(run)
+    """The profile's stages for these languages, target and run directory, in the order they run."""
+    plan = _PlanInputs(_resolve_paths(profile), langs, target, Path(run), first_lang=langs[0],
+                       python=sys.executable)
+    stages: list[Stage] = []
+    for lang in langs:
+        stages.append(_synth_stage(plan, lang))
+        stages += _distill_stages(plan, lang)
+    if plan.profile.corpus.enabled:  # general text for the pretrain: the corpus, then the target's
+        for lang in langs:  # features on its first tokens
+            stages += [_corpus_stage(plan, lang), _prefill_stage(plan, lang)]
+    stages.append(_vocab_stage(plan))
+    tracks = _train_tracks(plan)
+    for track in tracks:
+        stages.append(_pretrain_stage(plan, track))
+        stages += [_finetune_stage(plan, track, lang) for lang in langs]
+    stages.append(_export_stage(plan))
+    stages.append(_engines_export_stage(plan, tracks[-1]))  # the last track's drafters: EAGLE-3
+    if plan.on_policy:
+        stages.append(_engines_score_stage(plan))
+    if plan.profile.calibrate.enabled:
+        stages.append(_calibrate_stage(plan))
+    stages.append(_eval_stage(plan))
+    stages.append(_report_stage(plan))
+    return stages
+
+
+def _resolve_paths(profile: Profile) -> Profile:
+    """A copy of the profile with its repository paths resolved as the commands spell them
+    (``repo_path``)."""
     profile = profile.model_copy(deep=True)
-    for part in (profile.synth, profile.distill, profile.vocab):
+    for part in (profile.synth, profile.distill, profile.vocab, profile.corpus):
         part.config = repo_path(part.config)
     profile.vocab.sources = repo_sources(profile.vocab.sources)
     profile.train.recipe = repo_path(profile.train.recipe)
-    args = profile.train.accelerate_args
-    if "--config_file" in args:
-        args[args.index("--config_file") + 1] = repo_path(args[args.index("--config_file") + 1])
-    r = str(run)
-    p = profile
-    first = langs[0]
-    on_policy = p.distill.mode == "on-policy"
-    stages: list[Stage] = []
-    for lang in langs:
-        ov = [f"seed={p.seed}", *p.synth.overrides]
-        stages.append(Stage(f"synth:{lang}", "synth",
-                            [py, "-m", "synth", "--config", p.synth.config, "--lang", lang, "--n", str(p.synth.n),
-                             "--target", target, "--run", r, *ov],
-                            run / "synth" / lang / "DONE.json", work=[run / "synth" / lang],
-                            check=(SynthConfig, p.synth.config, [f"lang={lang}", f"n={p.synth.n}", f"target={target}", *ov])))
-        dov = [f"seed={p.seed}", *p.distill.overrides]
-        temps = ",".join(str(t) for t in p.distill.temperatures)
-        if on_policy:  # the pool at T = 0 and sampled T, features captured; the held-out prompts greedy
-            lim = [f"limit={p.distill.limit}"] if p.distill.limit else []
-            # the prompt files they read are hashed too: a changed held-out set or task file redoes them (the pool
-            # leaves out every held-out and benchmark turn, so those files shape it as well)
-            heldout, tasks = repo_path("synth/data/heldout.jsonl"), repo_path(f"synth/data/tasks/{lang}.yaml")
-            pool_files = [tasks, heldout, repo_path("decoder/data/mini_multispecbench.jsonl")]
-            for name, prompts, t, extra, deps, files in (("distill", "pool", temps, lim, [f"synth:{lang}"], pool_files),
-                                                         ("heldout", "heldout", "0", [], [], [heldout])):
-                # the last layer (EAGLE-1) and the three layers EAGLE-3 reads: every profile trains engine drafters
-                ov = ["capture_features=true", "feature_layers=eagle3", *extra, *dov]
-                stages.append(Stage(f"{name}:{lang}", "distill",
-                                    [py, "-m", "synth", "distill", "--config", p.distill.config, "--lang", lang,
-                                     "--prompts", prompts, "--out-name", name, "--temperatures", t, "--target", target,
-                                     "--run", r, *ov],
-                                    run / "synth" / f"{lang}-{name}" / "DONE.json", deps=deps,
-                                    work=[run / "synth" / f"{lang}-{name}"],
-                                    check=(DistillConfig, p.distill.config, [f"lang={lang}", f"target={target}", *ov]),
-                                    data=[f for f in files if Path(f).is_file()]))
-            continue
-        stages.append(Stage(f"distill:{lang}", "distill",
-                            [py, "-m", "synth", "distill", "--config", p.distill.config, "--lang", lang, "--continuation",
-                             "--out-name", "pretrain", "--temperatures", temps, "--target", target, "--run", r, *dov],
-                            run / "synth" / f"{lang}-pretrain" / "DONE.json", work=[run / "synth" / f"{lang}-pretrain"],
-                            check=(DistillConfig, p.distill.config, [f"lang={lang}", f"target={target}", *dov])))
-    prefilled = []
-    if p.corpus.enabled:  # general text for the pretrain: the corpus, then the target's features on its first tokens
-        c = p.corpus
-        c.config = repo_path(c.config)
-        for lang in langs:
-            stages.append(Stage(f"corpus:{lang}", "corpus",
-                                [py, "-m", "corpus", "--config", c.config, "--langs", lang, "--target", target, "--run", r,
-                                 *c.overrides],
-                                run / "corpus" / lang / "DONE.json", work=[run / "corpus" / lang],
-                                check=(CorpusConfig, c.config, [f"langs=[{lang}]", f"target={target}", *c.overrides])))
-            stages.append(Stage(f"prefill:{lang}", "prefill",
-                                [py, "-m", "corpus", "prefill", "--lang", lang, "--target", target, "--run", r,
-                                 "--max-tokens", str(c.tokens), "--seq-len", str(c.seq_len)],
-                                run / "corpus" / f"{lang}-prefill" / "DONE.json", deps=[f"corpus:{lang}"],
-                                work=[run / "corpus" / f"{lang}-prefill"]))
-            prefilled.append(f"{r}/corpus/{lang}-prefill/data.jsonl")
-    stages.append(Stage("vocab", "vocab",
-                        [py, "-m", "vocab", "--config", p.vocab.config, "--langs", ",".join(langs), "--sources",
-                         p.vocab.sources, "--target", target, "--run", r,
-                         f"mask_sizes=[{','.join(map(str, p.export.sizes))}]", *p.vocab.overrides],
-                        run / "vocab" / "DONE.json",  # on-policy: the distilled answers are counted, the held-out
-                        deps=[f"{k}:{lang}" for lang in langs  # ones measure coverage
-                              for k in (("synth", "distill", "heldout") if on_policy else ("synth",))],
-                        check=(VocabConfig, p.vocab.config, [f"mask_sizes={p.export.sizes}", f"sources={_sources(p.vocab.sources)}",
-                                                              *p.vocab.overrides])))
-    if "--config_file" not in args and "--num_cpu_threads_per_process" not in args:  # accelerate launch would
-        # otherwise set OMP_NUM_THREADS=1 for a CPU process: half the training speed on 2 cores (measured)
-        procs = int(args[args.index("--num_processes") + 1]) if "--num_processes" in args else 1
-        args = [*args, "--num_cpu_threads_per_process", str(max(1, (os.cpu_count() or 1) // procs))]
-    pre_name = "distill" if on_policy else "pretrain"
-    pre_data = "[" + ",".join([*(f"{r}/synth/{lang}-{pre_name}/data.jsonl" for lang in langs), *prefilled]) + "]"
-    captured = ["features=captured"] if on_policy else []
-    # the profile's own drafters (train:*), and the EAGLE-3 drafters engines load beside them (train3:*) where the
-    # own ones are of another form; an EAGLE-3 pretrain reads one draft vocabulary interleaving every language's
-    tracks = [("train", "train", p.train.recipe, p.train.pretrain_overrides, p.train.finetune_overrides)]
-    if p.train.engine is not None:
-        eng = p.train.engine
-        tracks.append(("train3", eng.train_dir, repo_path(eng.recipe), eng.pretrain_overrides, eng.finetune_overrides))
-    for prefix, tdir, recipe, pre_extra, fine_extra in tracks:
-        launch = [py, "-m", "accelerate.commands.launch", *args, repo_path("train/drafter.py"), "--config", recipe]
-        where = [f"train_dir={tdir}"] if tdir != "train" else []
-        multi = [f"eagle.vocab_langs=[{','.join(langs)}]"] if is_eagle3(recipe, pre_extra) else []
-        pre_ov = [f"lang={first}", f"target={target}", f"run={r}", "stage=pretrain", f"seed={p.seed}", *where,
-                  f"data.pretrain={pre_data}", *captured, *multi, *pre_extra]
-        stages.append(Stage(f"{prefix}:pretrain", "pretrain", [*launch, *pre_ov],
-                            run / tdir / first / "pretrain" / "DONE.json", work=[run / tdir / first / "pretrain"],
-                            deps=["vocab", *(f"distill:{lang}" for lang in langs),
-                                  *(f"prefill:{lang}" for lang in langs if prefilled)],
-                            check=(TrainConfig, recipe, pre_ov)))
-        for lang in langs:
-            data = [f"data.finetune=[{r}/synth/{lang}-distill/data.jsonl]",  # the held-out answers score it
-                    f"data.eval_file=[{r}/synth/{lang}-heldout/data.jsonl]"] if on_policy else []
-            ov = [f"lang={lang}", f"target={target}", f"run={r}", "stage=finetune", f"seed={p.seed}", *where,
-                  f"init_from={r}/{tdir}/{first}/pretrain/final", *captured, *data, *fine_extra]
-            deps = [f"distill:{lang}", f"heldout:{lang}"] if on_policy else [f"synth:{lang}"]
-            stages.append(Stage(f"{prefix}:{lang}", "finetune", [*launch, *ov], run / tdir / lang / "DONE.json",
-                                work=[run / tdir / lang / "finetune"],
-                                deps=[f"{prefix}:pretrain", *deps, "vocab"], check=(TrainConfig, recipe, ov)))
-    bundle = run / "export" / "bundle"
-    e = p.export
-    stages.append(Stage("export", "export",
-                        [py, "-m", "export", "--langs", ",".join(langs), "--run", r, "--target", target, "--out", str(bundle),
-                         "--sizes", ",".join(map(str, e.sizes)), "--window", str(e.window), "--step", str(e.step),
-                         "--offset", str(e.offset)],
-                        run / "export" / "DONE.json", deps=[f"train:{lang}" for lang in langs] + ["vocab"]))
-    # every profile ships drafters an engine loads: speculators folders (vLLM, SGLang) per language and for the
-    # multilingual pretrain, GGUFs where llama.cpp's converter is at hand, and engines.json saying which loads what
-    prefix, tdir = ("train3", p.train.engine.train_dir) if p.train.engine is not None else ("train", "train")
-    engines = run / "export" / "engines"
-    stages.append(Stage("export:engines", "export",
-                        [py, "-m", "export", "engines", "--langs", ",".join(langs), "--run", r, "--target", target,
-                         "--train-dir", tdir, "--out", str(engines), "--sizes", ",".join(map(str, e.sizes))],
-                        engines / "DONE.json",
-                        deps=[f"{prefix}:pretrain", *(f"{prefix}:{lang}" for lang in langs), "vocab"]))
-    last, scored = "export:engines", []
-    if on_policy:  # each language's own engine drafter beside the multilingual one, on the same held-out answers
-        stages.append(Stage("score:engines", "export",
-                            [py, "-m", "pipelines.score_check", "--run", r, "--engines", str(engines), "--target",
-                             target, "--gamma", "4"],
-                            run / "export" / "engines-score" / "DONE.json",
-                            deps=["export:engines", *(f"heldout:{lang}" for lang in langs)]))
-        scored = ["score:engines"]
-    if p.calibrate.enabled:
-        c = p.calibrate
-        stages.append(Stage("calibrate", "calibrate",
-                            [py, "-m", "decoder.calibrate", "--bundle", str(bundle), "--target", target,
-                             "--sizes", ",".join(map(str, c.sizes)), "--prompts", str(c.prompts),
-                             "--max-new-tokens", str(c.max_new_tokens)],
-                            run / "calibrate" / "DONE.json", deps=["export", "export:engines"]))
-        last = "calibrate"
-    ev = p.eval
-    unknown = sorted(set(ev.methods) - set(METHODS))
+    if profile.train.engine is not None:
+        profile.train.engine.recipe = repo_path(profile.train.engine.recipe)
+    accelerate_args = profile.train.accelerate_args
+    if "--config_file" in accelerate_args:
+        at = accelerate_args.index("--config_file") + 1
+        accelerate_args[at] = repo_path(accelerate_args[at])
+    if profile.eval.questions:
+        profile.eval.questions = repo_path(profile.eval.questions)
+    return profile
+
+
+def _synth_stage(plan: _PlanInputs, lang: str) -> Stage:
+    """synth:<lang>: the target's self-synthesised instructions and answers in the language."""
+    synth = plan.profile.synth
+    overrides = [f"seed={plan.profile.seed}", *synth.overrides]
+    out = plan.run / "synth" / lang
+    return Stage(f"synth:{lang}", "synth",
+                 plan.command("synth", "--config", synth.config, "--lang", lang,
+                              "--n", str(synth.n), "--target", plan.target, "--run", plan.run_arg,
+                              *overrides),
+                 out / "DONE.json", work=[out],
+                 check=(SynthConfig, synth.config,
+                        [f"lang={lang}", f"n={synth.n}", f"target={plan.target}", *overrides]))
+
+
+def _distill_stages(plan: _PlanInputs, lang: str) -> list[Stage]:
+    """on-policy: distill:<lang> (the prompt pool at T = 0 and the sampled temperatures, features
+    captured) and heldout:<lang> (the held-out prompts, greedy); continuation: distill:<lang>."""
+    if not plan.on_policy:
+        return [_continuation_stage(plan, lang)]
+    distill = plan.profile.distill
+    temperatures = ",".join(str(t) for t in distill.temperatures)
+    limit = [f"limit={distill.limit}"] if distill.limit else []
+    # the prompt files they read are hashed too: a changed held-out set or task file redoes them
+    # (the pool leaves out every held-out and benchmark turn, so those files shape it as well)
+    heldout = repo_path("synth/data/heldout.jsonl")
+    tasks = repo_path(f"synth/data/tasks/{lang}.yaml")
+    pool_files = [tasks, heldout, repo_path("decoder/data/mini_multispecbench.jsonl")]
+    return [_capturing_distill_stage(plan, lang, "distill", "pool", temperatures, limit,
+                                     deps=[f"synth:{lang}"], files=pool_files),
+            _capturing_distill_stage(plan, lang, "heldout", "heldout", "0", [],
+                                     deps=[], files=[heldout])]
+
+
+def _capturing_distill_stage(plan: _PlanInputs, lang: str, out_name: str, prompts: str,
+                             temperatures: str, extra: list[str], deps: list[str],
+                             files: list[str]) -> Stage:
+    """<out_name>:<lang>: the target's answers to a prompt set, its hidden states captured."""
+    distill = plan.profile.distill
+    # the last layer (EAGLE-1) and the three EAGLE-3 reads: every profile trains engine drafters
+    overrides = ["capture_features=true", "feature_layers=eagle3", *extra,
+                 f"seed={plan.profile.seed}", *distill.overrides]
+    out = plan.run / "synth" / f"{lang}-{out_name}"
+    return Stage(f"{out_name}:{lang}", "distill",
+                 plan.command("synth", "distill", "--config", distill.config, "--lang", lang,
+                              "--prompts", prompts, "--out-name", out_name,
+                              "--temperatures", temperatures, "--target", plan.target,
+                              "--run", plan.run_arg, *overrides),
+                 out / "DONE.json", deps=deps, work=[out],
+                 check=(DistillConfig, distill.config,
+                        [f"lang={lang}", f"target={plan.target}", *overrides]),
+                 data=[f for f in files if Path(f).is_file()])
+
+
+def _continuation_stage(plan: _PlanInputs, lang: str) -> Stage:
+    """distill:<lang> (distill.mode=continuation): free-text continuations of the seeds, for the
+    pretrain."""
+    distill = plan.profile.distill
+    temperatures = ",".join(str(t) for t in distill.temperatures)
+    overrides = [f"seed={plan.profile.seed}", *distill.overrides]
+    out = plan.run / "synth" / f"{lang}-pretrain"
+    return Stage(f"distill:{lang}", "distill",
+                 plan.command("synth", "distill", "--config", distill.config, "--lang", lang,
+                              "--continuation", "--out-name", "pretrain",
+                              "--temperatures", temperatures, "--target", plan.target,
+                              "--run", plan.run_arg, *overrides),
+                 out / "DONE.json", work=[out],
+                 check=(DistillConfig, distill.config,
+                        [f"lang={lang}", f"target={plan.target}", *overrides]))
+
+
+def _corpus_stage(plan: _PlanInputs, lang: str) -> Stage:
+    """corpus:<lang>: general text in the language (python -m corpus)."""
+    corpus = plan.profile.corpus
+    out = plan.run / "corpus" / lang
+    return Stage(f"corpus:{lang}", "corpus",
+                 plan.command("corpus", "--config", corpus.config, "--langs", lang,
+                              "--target", plan.target, "--run", plan.run_arg, *corpus.overrides),
+                 out / "DONE.json", work=[out],
+                 check=(CorpusConfig, corpus.config,
+                        [f"langs=[{lang}]", f"target={plan.target}", *corpus.overrides]))
+
+
+def _prefill_stage(plan: _PlanInputs, lang: str) -> Stage:
+    """prefill:<lang>: the target's features on the first corpus.tokens tokens of corpus:<lang>."""
+    corpus = plan.profile.corpus
+    out = plan.run / "corpus" / f"{lang}-prefill"
+    return Stage(f"prefill:{lang}", "prefill",
+                 plan.command("corpus", "prefill", "--lang", lang, "--target", plan.target,
+                              "--run", plan.run_arg, "--max-tokens", str(corpus.tokens),
+                              "--seq-len", str(corpus.seq_len)),
+                 out / "DONE.json", deps=[f"corpus:{lang}"], work=[out])
+
+
+def _vocab_stage(plan: _PlanInputs) -> Stage:
+    """vocab: the draft vocabularies (one per mask size) over every language."""
+    vocab, sizes = plan.profile.vocab, plan.profile.export.sizes
+    # on-policy: the distilled answers are counted, the held-out ones measure coverage
+    reads = ("synth", "distill", "heldout") if plan.on_policy else ("synth",)
+    return Stage("vocab", "vocab",
+                 plan.command("vocab", "--config", vocab.config, "--langs", plan.langs_arg,
+                              "--sources", vocab.sources, "--target", plan.target,
+                              "--run", plan.run_arg, f"mask_sizes=[{','.join(map(str, sizes))}]",
+                              *vocab.overrides),
+                 plan.run / "vocab" / "DONE.json",
+                 deps=[f"{kind}:{lang}" for lang in plan.langs for kind in reads],
+                 check=(VocabConfig, vocab.config,
+                        [f"mask_sizes={sizes}", f"sources={_sources(vocab.sources)}",
+                         *vocab.overrides]))
+
+
+def _accelerate_args(train: TrainStage) -> list[str]:
+    """The profile's ``accelerate launch`` arguments, with a CPU thread count where none is set."""
+    args = train.accelerate_args
+    if "--config_file" in args or "--num_cpu_threads_per_process" in args:
+        return args
+    # accelerate launch would otherwise set OMP_NUM_THREADS=1 for a CPU process: half the training
+    # speed on 2 cores (measured)
+    processes = int(args[args.index("--num_processes") + 1]) if "--num_processes" in args else 1
+    threads = max(1, (os.cpu_count() or 1) // processes)
+    return [*args, "--num_cpu_threads_per_process", str(threads)]
+
+
+def _train_tracks(plan: _PlanInputs) -> list[_TrainTrack]:
+    """The profile's own drafters (train:*), and the EAGLE-3 drafters engines load beside them
+    (train3:*) where the own ones are of another form."""
+    train = plan.profile.train
+    launch = plan.command("accelerate.commands.launch", *_accelerate_args(train),
+                          repo_path("train/drafter.py"), "--config")
+    tracks = [_TrainTrack("train", "train", train.recipe, train.pretrain_overrides,
+                          train.finetune_overrides, [*launch, train.recipe])]
+    if train.engine is not None:
+        engine = train.engine
+        tracks.append(_TrainTrack("train3", engine.train_dir, engine.recipe,
+                                  engine.pretrain_overrides, engine.finetune_overrides,
+                                  [*launch, engine.recipe]))
+    return tracks
+
+
+def _trainer_overrides(plan: _PlanInputs, track: _TrainTrack, lang: str, stage: str) -> list[str]:
+    """The overrides every trainer run of a track starts with."""
+    where = [f"train_dir={track.train_dir}"] if track.train_dir != "train" else []
+    return [f"lang={lang}", f"target={plan.target}", f"run={plan.run_arg}", f"stage={stage}",
+            f"seed={plan.profile.seed}", *where]
+
+
+def _pretrain_stage(plan: _PlanInputs, track: _TrainTrack) -> Stage:
+    """<prefix>:pretrain: one multilingual pretrain on every language's distilled data (and the
+    prefilled corpus); an EAGLE-3 pretrain reads one draft vocabulary interleaving every
+    language's."""
+    run, first, corpus = plan.run_arg, plan.first_lang, plan.profile.corpus.enabled
+    distilled = "distill" if plan.on_policy else "pretrain"
+    data = [*(f"{run}/synth/{lang}-{distilled}/data.jsonl" for lang in plan.langs),
+            *(f"{run}/corpus/{lang}-prefill/data.jsonl" for lang in plan.langs if corpus)]
+    captured = ["features=captured"] if plan.on_policy else []
+    multilingual = ([f"eagle.vocab_langs=[{plan.langs_arg}]"]
+                    if is_eagle3(track.recipe, track.pretrain_overrides) else [])
+    overrides = [*_trainer_overrides(plan, track, first, "pretrain"),
+                 f"data.pretrain=[{','.join(data)}]", *captured, *multilingual,
+                 *track.pretrain_overrides]
+    out = plan.run / track.train_dir / first / "pretrain"
+    return Stage(f"{track.prefix}:pretrain", "pretrain", [*track.launch, *overrides],
+                 out / "DONE.json", work=[out],
+                 deps=["vocab", *(f"distill:{lang}" for lang in plan.langs),
+                       *(f"prefill:{lang}" for lang in plan.langs if corpus)],
+                 check=(TrainConfig, track.recipe, overrides))
+
+
+def _finetune_stage(plan: _PlanInputs, track: _TrainTrack, lang: str) -> Stage:
+    """<prefix>:<lang>: the language's finetune from the pretrain weights; on-policy, on its
+    distilled answers, scored on its held-out ones."""
+    run = plan.run_arg
+    captured = ["features=captured"] if plan.on_policy else []
+    data = [f"data.finetune=[{run}/synth/{lang}-distill/data.jsonl]",
+            f"data.eval_file=[{run}/synth/{lang}-heldout/data.jsonl]"] if plan.on_policy else []
+    pretrained = f"{run}/{track.train_dir}/{plan.first_lang}/pretrain/final"
+    overrides = [*_trainer_overrides(plan, track, lang, "finetune"), f"init_from={pretrained}",
+                 *captured, *data, *track.finetune_overrides]
+    reads = [f"distill:{lang}", f"heldout:{lang}"] if plan.on_policy else [f"synth:{lang}"]
+    out = plan.run / track.train_dir / lang
+    return Stage(f"{track.prefix}:{lang}", "finetune", [*track.launch, *overrides],
+                 out / "DONE.json", work=[out / "finetune"],
+                 deps=[f"{track.prefix}:pretrain", *reads, "vocab"],
+                 check=(TrainConfig, track.recipe, overrides))
+
+
+def _export_stage(plan: _PlanInputs) -> Stage:
+    """export: the bundle of the profile's own drafters and draft vocabularies."""
+    export = plan.profile.export
+    return Stage("export", "export",
+                 plan.command("export", "--langs", plan.langs_arg, "--run", plan.run_arg,
+                              "--target", plan.target, "--out", str(plan.bundle),
+                              "--sizes", ",".join(map(str, export.sizes)),
+                              "--window", str(export.window), "--step", str(export.step),
+                              "--offset", str(export.offset)),
+                 plan.run / "export" / "DONE.json",
+                 deps=[f"train:{lang}" for lang in plan.langs] + ["vocab"])
+
+
+def _engines_export_stage(plan: _PlanInputs, track: _TrainTrack) -> Stage:
+    """export:engines: every profile ships drafters an engine loads: speculators folders (vLLM,
+    SGLang) per language and for the multilingual pretrain, GGUFs where llama.cpp's converter is at
+    hand, and engines.json saying which loads what."""
+    return Stage("export:engines", "export",
+                 plan.command("export", "engines", "--langs", plan.langs_arg,
+                              "--run", plan.run_arg, "--target", plan.target,
+                              "--train-dir", track.train_dir, "--out", str(plan.engines),
+                              "--sizes", ",".join(map(str, plan.profile.export.sizes))),
+                 plan.engines / "DONE.json",
+                 deps=[f"{track.prefix}:pretrain",
+                       *(f"{track.prefix}:{lang}" for lang in plan.langs), "vocab"])
+
+
+def _engines_score_stage(plan: _PlanInputs) -> Stage:
+    """score:engines (on-policy): each language's own engine drafter beside the multilingual one, on
+    the same held-out answers."""
+    return Stage("score:engines", "export",
+                 plan.command("pipelines.score_check", "--run", plan.run_arg,
+                              "--engines", str(plan.engines), "--target", plan.target,
+                              "--gamma", "4"),
+                 plan.run / "export" / "engines-score" / "DONE.json",
+                 deps=["export:engines", *(f"heldout:{lang}" for lang in plan.langs)])
+
+
+def _calibrate_stage(plan: _PlanInputs) -> Stage:
+    """calibrate: the bundle's draft-length calibration (decoder.calibrate)."""
+    calibrate = plan.profile.calibrate
+    return Stage("calibrate", "calibrate",
+                 plan.command("decoder.calibrate", "--bundle", str(plan.bundle),
+                              "--target", plan.target,
+                              "--sizes", ",".join(map(str, calibrate.sizes)),
+                              "--prompts", str(calibrate.prompts),
+                              "--max-new-tokens", str(calibrate.max_new_tokens)),
+                 plan.run / "calibrate" / "DONE.json", deps=["export", "export:engines"])
+
+
+def _eval_stage(plan: _PlanInputs) -> Stage:
+    """eval: the profile's decoding methods benchmarked (decoder.bench); unknown methods refused."""
+    profile, evaluation = plan.profile, plan.profile.eval
+    unknown = sorted(set(evaluation.methods) - set(METHODS))
     if unknown:
-        raise PolyspecError(f"profile {p.name}: unknown eval methods {unknown}; choose from {', '.join(METHODS)}")
-    stages.append(Stage("eval", "eval",
-                        [py, "-m", "decoder.bench", "--bundle", str(bundle), "--target", target, "--langs", ",".join(langs),
-                         "--methods", ",".join(ev.methods), "--max-new-tokens", str(ev.max_new_tokens),
-                         "--repeats", str(ev.repeats), "--out", str(run / "eval"),
-                         *(["--engine-bundle", str(engines / "bundle")] if "eagle3" in ev.methods else []),
-                         *(["--per-cell", str(ev.per_cell)] if ev.per_cell else []),
-                         *(["--questions", repo_path(ev.questions)] if ev.questions else [])],
-                        run / "eval" / "DONE.json", deps=[last] if last == "calibrate" else ["export", last]))
-    stages.append(Stage("report", "report", [py, "-m", "pipelines", "report", "--run", r],
-                        run / "report" / "DONE.json", deps=["eval", *scored]))
-    return stages
+        raise PolyspecError(f"profile {profile.name}: unknown eval methods {unknown}; "
+                            f"choose from {', '.join(METHODS)}")
+    engine_bundle = str(plan.engines / "bundle")
+    optional = [*(["--engine-bundle", engine_bundle] if "eagle3" in evaluation.methods else []),
+                *(["--per-cell", str(evaluation.per_cell)] if evaluation.per_cell else []),
+                *(["--questions", evaluation.questions] if evaluation.questions else [])]
+    after = ["calibrate"] if profile.calibrate.enabled else ["export", "export:engines"]
+    return Stage("eval", "eval",
+                 plan.command("decoder.bench", "--bundle", str(plan.bundle),
+                              "--target", plan.target, "--langs", plan.langs_arg,
+                              "--methods", ",".join(evaluation.methods),
+                              "--max-new-tokens", str(evaluation.max_new_tokens),
+                              "--repeats", str(evaluation.repeats),
+                              "--out", str(plan.run / "eval"), *optional),
+                 plan.run / "eval" / "DONE.json", deps=after)
+
+
+def _report_stage(plan: _PlanInputs) -> Stage:
+    """report: <run>/report/ from every stage's records (python -m pipelines report)."""
+    scored = ["score:engines"] if plan.on_policy else []
+    return Stage("report", "report", plan.command("pipelines", "report", "--run", plan.run_arg),
+                 plan.run / "report" / "DONE.json", deps=["eval", *scored])
 
 
 def is_eagle3(recipe: str, overrides: list[str] | None = None) -> bool:
     """Whether a train recipe (+ overrides) makes EAGLE-3-form drafters: the form vLLM, SGLang and llama.cpp load."""
-    cfg = load_config(TrainConfig, recipe, overrides or [])
-    return cfg.drafter_type == "eagle" and cfg.eagle.arch == "eagle3"
+    return load_config(TrainConfig, recipe, overrides or []).drafter_kind is DrafterKind.EAGLE3
 
 
 def engine_drafters(profile: Profile) -> str | None:
