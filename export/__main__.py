@@ -129,7 +129,7 @@ def engines_main(argv: list[str]) -> int:
     ap.add_argument("--speculative-tokens", type=int, default=3)
     args = ap.parse_args(argv)
     from export.engines import write_engine_exports
-    from export.llamacpp import gguf_converter
+    from export.gguf import gguf_converter
     from polyspec.targets import load_target
 
     target = load_target(args.target, device="cpu", dtype="float32")

@@ -100,7 +100,7 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
             moved = recorded.get("tokenizer_sha256") != target_pin["tokenizer_sha256"]
             if moved and (recorded.get("vocab_sha256") is None or recorded.get("vocab_sha256") != target_pin.get("vocab_sha256")):
                 raise PolyspecError(f"drafter {src} was trained for another target tokenizer")
-            # another conversion of the same id table (a GPU image's transformers, scripts/gpu-scale.sh): one warning
+            # another conversion of the same id table (a GPU image's transformers, scripts/gpu/gpu-scale.sh): one warning
             check_pin(recorded, target_pin, f"drafter {src}")
             drafter_types.add(cfg["drafter_type"])
             cards[lang] = _training_facts(cfg)

@@ -13,7 +13,7 @@
   id = draft id + d2t[draft id]) and ``t2d`` (bool [|V|]). Only drafters trained in the EAGLE-3 form
   (``eagle.arch: eagle3``) map onto it exactly; an EAGLE-1-form drafter is refused with the reason.
   ``write_speculators_reference`` writes polyspec's own logits on real target features, which
-  ``export/check_speculators.py`` (run in a separate environment with the speculators package:
+  ``engines/speculators.py`` (run in a separate environment with the speculators package:
   ``make check-speculators``) compares with speculators' forward.
 """
 

@@ -1,6 +1,6 @@
 """The drafter's held-out score against the general text its pretrain read (Yi et al. 2024: the gain of the P step grows
-with log pretrain tokens). Collects the runs ``scripts/learning-curve.sh`` trained — one folder ``<run>/lc-<N>/<lang>/``
-a point, N corpus tokens beside the distilled answers — into a table and a plot.
+with log pretrain tokens). Collects the runs ``scripts/experiments/learning-curve.sh`` trained — one folder
+``<run>/lc-<N>/<lang>/`` a point, N corpus tokens beside the distilled answers — into a table and a plot.
 
     python -m pipelines.learning_curve table --run runs/chat --corpus runs/lc --points "0 100000 300000 1000000"
     python -m pipelines.learning_curve prefix --src runs/lc/corpus/en-prefill/data.jsonl --tokens 100000
@@ -47,7 +47,7 @@ def stage_summary(folder: Path) -> dict:
     """One stage's ``metrics.jsonl`` → tokens read, rate, steps and its last held-out score (the final weights')."""
     path = folder / "metrics.jsonl"
     if not path.is_file():
-        raise PolyspecError(f"{path}: no metrics (has scripts/learning-curve.sh trained this point?)")
+        raise PolyspecError(f"{path}: no metrics (has scripts/experiments/learning-curve.sh trained this point?)")
     end, evals, start = None, [], None
     for rec in read_jsonl(path):
         if rec.get("event") == "end":

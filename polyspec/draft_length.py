@@ -1,6 +1,6 @@
 """The choice of a draft length from predicted speeds, shared by the decoder's γ calibration (UNISPEC,
-``decoder.calibrate.choose``: predicted tokens/s on this device) and an engine's ``draft_n``
-(``export.draft_length.choose``: predicted speedup over plain decoding in the engine). Each caller predicts its own
+``decoder.calibrate.run.choose``: predicted tokens/s on this device) and an engine's ``draft_n``
+(``engines.draft_length.choose``: predicted speedup over plain decoding in the engine). Each caller predicts its own
 speeds; the rule that picks a length from them is this one: the shortest length predicted within ``tolerance`` of
 the best, overruled by a measured best when the predicted pick measured more than 5 % slower than it.
 """

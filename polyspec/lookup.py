@@ -1,6 +1,6 @@
 """The prompt-lookup hint an EAGLE-1 drafter may read beside its usual inputs (``eagle.lookup_hint``).
 
-The hint of position p is the token prompt lookup (PLD; ``decoder.ngram.prompt_lookup`` with γ = 1) proposes after
+The hint of position p is the token prompt lookup (PLD; ``decoder.drafts.tables.prompt_lookup`` with γ = 1) proposes after
 ``ids[..p]``: the token that followed the most recent earlier occurrence of the longest suffix n-gram of
 ``ids[..p]`` (n = 3, 2, 1; 0: no earlier occurrence, no hint). Its strength tells the drafter n and whether the hint
 of ``ids[..p-1]`` was ``ids[p]`` (prompt lookup has just been right: a loop or a copy is running). Train and decoder
@@ -23,7 +23,7 @@ STRENGTHS = 2 * (MAX_NGRAM + 1)  # n = 0..3, and whether the previous position's
 
 def earlier_occurrence(ids: list[int], max_ngram: int = MAX_NGRAM, min_ngram: int = 1) -> tuple[int, int] | None:
     """(start, n) of the most recent earlier occurrence of the longest suffix n-gram of ``ids`` (n = max..min), or
-    None: prompt lookup's search (``decoder.ngram.prompt_lookup`` proposes what follows it)."""
+    None: prompt lookup's search (``decoder.drafts.tables.prompt_lookup`` proposes what follows it)."""
     n_tok = len(ids)
     for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
         tail = ids[-n:]

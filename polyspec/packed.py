@@ -5,7 +5,7 @@ speculative step verifies the GEMM is neither memory-bound nor flat. The weight 
 blocked layout and multiplied by ``torch.ops.mkldnn._linear_pointwise`` (the op torch.compile's CPU freezing pass
 emits for frozen linears). Packed, the default target's head costs less than with ``nn.Linear`` and grows less
 with the rows, in bf16 and in fp32; the rows the reorder is told to expect matter, so each dtype has its hint
-(``ROWS_HINT``). ``python -m decoder.costs`` prints the whole target's curve on any machine
+(``ROWS_HINT``). ``python -m decoder.calibrate.costs`` prints the whole target's curve on any machine
 (evidence: docs/experiments.md#packed-linears-on-cpu).
 
 fp32 packed at that hint is also *batch-invariant*: a row's output is bitwise the same whether the GEMM has 1 or

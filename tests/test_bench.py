@@ -27,7 +27,7 @@ def small_lm_bundle(tmp_path_factory, llama):
 
 
 def test_builtin_benchmark_covers_seven_languages_seven_tasks_and_mixed():
-    from decoder.bench import load_questions
+    from decoder.bench.run import load_questions
 
     qs = load_questions(None)
     cells = {}
@@ -47,7 +47,7 @@ def test_builtin_benchmark_covers_seven_languages_seven_tasks_and_mixed():
 
 
 def test_malformed_question_file_is_a_one_line_error(tmp_path):
-    from decoder.bench import load_questions
+    from decoder.bench.run import load_questions
 
     bad = tmp_path / "q.jsonl"
     bad.write_text('{"question_id": 1, "turns": ["ok"]}\n{"question_id": 2, "turns": "not a list"}\n')
@@ -56,7 +56,7 @@ def test_malformed_question_file_is_a_one_line_error(tmp_path):
 
 
 def test_every_method_runs_in_one_harness_and_lossless_ones_are_identical(tmp_path, llama, small_lm_bundle):
-    from decoder.bench import load_questions, run_bench
+    from decoder.bench.run import load_questions, run_bench
 
     qs = load_questions(None, ["vi", "de"], per_cell=1, categories=["qa", "multiturn", "mixed"])
     methods = ["ar", "hf-generate", "adaspec", "adaspec-fixsize", "eagle-full", "fr-spec", "spide", "pld",
@@ -104,7 +104,7 @@ def test_every_method_runs_in_one_harness_and_lossless_ones_are_identical(tmp_pa
 
 def test_methods_are_interleaved_per_question_and_a_failing_one_is_dropped(tmp_path, monkeypatch, llama,
                                                                            small_lm_bundle):
-    import decoder.bench as bench
+    import decoder.bench.run as bench
 
     calls, real = [], bench.build_methods
 
@@ -150,7 +150,7 @@ def test_cli_reads_any_spec_bench_file(tmp_path, tiny_llama_dir, small_lm_bundle
 def test_gamma_sets_the_drafter_methods_depth_and_leaves_prompt_lookups(tmp_path, llama, small_lm_bundle):
     """``--gamma`` (``make eval GAMMA=``): the drafter methods draft that many tokens a step instead of the
     bundle's calibrated γ; pld keeps transformers' 10; the report says which γ it ran."""
-    from decoder.bench import build_methods, load_questions, render_markdown, run_bench
+    from decoder.bench.run import build_methods, load_questions, render_markdown, run_bench
     from polyspec.prompts import encode, render
 
     fmt = llama.spec.prompt_format
@@ -181,7 +181,7 @@ def synthetic(verify_a: float, verify_b: float, alpha: float, draft: float, size
 
 @pytest.mark.parametrize("seed", range(5))
 def test_calibration_follows_the_verify_cost_curve_and_stays_near_the_best_measured(seed):
-    from decoder.calibrate import choose
+    from decoder.calibrate.run import choose
 
     sizes = [1, 2, 3, 4, 6, 8]
     picks = {}
@@ -201,8 +201,8 @@ def test_calibration_follows_the_verify_cost_curve_and_stays_near_the_best_measu
 def test_calibration_follows_a_flat_then_rising_cost_curve():
     """bf16 on this CPU: verifying up to 8 tokens costs one forward, then the cost rises. A straight line through
     the sizes would predict the middle wrong; the measured curve makes g* land at the knee."""
-    from decoder.calibrate import choose
-    from decoder.costs import tree_budget
+    from decoder.calibrate.costs import tree_budget
+    from decoder.calibrate.run import choose
 
     sizes = [1, 2, 3, 4, 6, 8, 12, 16]
 
@@ -223,8 +223,8 @@ def test_the_cost_curve_takes_its_repetitions_in_turns_so_a_burst_of_interferenc
     them; taken in turns, two of every k's do, and every median stays the device's cost."""
     import types
 
-    import decoder.costs as costs
-    import decoder.runner
+    import decoder.calibrate.costs as costs
+    import decoder.loop.runner
 
     clock, calls = [0.0], [0]
 
@@ -245,7 +245,7 @@ def test_the_cost_curve_takes_its_repetitions_in_turns_so_a_burst_of_interferenc
         def rollback(self, n):
             pass
 
-    monkeypatch.setattr(decoder.runner, "TargetRunner", Runner)
+    monkeypatch.setattr(decoder.loop.runner, "TargetRunner", Runner)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     c = costs.verify_curve(None, list(range(200)), [2, 4], reps=7)
     assert c["verify_s"] == pytest.approx({1: 0.041, 2: 0.042, 4: 0.044})
@@ -253,7 +253,7 @@ def test_the_cost_curve_takes_its_repetitions_in_turns_so_a_burst_of_interferenc
 
 
 def test_the_cost_curve_keeps_each_ks_smallest_median_over_passes(monkeypatch):
-    import decoder.costs as costs
+    import decoder.calibrate.costs as costs
 
     passes = iter([{1: 0.040, 2: 0.053, 4: 0.041}, {1: 0.041, 2: 0.040, 4: 0.060}])  # one noisy row in each pass
     monkeypatch.setattr(costs, "verify_curve", lambda target, ctx, ks, reps: {"verify_s": next(passes)})
@@ -276,9 +276,9 @@ def test_the_cost_curve_keeps_each_ks_smallest_median_over_passes(monkeypatch):
 
 
 def test_the_tree_budget_reads_past_a_gpus_fixed_multi_token_step():
-    """On an H100 (8B-shaped, bf16; scripts/gpu-check.sh) a forward of 2+ tokens costs a fixed 15 % over a 1-token
+    """On an H100 (8B-shaped, bf16; scripts/gpu/gpu-check.sh) a forward of 2+ tokens costs a fixed 15 % over a 1-token
     decode, then stays flat: the budget measures from verify(2), not forward(1) (which would give 1)."""
-    from decoder.costs import tree_budget
+    from decoder.calibrate.costs import tree_budget
 
     h100 = {1: 1.0, **{k: 1.15 + 0.001 * k for k in range(2, 49)}, **{k: 1.65 for k in range(49, 65)}}
     assert tree_budget(h100, 0.15) == 48
@@ -290,7 +290,7 @@ def test_calibration_walk_gives_each_draft_lengths_tau_exactly(tmp_path, llama):
     """One profiled answer at γ = 4 predicts what decoding at γ = 1…4 keeps, step for step: the walk's (tokens,
     drafter steps) equal those of real decodes (fp32, a fixed language, greedy), with a drafter the target
     mostly but not always accepts (the target with noise on its weights), so that γ truncates real runs."""
-    from decoder.calibrate import profile, walk
+    from decoder.calibrate.run import profile, walk
     from decoder.core import Decoder
     from export.bundle import load_bundle
 
@@ -314,7 +314,7 @@ def test_calibration_walk_gives_each_draft_lengths_tau_exactly(tmp_path, llama):
 def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small_lm_bundle):
     import shutil
 
-    from decoder.calibrate import CALIBRATION, choose, device_key, measure, save, stability
+    from decoder.calibrate.run import CALIBRATION, choose, device_key, measure, save, stability
     from decoder.core import Decoder
     from export.bundle import load_bundle
 
@@ -363,7 +363,7 @@ def test_calibrate_measures_saves_and_the_decoder_uses_it(tmp_path, llama, small
 
 
 def test_a_flat_optimum_gives_the_smallest_draft_length_within_the_tolerance():
-    from decoder.calibrate import choose
+    from decoder.calibrate.run import choose
 
     verify = {g: 0.040 for g in range(1, 9)}  # flat verification: τ(g) / (s + d·g) decides
     tau = {1: 1.50, 2: 1.72, 3: 1.86, 4: 2.00, 5: 2.11, 6: 2.16}
@@ -376,7 +376,7 @@ def test_a_flat_optimum_gives_the_smallest_draft_length_within_the_tolerance():
 
 
 def test_measured_throughput_still_overrules_a_pick_it_contradicts():
-    from decoder.calibrate import choose
+    from decoder.calibrate.run import choose
 
     verify = {g: 0.03 + 0.001 * g for g in range(1, 7)}
     tau = {1: 1.8, 2: 2.4, 4: 3.0}  # sizes only: the fit fills the rest
@@ -390,7 +390,7 @@ def test_measured_throughput_still_overrules_a_pick_it_contradicts():
 def test_transformers_peers_stop_at_the_prompt_formats_stop_strings(tmp_path, tiny_gemma_dir):
     """A base-model target (completion format with stop strings): transformers' generate, prompt lookup and
     assisted generation run under the same stopping rule as ours, with identical tokens."""
-    from decoder.bench import load_questions, run_bench
+    from decoder.bench.run import load_questions, run_bench
     from export.bundle import load_bundle
 
     gemma = load_target(str(tiny_gemma_dir))
@@ -405,7 +405,7 @@ def test_transformers_peers_stop_at_the_prompt_formats_stop_strings(tmp_path, ti
 
 
 def test_heldout_prompts_load_as_questions():
-    from decoder.bench import load_questions
+    from decoder.bench.run import load_questions
     from polyspec.paths import REPO_ROOT
 
     qs = load_questions(REPO_ROOT / "synth" / "data" / "heldout.jsonl", ["en"])
@@ -418,7 +418,7 @@ def test_the_heldout_and_its_mixed_questions_load_as_one_benchmark(tmp_path):
     an id repeated across the files is a one-line error."""
     import pytest
 
-    from decoder.questions import read_question_files, select_questions
+    from decoder.bench.questions import read_question_files, select_questions
     from polyspec.errors import PolyspecError
     from polyspec.paths import REPO_ROOT
 
@@ -436,7 +436,7 @@ def test_the_heldout_and_its_mixed_questions_load_as_one_benchmark(tmp_path):
 def test_eagle3_method_runs_the_engine_bundle_losslessly(tmp_path, llama):
     """``eagle3``: the engines' EAGLE-3 drafter alone (chain γ 4, no prompt lookup) from --engine-bundle, beside a
     main bundle of another form; identical to ar, and it really drafted with the engine bundle's drafters."""
-    from decoder.bench import load_questions, run_bench
+    from decoder.bench.run import load_questions, run_bench
     from export.bundle import load_bundle
 
     main = load_bundle(make_tiny_bundle(tmp_path / "b1", llama, langs=("vi",), drafter="eagle"))
@@ -465,14 +465,14 @@ def bench_args(tmp_path, tiny_llama_dir, methods: str, *extra: str) -> list[str]
 @pytest.mark.parametrize("keep_going", [False, True])
 def test_a_failing_method_is_reported_and_fails_the_run_unless_keep_going(tmp_path, monkeypatch, tiny_llama_dir,
                                                                          keep_going):
-    import decoder.bench as bench
-    from decoder.ngram_sources import PromptLookup
+    from decoder.bench.__main__ import main
+    from decoder.drafts.ngram import PromptLookup
 
     def broken(self, ctx):
         raise RuntimeError("prompt lookup broke\nsecond line")
 
     monkeypatch.setattr(PromptLookup, "propose", broken)
-    rc = bench.main(bench_args(tmp_path, tiny_llama_dir, "ar,pld,ngram-tree", *(["--keep-going"] if keep_going else [])))
+    rc = main(bench_args(tmp_path, tiny_llama_dir, "ar,pld,ngram-tree", *(["--keep-going"] if keep_going else [])))
     assert rc == (0 if keep_going else 1)
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert set(report["methods"]) == {"ar", "ngram-tree"}  # the others' results are kept
@@ -484,8 +484,8 @@ def test_a_failing_method_is_reported_and_fails_the_run_unless_keep_going(tmp_pa
 
 def test_a_method_that_cannot_be_built_is_recorded_and_skipped_ones_are_listed(tmp_path, monkeypatch, llama,
                                                                                small_lm_bundle):
-    import decoder.bench as bench
-    from decoder.ngram_sources import TokenRecycling
+    import decoder.bench.run as bench
+    from decoder.drafts.ngram import TokenRecycling
 
     def broken(self, *a, **kw):
         raise ValueError("no adjacency matrix")
@@ -510,8 +510,8 @@ def test_a_bad_questions_file_fails_before_any_model_loads(tmp_path, monkeypatch
     """Every problem of the file in one error, before the target loads (the loader must never be called)."""
     import time
 
-    import decoder.bench as bench
     import polyspec.targets
+    from decoder.bench.__main__ import main
 
     def no_model(*a, **kw):
         raise AssertionError("a model was loaded before the questions were checked")
@@ -529,7 +529,7 @@ def test_a_bad_questions_file_fails_before_any_model_loads(tmp_path, monkeypatch
     ]) + "\n")
     t0 = time.perf_counter()
     with pytest.raises(PolyspecError) as e:
-        bench.main(["--questions", str(q), "--target", str(tiny_llama_dir), "--methods", "ar"])
+        main(["--questions", str(q), "--target", str(tiny_llama_dir), "--methods", "ar"])
     assert time.perf_counter() - t0 < 5
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{q}:2,6: not a Spec-Bench question (no question_id)")
@@ -537,11 +537,11 @@ def test_a_bad_questions_file_fails_before_any_model_loads(tmp_path, monkeypatch
                  "lines 5, 6: turns must be a non-empty list of non-empty strings"):
         assert part in msg, msg
     with pytest.raises(PolyspecError, match="unknown method\\(s\\) 'adaspek'"):  # method names: checked first too
-        bench.main(["--target", str(tiny_llama_dir), "--methods", "ar,adaspek"])
+        main(["--target", str(tiny_llama_dir), "--methods", "ar,adaspek"])
 
 
 def test_a_torn_line_in_a_questions_file_is_skipped_and_counted(tmp_path):
-    from decoder.bench import load_questions
+    from decoder.bench.run import load_questions
 
     q = tmp_path / "q.jsonl"
     good = [json.dumps({"question_id": i, "language": "de", "turns": [f"Frage {i}"]}) for i in range(3)]
@@ -557,8 +557,8 @@ def test_a_torn_line_in_a_questions_file_is_skipped_and_counted(tmp_path):
 
 
 def test_the_verify_curve_feeds_k_tokens_for_every_k_and_leaves_the_cache_as_it_found_it(llama, monkeypatch):
-    from decoder import costs
-    from decoder.runner import TargetRunner
+    from decoder.calibrate import costs
+    from decoder.loop.runner import TargetRunner
 
     fed, runners = [], []
     forward, init = TargetRunner.forward, TargetRunner.__init__
@@ -581,7 +581,7 @@ def test_the_verify_curve_feeds_k_tokens_for_every_k_and_leaves_the_cache_as_it_
 
 
 def test_answer_records_say_where_steps_went_and_what_drafting_beside_the_verification_hid():
-    from decoder.bench import by_source, parallel_stats
+    from decoder.bench.run import by_source, parallel_stats
     from decoder.core import StepStat
 
     steps = [StepStat(3, 2, 4, "en", None, "chain", 0.002, 0.030, "drafter", "hit", 0.004, 0.003),

@@ -81,20 +81,20 @@ def test_stage_clis_without_a_command_print_usage():
 
 
 def test_repo_layout():
-    for d in ("pipelines", "synth", "train", "vocab", "export", "decoder", "configs", "tests", "polyspec"):
+    for d in ("pipelines", "synth", "train", "vocab", "export", "decoder", "engines", "configs", "tests", "polyspec"):
         assert (REPO / d).is_dir(), d
     for f in ("Makefile", "pyproject.toml", "README.md", ".ci/run"):
         assert (REPO / f).is_file(), f
     import importlib
 
-    for pkg in ("corpus", "synth", "vocab", "train", "export", "decoder", "pipelines", "polyspec"):
+    for pkg in ("corpus", "synth", "vocab", "train", "export", "decoder", "pipelines", "engines", "polyspec"):
         doc = importlib.import_module(pkg).__doc__
         assert doc and len(doc.split()) > 20, f"{pkg} needs a module docstring saying what it reads and writes"
 
 
 # -- every command's --help, in this process (no interpreter start-up per command) ------------------------------
 
-PACKAGES = ("polyspec", "corpus", "synth", "vocab", "train", "export", "decoder", "pipelines")
+PACKAGES = ("polyspec", "corpus", "synth", "vocab", "train", "export", "decoder", "pipelines", "engines")
 
 
 def cli_modules() -> list[str]:

@@ -1,5 +1,5 @@
 """The CUDA path on tiny targets (skipped without a GPU; ``pytest -m cuda`` selects exactly these, and
-scripts/gpu-check.sh runs them on the device machine): every decoding method's fp32 identity with the target's own
+scripts/gpu/gpu-check.sh runs them on the device machine): every decoding method's fp32 identity with the target's own
 greedy decoding, speculative sampling's distribution (Leviathan et al. rejection sampling, χ²), feature capture while
 generating, one bf16 training step of each drafter form, and export + reload of a drafter trained there."""
 

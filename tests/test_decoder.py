@@ -112,14 +112,15 @@ def test_greedy_methods_are_token_identical_to_the_target(family, llama, gemma, 
 
 def test_a_source_that_never_drafts_is_caught(llama, bundles, monkeypatch):
     """The lossless check must fail for a draft source that proposes nothing (it would still be 'identical')."""
-    import decoder.sources
     from decoder.core import Decoder
+    from decoder.drafts.trained import DrafterSource
+    from decoder.drafts.types import Proposal
 
     prompts = random_prompts(llama, 4, seed=21)
     refs = [greedy_generate(llama, p, 24) for p in prompts]
     dec = Decoder(llama, bundles[("llama", "oracle")], method="chain", gamma=3, size="full")
     assert check_lossless(dec, prompts, refs, 24) > 0.3  # the real drafter passes
-    monkeypatch.setattr(decoder.sources.DrafterSource, "propose", lambda self, ctx: decoder.sources.Proposal())
+    monkeypatch.setattr(DrafterSource, "propose", lambda self, ctx: Proposal())
     with pytest.raises(AssertionError, match="never drafted"):
         check_lossless(Decoder(llama, bundles[("llama", "oracle")], method="chain", gamma=3, size="full"), prompts, refs, 24)
 
@@ -146,10 +147,10 @@ def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, m
     tokens (``sync``) and then the chain's earlier drafts or the tree node's ancestors (``extend``). A drafter made
     to copy its hint (its output is the head row of the hint it was handed) must therefore draft exactly
     ``lookup_hint`` of each draft's prefix wherever one exists, and be accepted like prompt lookup, losslessly."""
-    import decoder.sources
     from decoder.core import Decoder
+    from decoder.drafts.trained import DrafterSource
+    from polyspec.drafter_models import EagleDrafter
     from polyspec.lookup import has_hint, lookup_hint
-    from train.models import EagleDrafter
 
     bundle = make_tiny_bundle(tmp_path / "hint", llama, drafter="eagle-hint", sizes=(64, 768))
     E = llama.model.get_input_embeddings().weight.float()
@@ -164,14 +165,14 @@ def test_a_drafter_reading_lookup_hints_gets_each_drafts_hint(llama, tmp_path, m
 
     monkeypatch.setattr(EagleDrafter, "forward", copy_hint)
     seen = []
-    propose = decoder.sources.DrafterSource.propose
+    propose = DrafterSource.propose
 
     def spy(self, ctx):
         prop = propose(self, ctx)
         seen.append((ctx.tokens[: ctx.pend + 1], prop))
         return prop
 
-    monkeypatch.setattr(decoder.sources.DrafterSource, "propose", spy)
+    monkeypatch.setattr(DrafterSource, "propose", spy)
     prompts = random_prompts(llama, 12, seed=5)
     refs = [greedy_generate(llama, p, 32) for p in prompts]
     for method, opts in (("chain", dict(gamma=3)), ("tree", dict(tree_depth=3, tree_topk=2, tree_nodes=6)),
@@ -220,13 +221,13 @@ def test_adaspec_copies_running_loops_with_prompt_lookup(llama, bundles, monkeyp
     chain (origin ``pld``, 10 deep, 20 after a run kept whole) and the drafter does not run; every other step is the
     drafter's. Lossless, the runs are kept (the tiny target's greedy text loops), and without the option no step
     is a run."""
-    import decoder.sources
     from decoder.core import Decoder
-    from decoder.ngram import prompt_lookup
+    from decoder.drafts.tables import prompt_lookup
+    from decoder.drafts.trained import DrafterSource
     from polyspec.lookup import earlier_occurrence
 
     seen, drafted_at = [], []
-    propose, draft_chain = decoder.sources.DrafterSource.propose, decoder.sources.DrafterSource.draft_chain
+    propose, draft_chain = DrafterSource.propose, DrafterSource.draft_chain
 
     def spy_propose(self, ctx):
         prop = propose(self, ctx)
@@ -237,8 +238,8 @@ def test_adaspec_copies_running_loops_with_prompt_lookup(llama, bundles, monkeyp
         drafted_at.append(ctx.pend)
         return draft_chain(self, ctx, gamma, threshold)
 
-    monkeypatch.setattr(decoder.sources.DrafterSource, "propose", spy_propose)
-    monkeypatch.setattr(decoder.sources.DrafterSource, "draft_chain", spy_draft)
+    monkeypatch.setattr(DrafterSource, "propose", spy_propose)
+    monkeypatch.setattr(DrafterSource, "draft_chain", spy_draft)
     prompts = random_prompts(llama, 12, seed=11)
     refs = [greedy_generate(llama, p, 48) for p in prompts]
     bundle = bundles[("llama", "noisy")]
@@ -330,7 +331,7 @@ def test_stop_strings_and_eos_end_every_method_at_the_same_token(llama, bundles)
 def exact_pair_distribution(target, prompt, temperature) -> dict[tuple[int, int], float]:
     """P(x2, x3) of the target's own sampling (x1 summed out), from its exact conditionals; a position
     after EOS is -1."""
-    from decoder.verify import warp
+    from decoder.loop.verify import warp
 
     eos = target.tokenizer.eos_token_id
 
@@ -411,7 +412,7 @@ def test_speculative_sampling_matches_the_target_distribution(sampling_setup):
 def test_a_broken_acceptance_rule_is_caught(sampling_setup, monkeypatch):
     """The classic bug — resampling from p instead of norm(max(0, p − q)) after a rejection — is visible."""
     import decoder.core
-    from decoder.verify import sample
+    from decoder.loop.verify import sample
 
     def broken(drafts, q, p, gen):
         for i, d in enumerate(drafts):
@@ -427,7 +428,7 @@ def test_a_broken_acceptance_rule_is_caught(sampling_setup, monkeypatch):
 
 
 def test_top_p_warp_keeps_the_nucleus():
-    from decoder.verify import warp
+    from decoder.loop.verify import warp
 
     p = warp(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 1.0, top_p=0.7)
     assert torch.allclose(p, torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))
@@ -438,7 +439,7 @@ def test_top_p_warp_keeps_the_nucleus():
 
 def test_selector_follows_the_language_of_the_recent_tokens(llama, bundles):
     """Alg. 2 on real text: Vietnamese tokens pick vi, German tokens pick de; z favours the small size."""
-    from decoder.adaptive import LanguageSelector
+    from decoder.drafts.adaptive import LanguageSelector
     from export.bundle import load_bundle
     from polyspec.languages import get_language
     from vocab.masks import load_masks
@@ -477,10 +478,10 @@ def test_adaspec_trace_switches_language_when_the_output_does(llama, bundles, mo
                 logits[row, script[i]] = 1e4
         return h, logits
 
-    import decoder.runner
+    import decoder.loop.runner
 
-    runner_forward = decoder.runner.TargetRunner.forward
-    monkeypatch.setattr(decoder.runner.TargetRunner, "forward", scripted)
+    runner_forward = decoder.loop.runner.TargetRunner.forward
+    monkeypatch.setattr(decoder.loop.runner.TargetRunner, "forward", scripted)
     ar = Decoder(llama, method="ar").generate(prompt, len(script), stop=[])
     ada = Decoder(llama, bundles[("llama", "noisy")], method="adaspec").generate(prompt, len(script), stop=[])
     assert ar.tokens == script and ada.tokens == script

@@ -30,7 +30,7 @@ def test_interleave_ranked_keeps_every_languages_top_ids():
 def test_rehead_moves_shared_rows_and_takes_new_ones_from_the_target():
     from transformers import LlamaConfig
 
-    from train.models import Eagle3Drafter
+    from polyspec.drafter_models import Eagle3Drafter
 
     cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
                       vocab_size=50)
@@ -71,7 +71,7 @@ def eagle3_run(tmp_path_factory, tiny_llama_dir):
 
 @pytest.mark.slow
 def test_engine_track_trains_a_multilingual_pretrain_and_reheaded_finetunes(eagle3_run):
-    from train.models import load_drafter
+    from polyspec.drafter_models import load_drafter
     from vocab.files import interleave_ranked, load_ranked
 
     run_dir, _ = eagle3_run
@@ -187,7 +187,7 @@ def test_training_time_test_sees_what_the_decoders_later_drafts_see():
     prefix x[..t+1] — a cache of the true-feature entries 0..t, then the chain's own entries one at a time."""
     from transformers import DynamicCache, LlamaConfig
 
-    from train.models import Eagle3Drafter
+    from polyspec.drafter_models import Eagle3Drafter
     from train.objectives import ttt_mask
 
     torch.manual_seed(0)
@@ -225,7 +225,7 @@ def test_packed_steps_give_the_loss_and_gradients_of_running_every_entry(ttt_ste
 
     from transformers import LlamaConfig
 
-    from train.models import Eagle3Drafter
+    from polyspec.drafter_models import Eagle3Drafter
     from train.objectives import eagle_loss
 
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from conftest import make_tiny_bundle
-from decoder.runner import TargetRunner
+from decoder.loop.runner import TargetRunner
 from polyspec.errors import PolyspecError
 from polyspec.exact import KEY_CHUNK, QUERY_BLOCK, exact_attention, exact_wanted, is_exact
 from polyspec.packed import ROW_BLOCK, RowInvariantLinear

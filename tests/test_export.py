@@ -211,7 +211,7 @@ def test_speculators_export_file_contract_and_exact_mapping(tmp_path, trained, e
     from safetensors.torch import load_file, save_file
 
     from export.interop import check_speculators, speculators_tensors, write_speculators
-    from train.models import Eagle3Drafter, load_drafter
+    from polyspec.drafter_models import Eagle3Drafter, load_drafter
 
     _, target = trained
     (folder,) = write_speculators(eagle3_bundle, target, tmp_path / "spec", speculative_tokens=4)
@@ -295,7 +295,7 @@ def test_make_check_speculators_loads_exports_with_speculators_and_fails_on_a_wr
     cfg = json.loads(cfg_file.read_text())
     cfg["norm_before_residual"] = True
     cfg_file.write_text(json.dumps(cfg))
-    r = subprocess.run([str(REPO / ".venv-vllm" / "bin" / "python"), "export/check_speculators.py",
+    r = subprocess.run([str(REPO / ".venv-vllm" / "bin" / "python"), "-m", "engines.speculators",
                         "--exported", str(tmp_path / "speculators"), "--reference", str(tmp_path / "speculators-reference")],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1 and re.search(r"^vi: FAIL — max \|Δlogit\|", r.stdout, re.M), r.stdout[-3000:]

@@ -53,8 +53,8 @@ def test_random_target_loads_like_any_target_and_follows_its_seed(tmp_path, tiny
 
 
 def test_seed_text_corpus_is_the_language_seeds():
-    """configs/vocab/seed-text (the gpu-smoke profile's ``files`` vocab source) is scripts/seed_text.py's output."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    """configs/vocab/seed-text (the gpu-smoke profile's ``files`` vocab source) is scripts/gpu/seed_text.py's output."""
+    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
     from seed_text import seed_texts
 
     from polyspec.languages import builtin_codes
@@ -62,7 +62,7 @@ def test_seed_text_corpus_is_the_language_seeds():
     for code in builtin_codes():
         path = REPO / "configs" / "vocab" / "seed-text" / f"{code}.jsonl"
         assert [json.loads(x)["text"] for x in path.read_text(encoding="utf-8").splitlines()] == seed_texts(code), \
-            f"{path} is stale: rerun python scripts/seed_text.py"
+            f"{path} is stale: rerun python scripts/gpu/seed_text.py"
 
 
 def test_gpu_smoke_profile_validates_and_exports_eagle3_drafters():
@@ -81,14 +81,14 @@ def test_gpu_smoke_profile_validates_and_exports_eagle3_drafters():
 
 @pytest.mark.slow
 def test_gpu_smoke_profile_runs_every_stage_on_cpu_with_the_tiny_preset(tmp_path):
-    """The profile scripts/gpu-check.sh runs on an 8B-shaped target, here on the tiny preset (SmolLM2's tokenizer,
+    """The profile scripts/gpu/gpu-check.sh runs on an 8B-shaped target, here on the tiny preset (SmolLM2's tokenizer,
     as there). Random weights: acceptance means nothing; the stages' records, the speculators export and, in fp32,
     every method's identity with the target's own greedy decoding do."""
     target = build_random_target(tmp_path / "random-tiny", "tiny", "smollm2-135m-instruct", device="cpu",
                                  log=lambda *_: None)
     run = tmp_path / "run"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "POLYSPEC_DTYPE": "float32",  # and only the device image's packages
-           "PYTHONPATH": os.pathsep.join([str(REPO / "scripts" / "device_image"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(REPO / "scripts" / "gpu" / "device_image"), str(REPO), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--profile", "gpu-smoke", "--target", str(target),
                         "--run", str(run)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -108,11 +108,11 @@ def test_gpu_smoke_profile_runs_every_stage_on_cpu_with_the_tiny_preset(tmp_path
 
 
 def test_the_device_image_stand_in_hides_exactly_the_packages_the_gpu_image_lacks():
-    """scripts/device_image/sitecustomize.py: the absent packages look missing (find_spec None, import fails) and
+    """scripts/gpu/device_image/sitecustomize.py: the absent packages look missing (find_spec None, import fails) and
     everything else imports — what makes the CPU rehearsal fail where the device would."""
     code = ("import importlib.util as u, json; import sitecustomize as s; "
             "print(json.dumps({n: u.find_spec(n) is not None for n in sorted(s.ABSENT | {'torch', 'transformers', 'pydantic'})}))")
-    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts" / "device_image")}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts" / "gpu" / "device_image")}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     found = json.loads(r.stdout)
@@ -121,12 +121,12 @@ def test_the_device_image_stand_in_hides_exactly_the_packages_the_gpu_image_lack
 
 
 def test_gpu_figures_profiles_both_ar_loops_and_polyspecs_loop_issues_no_more_host_calls(tiny_llama_dir):
-    """scripts/gpu_figures.py's ``ar_profile`` (what the next device run reads the AR gap from): both loops profiled
+    """scripts/gpu/gpu_figures.py's ``ar_profile`` (what the next device run reads the AR gap from): both loops profiled
     on the same prompt, the same tokens, host calls per token and their busiest ops; on a launch-bound GPU the host's
     calls set the pace, so polyspec's loop must not issue more of them per token than ``generate`` (10 % slack)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_figures", REPO / "scripts" / "gpu_figures.py")
+    spec = importlib.util.spec_from_file_location("gpu_figures", REPO / "scripts" / "gpu" / "gpu_figures.py")
     gf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gf)
     prof = gf.ar_profile(load_target(str(tiny_llama_dir)), max_new_tokens=8, top=3)
@@ -139,13 +139,13 @@ def test_gpu_figures_profiles_both_ar_loops_and_polyspecs_loop_issues_no_more_ho
 
 @pytest.mark.slow
 def test_the_device_script_rehearses_on_cpu_without_the_smoke(tmp_path):
-    """scripts/gpu-check.sh as the device runs it, on CPU with the tiny preset and ``SMOKE=0`` (the short device run:
+    """scripts/gpu/gpu-check.sh as the device runs it, on CPU with the tiny preset and ``SMOKE=0`` (the short device run:
     CUDA tests, the target, the cost figures): every step succeeds, the summary JSON holds the figures the next device
     run is for (verify curve, AR of both loops, ``ar_profile``) and the logs come back — a broken device script would
     waste a lent GPU's minutes."""
     env = os.environ | {"SMOKE": "0", "GPU_CHECK_PRESET": "tiny", "DEVICE": "cpu", "OUT": str(tmp_path / "out"),
                         "WORK": str(tmp_path / "work"), "WHEELS": str(tmp_path / "no-wheels"), "PY": sys.executable}
-    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh")], env=env, capture_output=True, text=True,
+    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu" / "gpu-check.sh")], env=env, capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
@@ -157,7 +157,7 @@ def test_the_device_script_rehearses_on_cpu_without_the_smoke(tmp_path):
 
 
 def test_the_real_target_travels_in_parts_and_is_found_where_it_was_reassembled(tmp_path):
-    """scripts/gpu-real.sh: the chat target's GGUF and a bundle packed into parts that each fit one device call, staged
+    """scripts/gpu/gpu-real.sh: the chat target's GGUF and a bundle packed into parts that each fit one device call, staged
     one call at a time, reassembled and checked against the sha256 recorded when packing, and polyspec then finds that
     copy (not the installed package's); a part damaged on the way fails the check."""
     import importlib.metadata as md
@@ -173,7 +173,7 @@ def test_the_real_target_travels_in_parts_and_is_found_where_it_was_reassembled(
     env |= {"PY": sys.executable, "DEVICE": "cpu", "BENCH": "0"}
 
     def script(*args):
-        return subprocess.run(["bash", str(REPO / "scripts" / "gpu-real.sh"), *args], env=env, capture_output=True,
+        return subprocess.run(["bash", str(REPO / "scripts" / "gpu" / "gpu-real.sh"), *args], env=env, capture_output=True,
                               text=True, timeout=300)
 
     old = script("pack", str(tmp_path / "bundle"))
@@ -198,9 +198,9 @@ def test_the_real_target_travels_in_parts_and_is_found_where_it_was_reassembled(
 
 @pytest.mark.slow
 def test_the_data_scale_device_script_runs_every_step_on_the_tiny_target(tmp_path, tiny_llama_dir):
-    """scripts/gpu-scale.sh (issue 59) rehearsed on CPU as tests/README's DEVICE=cpu: pack a made-up corpus, stage both
-    calls, run every step of scripts/gpu_scale.py (corpus, held-out answers, on-policy distillation with corpus prompts,
-    vocab, EAGLE-3 pretrain on the split corpus documents with online features, finetune, export, the device's bench)
+    """scripts/gpu/gpu-scale.sh (issue 59) rehearsed on CPU as tests/README's DEVICE=cpu: pack a made-up corpus, stage
+    both calls, run every step of scripts/gpu/gpu_scale.py (corpus, held-out answers, on-policy distillation with corpus
+    prompts, vocab, EAGLE-3 pretrain on the split corpus documents with online features, finetune, export, the device's bench)
     within a budget, bring back at most 8 files of ≤ 16 MiB, and unpack a run the CPU exports again."""
     from synth.pool import load_tasks
 
@@ -218,7 +218,7 @@ def test_the_data_scale_device_script_runs_every_step_on_the_tiny_target(tmp_pat
                           "--bench bf16 --bench-tokens 8 --bench-reserve 60 --draft-vocab 256 --sizes 128,256,512"}
 
     def script(*args):
-        return subprocess.run(["bash", str(REPO / "scripts" / "gpu-scale.sh"), *args], env=env, capture_output=True,
+        return subprocess.run(["bash", str(REPO / "scripts" / "gpu" / "gpu-scale.sh"), *args], env=env, capture_output=True,
                               text=True, timeout=600)
 
     for step in (["pack", str(tmp_path / "corpus-run")], ["stage", "1"], ["stage", "2"], ["run"]):

@@ -1,6 +1,8 @@
 """The project's import graph, read from the source with ``ast`` (nothing is imported): no import cycles, and
 the layering DESIGN.md fixes — ``polyspec`` imports no stage; a stage imports another stage only through that
-stage's public modules; ``pipelines`` (the orchestrator) may also import the stages' configs and CLIs.
+stage's public modules; ``pipelines`` (the orchestrator) may also import the stages' configs and CLIs; ``engines``
+(the engine checks, run on the export's output) may also import export's engine formats, and nothing imports
+``engines``.
 
 Every import counts, top-level and function-local alike: a cycle hidden in a function body still ties two
 modules together, and the next person to hoist the import gets an ImportError."""
@@ -14,7 +16,7 @@ import pytest
 
 from conftest import REPO
 
-PACKAGES = ("polyspec", "corpus", "synth", "vocab", "train", "export", "decoder", "pipelines")
+PACKAGES = ("polyspec", "corpus", "synth", "vocab", "train", "export", "decoder", "pipelines", "engines")
 
 # A stage's public modules: what other stages may import (DESIGN.md "Layout" and "Stage files").
 PUBLIC = {
@@ -27,6 +29,9 @@ PUBLIC = {
 # pipelines runs the stages: besides their public modules it reads their configs and CLIs, and score_check
 # recomputes the training score itself.
 PIPELINES_MAY_IMPORT = {"train.score"}
+# engines measures the export's formats inside the engines: besides the stages' public modules it reads and writes
+# those formats (the speculators layout, llama.cpp's GGUF conversion). Stages and pipelines never import engines.
+ENGINES_MAY_IMPORT = {"export.interop", "export.gguf"}
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -150,10 +155,14 @@ def layering_violations(graph) -> list[str]:
                 bad.append(f"{where}: the shared package imports no stage")
             elif b == "pipelines":
                 bad.append(f"{where}: no stage imports the orchestrator")
+            elif b == "engines":
+                bad.append(f"{where}: nothing imports the engine checks")
             elif dst in PUBLIC:
                 continue
             elif a == "pipelines" and (dst == b or dst.rsplit(".", 1)[-1] in ("config", "__main__")
                                        or dst in PIPELINES_MAY_IMPORT):
+                continue
+            elif a == "engines" and dst in ENGINES_MAY_IMPORT:
                 continue
             else:
                 bad.append(f"{where}: not {b}'s public API ({', '.join(sorted(m for m in PUBLIC if package_of(m) == b)) or 'none'})")
@@ -176,7 +185,7 @@ def test_stages_import_each_other_only_through_public_modules():
 
 def test_the_public_modules_exist():
     graph = import_graph(REPO)
-    assert not (PUBLIC | PIPELINES_MAY_IMPORT) - set(graph)
+    assert not (PUBLIC | PIPELINES_MAY_IMPORT | ENGINES_MAY_IMPORT) - set(graph)
 
 
 # -- the checker itself, on synthetic packages ------------------------------------------------------------
@@ -218,15 +227,30 @@ def test_an_acyclic_package_passes_and_parent_relative_imports_resolve(tmp_path)
 
 
 def test_layering_rules_flag_internals_and_allow_public_modules():
-    graph = {"decoder.core": {"vocab.masks": 3, "train.models": 7, "polyspec.targets": 1},
+    graph = {"decoder.core": {"vocab.masks": 3, "train.recipe": 7, "polyspec.targets": 1},
              "polyspec.targets": {"decoder.core": 9},
-             "pipelines.plan": {"train.config": 2, "vocab.__main__": 4, "decoder.speed": 5},
+             "pipelines.plan": {"train.config": 2, "vocab.__main__": 4, "decoder.bench.speed": 5},
              "export.bundle": {"pipelines.run": 1}}
     bad = layering_violations(graph)
-    assert [b.split(":")[0] for b in bad] == ["decoder.core imports train.models (line 7)",
+    assert [b.split(":")[0] for b in bad] == ["decoder.core imports train.recipe (line 7)",
                                             "export.bundle imports pipelines.run (line 1)",
-                                            "pipelines.plan imports decoder.speed (line 5)",
+                                            "pipelines.plan imports decoder.bench.speed (line 5)",
                                             "polyspec.targets imports decoder.core (line 9)"]
+
+
+def test_engines_read_the_export_formats_and_nothing_imports_them():
+    graph = {"engines.llamacpp.run": {"export.gguf": 1, "export.bundle": 2, "train.recipe": 3, "engines.common": 4},
+             "engines.vllm.run": {"export.interop": 1, "polyspec.vllm_process": 2},
+             "export.gguf": {"engines.llamacpp.build": 5},
+             "pipelines.report": {"engines.vllm.report": 6},
+             "polyspec.io": {"engines.common": 8},
+             "decoder.core": {"export.interop": 7}}
+    bad = layering_violations(graph)
+    assert [b.split(":")[0] for b in bad] == ["decoder.core imports export.interop (line 7)",
+                                            "engines.llamacpp.run imports train.recipe (line 3)",
+                                            "export.gguf imports engines.llamacpp.build (line 5)",
+                                            "pipelines.report imports engines.vllm.report (line 6)",
+                                            "polyspec.io imports engines.common (line 8)"]
 
 
 @pytest.mark.parametrize("graph,expected", [

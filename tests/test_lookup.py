@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from decoder.ngram import prompt_lookup
+from decoder.drafts.tables import prompt_lookup
 from polyspec.lookup import hint_tensors, lookup_hint, lookup_hints
 
 

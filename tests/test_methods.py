@@ -28,10 +28,21 @@ def bundles(tmp_path_factory, llama):
     return {kind: load_bundle(make_tiny_bundle(root / kind, llama, drafter=kind)) for kind in ("small-lm", "eagle3")}
 
 
+def build_source(method: str, target, bundle=None, **options):
+    """method → its draft source (None for ``ar``), from the registry; ``options``: fields of
+    ``decoder.methods.DecodeOptions``, taken as given: no calibration is read, and the node budget defaults to the
+    CPU's uncalibrated one on every device (``Decoder`` resolves γ, the node budget and SPECTRA's tables itself)."""
+    from decoder.core import UNCALIBRATED_TREE_NODES
+    from decoder.methods import DecodeOptions, get_method
+
+    o = DecodeOptions(**{"tree_nodes": UNCALIBRATED_TREE_NODES["cpu"], **options})
+    return get_method(method, kind="decoder").build_source(target, bundle, o)
+
+
 def test_every_decoder_method_builds_its_source_and_declares_what_the_loop_needs(llama, bundles):
     from decoder.core import Decoder
+    from decoder.drafts.types import DraftSource
     from decoder.methods import DECODER_METHODS, METHODS
-    from decoder.sources import DraftSource, build_source
 
     for name in DECODER_METHODS:
         m = METHODS[name]
@@ -60,7 +71,7 @@ def test_every_decoder_method_builds_its_source_and_declares_what_the_loop_needs
 def test_every_registry_entry_runs_in_the_bench_and_is_lossless(tmp_path, llama, bundles):
     """Every name of the registry, decoder methods, presets and transformers' loops alike, builds on the tiny target
     (a small-LM bundle; the EAGLE-3 one as the engine bundle) and answers a prompt with ar's tokens."""
-    from decoder.bench import build_methods
+    from decoder.bench.run import build_methods
     from decoder.methods import METHODS
     from polyspec.prompts import encode, render
 
@@ -104,16 +115,16 @@ def test_method_lists_are_checked_against_the_registry():
 
 def test_the_registry_and_the_bench_cli_load_no_torch():
     """The bench checks its questions file and method names before any model: importing it must not load torch."""
-    code = "import sys, decoder.bench, decoder.methods; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = "import sys, decoder.bench.__main__, decoder.methods; print('torch' in sys.modules, 'transformers' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "False"]
 
 
 def test_the_hybrid_keeps_the_plain_forward_as_an_arm_unless_the_node_budget_was_measured(llama, tmp_path):
-    """decoder.hybrid: the calibrated tree budget is what makes SPECTRA's tree about as cheap as a forward; without
+    """decoder.drafts.hybrid: the calibrated tree budget is what makes SPECTRA's tree about as cheap as a forward; without
     an entry for this device and dtype (or with nodes chosen by hand) the plain forward stays a no-match arm."""
-    from decoder.calibration_file import device_key, save
+    from decoder.calibrate.file import device_key, save
     from decoder.core import Decoder
     from export.bundle import load_bundle
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO
 
 SOURCES = ("pyproject.toml", "README.md", "configs", "polyspec", "corpus", "synth", "vocab", "train", "export", "decoder",
-           "pipelines")
+           "pipelines", "engines")
 
 
 @pytest.mark.slow
@@ -37,7 +37,8 @@ def test_a_wheel_install_runs_a_dry_run_outside_the_repository(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     configs = {p.relative_to(REPO / "configs").as_posix() for p in (REPO / "configs").rglob("*.yaml")}
     assert {f"polyspec/_configs/{c}" for c in configs} <= names, "every config ships in the wheel"
-    assert {"synth/data/heldout.jsonl", "decoder/data/mini_multispecbench.jsonl", "train/drafter.py"} <= names
+    assert {"synth/data/heldout.jsonl", "decoder/data/mini_multispecbench.jsonl", "train/drafter.py",
+            "engines/llamacpp/__main__.py", "engines/vllm/__main__.py"} <= names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

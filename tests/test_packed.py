@@ -103,7 +103,7 @@ def test_fp32_target_is_packed_and_decodes_as_unpacked(tiny_gemma_dir):
     """The tiny Gemma3 target in fp32 (the exact mode): load_target packs no 64-wide linear (below ``MIN_NUMEL``:
     slower packed); every linear packed by hand, no head padding is left, logits are within fp32 rounding of the
     unpacked model's, and every greedy method decodes the same tokens packed and unpacked, with drafts accepted."""
-    from decoder.runner import TargetRunner
+    from decoder.loop.runner import TargetRunner
 
     assert load_target(str(tiny_gemma_dir), device="cpu", dtype="float32").packed_linears == 0
     packed = load_target(str(tiny_gemma_dir), device="cpu", dtype="float32", pack=False)
@@ -150,11 +150,11 @@ def test_packed_copy_follows_the_weight_through_copies_casts_and_in_place_change
 
 @needs_fp32_packing
 def test_costs_compares_packed_and_plain_in_one_run(tiny_gemma_dir, tmp_path, capsys, monkeypatch):
-    """``python -m decoder.costs --compare-unpacked`` measures both forms of the target in one process: the plain
+    """``python -m decoder.calibrate.costs --compare-unpacked`` measures both forms of the target in one process: the plain
     one keeps ``nn.Linear`` (its curve is really unpacked), the packed twin's linears are all packed."""
     import json
 
-    from decoder import costs
+    from decoder.calibrate import costs
 
     plain = load_target(str(tiny_gemma_dir), device="cpu", dtype="float32", pack=False)
     ctx = costs.calibration_context(plain, 40)

@@ -1,5 +1,5 @@
-"""decoder/sources.py without a target: prompt lookup's loop-aware variant and the hybrid's choice of when the
-trained drafter runs (crafted contexts whose next tokens are known; a fake drafter that counts its calls)."""
+"""The draft sources (decoder/drafts/) without a target: prompt lookup's loop-aware variant and the hybrid's choice of
+when the trained drafter runs (crafted contexts whose next tokens are known; a fake drafter that counts its calls)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from decoder.ngram import prompt_lookup
-from decoder.sources import (
-    DecodeState,
-    DraftSource,
-    HybridSource,
-    PromptLookup,
-    SpectraSource,
-    Verified,
-    _Arm,
-)
-from decoder.spectra import Spectra
+from decoder.drafts.hybrid import HybridSource, _Arm
+from decoder.drafts.ngram import PromptLookup, SpectraSource
+from decoder.drafts.spectra import Spectra
+from decoder.drafts.tables import prompt_lookup
+from decoder.drafts.types import DecodeState, DraftSource, Verified
 
 
 def state(tokens: list[int], max_depth: int = 32) -> DecodeState:
@@ -122,16 +116,16 @@ def test_hybrid_skips_a_drafter_that_does_not_pay_and_probes_it_again():
 
 
 def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest(monkeypatch):
-    import decoder.hybrid as H
+    import decoder.drafts.hybrid as H
 
     clock = [0.0]  # every step takes 10 ms, so the tokens a step keeps decide (wall time would make a loaded host flip it)
     monkeypatch.setattr(H, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     drafter = FakeDrafter([40, 41, 42])
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(guessing_spectra(), 10)], nodes=10,
                        warmup=2, probe_every=5)
-    # beside SPECTRA neither a plain forward nor the drafter's chain alone is an arm (decoder.hybrid: dominated)
+    # beside SPECTRA neither a plain forward nor the drafter's chain alone is an arm (decoder.drafts.hybrid: dominated)
     assert hyb.arm_names("no-match") == ("spectra", "drafter+spectra")
-    assert hyb.arm_names("match") == ("pld",)  # SPECTRA's fill beside a match was measured slower (decoder.hybrid)
+    assert hyb.arm_names("match") == ("pld",)  # SPECTRA's fill beside a match was measured slower (decoder.drafts.hybrid)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
     p = hyb.propose(ctx)
@@ -259,19 +253,20 @@ def test_the_request_language_is_fasttexts_label_of_the_prompt():
 
 
 def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, tmp_path):
-    """scripts/hybrid_ab.py (the arm choices' harness): every variant on every prompt, the target's own tokens (fp32),
-    per language and overall; the hybrid's and adaspec's variants drafted (τ > 1) and the module's arms are restored
-    after."""
+    """scripts/experiments/hybrid_ab.py (the arm choices' harness): every variant on every prompt, the target's own
+    tokens (fp32), per language and overall; the hybrid's and adaspec's variants drafted (τ > 1) and the module's arms
+    are restored after."""
     import importlib.util
     from pathlib import Path
 
     from test_decoder import random_prompts
 
-    import decoder.hybrid as H
+    import decoder.drafts.hybrid as H
     from conftest import make_tiny_bundle
     from polyspec.targets import greedy_generate, load_target
 
-    spec = importlib.util.spec_from_file_location("hybrid_ab", Path(__file__).parent.parent / "scripts" / "hybrid_ab.py")
+    spec = importlib.util.spec_from_file_location(
+        "hybrid_ab", Path(__file__).parent.parent / "scripts" / "experiments" / "hybrid_ab.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
     llama = load_target(str(tiny_llama_dir))
@@ -338,7 +333,7 @@ def test_hybrid_tells_blank_steps_and_weak_matches_from_the_others():
                 assert p.tokens[10:] == [30, 31] and p.parents[10:] == [-1, 10] and p.origin[10:] == ["spectra"] * 2
         assert ran == list(arms) and set(hyb.by_kind) == {f"{kind}:{a}" for a in arms}
     hyb = hybrid()
-    hyb.split_blank = hyb.split_weak = False  # scripts/hybrid_ab.py's noblank / noweak: the kinds before
+    hyb.split_blank = hyb.split_weak = False  # scripts/experiments/hybrid_ab.py's noblank / noweak: the kinds before
     hyb.begin(blank)
     hyb.propose(blank)
     assert hyb.choice == "spectra"

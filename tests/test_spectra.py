@@ -1,4 +1,4 @@
-"""SPECTRA (decoder/spectra.py): CORE's forward/backward dictionaries and candidate pool, RETRIEVAL's corpus
+"""SPECTRA (decoder/drafts/spectra.py): CORE's forward/backward dictionaries and candidate pool, RETRIEVAL's corpus
 index and refinement — crafted contexts whose next tokens are known; no model except the last test."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from decoder.spectra import Spectra, corpus_from_file, refine_by_perplexity, target_nll
+from decoder.drafts.spectra import Spectra, corpus_from_file, refine_by_perplexity, target_nll
 
 
 def chains(tokens: list[int], parents: list[int]) -> set[tuple[int, ...]]:
@@ -211,7 +211,7 @@ def test_target_nll_matches_unbatched(tiny_llama_dir):
 
 
 def test_refined_corpus_is_scored_once_and_cached_on_disk(tiny_llama_dir, isolated_cache, monkeypatch, tmp_path):
-    import decoder.spectra as spectra
+    import decoder.drafts.spectra as spectra
     from polyspec.targets import load_target
 
     target = load_target(str(tiny_llama_dir))
@@ -245,7 +245,7 @@ def test_refined_corpus_is_scored_once_and_cached_on_disk(tiny_llama_dir, isolat
 
 
 def test_recorded_nll_ranks_the_corpus_without_a_scoring_pass(tiny_llama_dir, isolated_cache, monkeypatch, tmp_path):
-    import decoder.spectra as spectra
+    import decoder.drafts.spectra as spectra
     from polyspec.targets import load_target
 
     target = load_target(str(tiny_llama_dir))

@@ -1,4 +1,4 @@
-"""decoder/spide_parallel.py: SPIDE's parallel draft verification (method ``spide-parallel``).
+"""decoder/drafts/spide_parallel.py: SPIDE's parallel draft verification (method ``spide-parallel``).
 
 Greedy: the target's own tokens, with a drafter the target mostly keeps (continuations drafted beside the
 verification are used: ``parallel_hits``) and with one it always rejects (every continuation dropped, the drafter's
@@ -173,7 +173,7 @@ def test_sampling_judges_the_guess_and_keeps_the_distribution(sampling_setup):
 def test_a_guess_kept_unjudged_is_caught(sampling_setup, monkeypatch):
     """Keeping the drafter's guess whenever the chain was kept (no min(1, p/q) test) skews the distribution."""
     import decoder.core
-    from decoder.verify import accept_sampled
+    from decoder.loop.verify import accept_sampled
 
     def unjudged(drafts, q, p, gen, guess=None):
         n, nxt = accept_sampled(drafts, q, p, gen)

@@ -11,11 +11,11 @@ import torch
 
 from conftest import REPO, prepare_run, run_cli
 from polyspec.config import apply_overrides, validate
+from polyspec.drafter_models import EagleDrafter, eagle_layer_config, load_drafter, project_embedding
 from polyspec.errors import PolyspecError
 from polyspec.targets import load_target
 from train.config import TrainConfig
 from train.drafter import DrafterRecipe, run
-from train.models import EagleDrafter, eagle_layer_config, load_drafter, project_embedding
 from train.objectives import target_features
 from train.score import summarize, walk
 
@@ -51,7 +51,7 @@ def test_eagle_layers_are_layers_of_the_target_family(family, layers, tiny_gemma
     x = torch.randn(2, 5, t.hidden_size)
     out, _ = d(x, x)
     assert out.shape == (2, 5, t.hidden_size)
-    from train.models import save_drafter
+    from polyspec.drafter_models import save_drafter
 
     save_drafter(tmp_path / "d", d, {"target": t.pin()})
     back, meta = load_drafter(tmp_path / "d")
@@ -80,7 +80,7 @@ def test_eagle_layer_copied_from_the_target_computes_its_layer(family, tiny_gemm
     norm, so on that layer's input they give exactly the target's own output there."""
     import copy
 
-    from train.models import copy_target_layer
+    from polyspec.drafter_models import copy_target_layer
 
     t = load_target(str(tiny_gemma_dir if family == "gemma3" else tiny_llama_dir))
     model = t.model
@@ -109,7 +109,7 @@ def test_eagle_layer_copied_from_the_target_computes_its_layer(family, tiny_gemm
 
 def test_missing_weights_fail_loudly(tmp_path, tiny_llama_dir):
     t = load_target(str(tiny_llama_dir))
-    from train.models import save_drafter
+    from polyspec.drafter_models import save_drafter
 
     save_drafter(tmp_path / "d", EagleDrafter(eagle_layer_config(t.model.config)), {})
     from safetensors.torch import load_file, save_file
@@ -174,7 +174,7 @@ def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_
     at random places (steps stop early), accepts exactly what recomputing each step's context from scratch does.
     eagle1-hint: the prompt-lookup hints of the one pass (``lookup_hints``) and of the continuation drafts are
     the ones the plain scan gives each prefix, and they matter (random hint weights, scaled up)."""
-    from train.models import Eagle3Drafter
+    from polyspec.drafter_models import Eagle3Drafter
     from train.score import eagle_chain
 
     t = load_target(str(tiny_llama_dir))

@@ -11,11 +11,11 @@ import torch
 
 from conftest import REPO, prepare_run, run_cli
 from polyspec.config import apply_overrides, validate
+from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError
 from polyspec.targets import load_target
 from train.config import TrainConfig
 from train.drafter import DrafterRecipe
-from train.models import load_drafter
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                      reason="deepspeed is not installed (the [deepspeed] extra; `make setup` installs it)")

@@ -48,7 +48,7 @@ def test_vllm_serves_polyspecs_eagle3_export_losslessly_with_drafts_kept(engine_
     engines.write_text(json.dumps({"drafters": {"en": {}}, "engines": {"vllm": {
         "command": "vllm serve x --speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 3}'"}}}))
     out = root / "bench"
-    r = run_cli("-m", "export.vllm_bench", "--target", str(path), "--drafters", str(root / "speculators"), "--out",
+    r = run_cli("-m", "engines.vllm", "--target", str(path), "--drafters", str(root / "speculators"), "--out",
                 str(out), "--prompts", "3", "--n", "24", "--sweep", "1,2", "--batch", "1,2", "--eager",
                 "--engines", str(engines), env={"POLYSPEC_VLLM_PYTHON": VLLM_PYTHON})
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
@@ -110,7 +110,7 @@ def test_vllm_synthesis_equals_the_transformers_engine_in_fp32(engine_target, tm
 def test_a_target_vllm_cannot_load_is_one_error_line_and_nothing_written(tiny_llama_dir, tmp_path):
     """The standard tiny target has head_dim 16, which vLLM's CPU attention lacks: one line with vLLM's own reason."""
     out = tmp_path / "bench"
-    r = run_cli("-m", "export.vllm_bench", "--target", str(tiny_llama_dir), "--out", str(out), "--prompts", "1",
+    r = run_cli("-m", "engines.vllm", "--target", str(tiny_llama_dir), "--out", str(out), "--prompts", "1",
                 "--n", "4", "--sweep", "1", "--batch", "1", "--eager", env={"POLYSPEC_VLLM_PYTHON": VLLM_PYTHON})
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-3000:]
     assert r.stderr.startswith("error: vLLM failed: RuntimeError: Unsupported CPU attention configuration: head_dim=16")

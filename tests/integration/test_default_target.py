@@ -144,7 +144,7 @@ def test_bf16_verification_of_the_real_target_is_bitwise_one_token_decoding_in_t
     1 of 12 chains equal, logits apart by up to 2.0)."""
     import torch
 
-    from decoder.runner import TargetRunner
+    from decoder.loop.runner import TargetRunner
     from polyspec.device import cpu_native_bf16
 
     if not cpu_native_bf16():
