@@ -9,10 +9,18 @@ import shutil
 
 import pytest
 import torch
-from test_decoder import SHAPES, chi2_pvalue, draw_pairs, exact_pair_distribution, random_prompts
-from test_train import tcfg
 
-from conftest import SEED_TEXT, make_tiny_bundle, prepare_run
+from conftest import (
+    SEED_TEXT,
+    SHAPES,
+    chi2_pvalue,
+    draw_pairs,
+    exact_pair_distribution,
+    make_tiny_bundle,
+    prepare_run,
+    random_prompts,
+    tcfg,
+)
 from polyspec.targets import eagle3_layers, greedy_generate, load_target
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

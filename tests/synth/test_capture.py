@@ -70,7 +70,7 @@ def dcfg(run_dir, target_dir, prompts, *extra) -> DistillConfig:
     return validate(DistillConfig, apply_overrides({}, [*base, *extra]))
 
 
-def tcfg(run_dir, target_dir, *extra) -> TrainConfig:  # test_train.tcfg's settings, finetune on captured data
+def tcfg(run_dir, target_dir, *extra) -> TrainConfig:  # conftest.tcfg's settings, finetune on captured data
     base = [f"run={run_dir}", f"target={target_dir}", "lang=vi", "eagle.vocab_size=128", "report_to=none",
             "stage=finetune", "finetune.steps=6", "eval_every=3", "checkpoint_every=2", "log_every=1",
             "optim.batch_size=2", "data.max_length=64", "data.eval_max_examples=3", "eval_depth=3",
@@ -188,8 +188,9 @@ def test_distill_capture_kill_9_then_resume_equals_uninterrupted(tmp_path, tiny_
 
 
 def test_vllm_engine_refuses_capture_without_the_targets_weights(tmp_path, tiny_llama_dir):
-    """vLLM's captured features come from the target's prefill (tests/test_synth.py, tests/test_vllm_real.py): a target
-    loaded without its weights is refused in one line, before vLLM is asked anything."""
+    """vLLM's captured features come from the target's prefill (tests/synth/test_synth.py,
+    tests/engines/test_vllm_real.py): a target loaded without its weights is refused in one line, before vLLM is asked
+    anything."""
     target = load_target(str(tiny_llama_dir), with_model=False)
     engine = VLLMEngine(target, llm=object(), sampling_params_cls=object)  # refused before vLLM is asked anything
     prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:2])

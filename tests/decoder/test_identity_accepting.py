@@ -5,8 +5,8 @@ target's token" path. Here the drafter is the tiny Llama target itself with a li
 ``oracle`` of ``conftest.make_tiny_bundle``): most drafts are kept, so multi-token acceptance, the cache and
 feature bookkeeping after a long accepted run, and partial acceptance at the end of a chain or branch are what
 every step exercises. Each drafter method must give the target's own greedy tokens AND keep most of what it
-drafts. (EAGLE-1/EAGLE-3 drafters are exercised by tests/test_decoder.py and tests/test_bench.py with random
-weights; an accepted EAGLE drafter needs training, see tests/test_train.py's echo drafter.)"""
+drafts. (EAGLE-1/EAGLE-3 drafters are exercised by tests/decoder/test_decoder.py and tests/decoder/test_bench.py
+with random weights; an accepted EAGLE drafter needs training, see tests/train/test_train.py's echo drafter.)"""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, prepare_run, run_cli
+from conftest import REPO, prepare_run, run_cli, tcfg
 from polyspec.config import apply_overrides, validate
 from polyspec.drafter_models import EagleDrafter, eagle_layer_config, load_drafter, project_embedding
 from polyspec.errors import PolyspecError
@@ -28,14 +28,6 @@ def gemma_run(tmp_path_factory, tiny_gemma_dir):
 @pytest.fixture(scope="module")
 def llama_run(tmp_path_factory, tiny_llama_dir):
     return prepare_run(tmp_path_factory.mktemp("run-llama"), tiny_llama_dir)
-
-
-def tcfg(run_dir, target_dir, *extra) -> TrainConfig:
-    base = [f"run={run_dir}", f"target={target_dir}", "lang=vi", "eagle.vocab_size=128", "report_to=none",
-            "pretrain.steps=6", "finetune.steps=6", "eval_every=3", "checkpoint_every=2", "log_every=1",
-            "optim.batch_size=2", "data.max_length=64", "data.eval_max_examples=3", "eval_depth=3",
-            "small_lm.hidden_size=32", "small_lm.intermediate_size=64", "small_lm.num_heads=2"]
-    return validate(TrainConfig, apply_overrides({}, [*base, *extra]))
 
 
 # ------------------------------------------------------------------------------------------ models

@@ -11,7 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tiny_bundle, run_cli
+from conftest import (
+    SHAPES,
+    chi2_pvalue,
+    draw_pairs,
+    exact_pair_distribution,
+    make_tiny_bundle,
+    random_prompts,
+    run_cli,
+)
 from polyspec.errors import PolyspecError
 from polyspec.targets import greedy_generate, load_target
 
@@ -38,30 +46,6 @@ def bundles(tmp_path_factory, llama, gemma):
         ("llama", "small-lm"): make_tiny_bundle(root / "llama-small", llama, drafter="small-lm"),
         ("gemma3", "eagle3"): make_tiny_bundle(root / "gemma-eagle3", gemma, drafter="eagle3"),
     }
-
-
-def random_prompts(target, n: int, seed: int, max_len: int = 40) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(2, max_len, (n,), generator=g).tolist()
-    return [torch.randint(4, target.vocab_size, (k,), generator=g).tolist() for k in lengths]
-
-
-SHAPES = [
-    ("chain", dict(gamma=1)),
-    ("chain", dict(gamma=3)),
-    ("chain", dict(gamma=7, size="full")),
-    ("tree", dict(tree_depth=3, tree_topk=2, tree_nodes=6)),
-    ("tree", dict(tree_depth=5, tree_topk=4, tree_nodes=16, size="full")),
-    ("adaspec", dict(gamma=4)),
-    ("adaspec", dict(gamma=2, lookup_runs=False)),
-    ("adaspec", dict(shape="tree", tree_depth=4, tree_topk=3, tree_nodes=10)),
-    ("spide", dict(gamma_max=6)),
-    ("spide-parallel", dict(gamma_max=6)),
-    ("pld", dict(gamma=5)),
-    ("ngram-tree", dict(tree_nodes=10, tree_depth=4, tree_topk=2)),
-    ("spectra", dict(tree_nodes=10)),
-    ("hybrid", dict(tree_nodes=10)),
-]
 
 
 def check_lossless(dec, prompts, refs, max_new_tokens):
@@ -328,57 +312,6 @@ def test_stop_strings_and_eos_end_every_method_at_the_same_token(llama, bundles)
 # ----------------------------------------------------------------------------------------- sampling
 
 
-def exact_pair_distribution(target, prompt, temperature) -> dict[tuple[int, int], float]:
-    """P(x2, x3) of the target's own sampling (x1 summed out), from its exact conditionals; a position
-    after EOS is -1."""
-    from decoder.loop.verify import warp
-
-    eos = target.tokenizer.eos_token_id
-
-    def probs(ids):
-        with torch.no_grad():
-            return warp(target.model(torch.tensor([ids])).logits[0, -1].float(), temperature)
-
-    def support(p):
-        return torch.nonzero(p > 1e-6).flatten().tolist()
-
-    out: dict[tuple[int, int], float] = {}
-
-    def add(key, w):
-        out[key] = out.get(key, 0.0) + w
-
-    p1 = probs(prompt)
-    for x1 in support(p1):
-        if x1 == eos:
-            add((-1, -1), float(p1[x1]))
-            continue
-        p2 = probs(prompt + [x1])
-        for x2 in support(p2):
-            w = float(p1[x1] * p2[x2])
-            if x2 == eos:
-                add((x2, -1), w)
-                continue
-            p3 = probs(prompt + [x1, x2])
-            for x3 in support(p3):
-                add((x2, x3), w * float(p3[x3]))
-    return out
-
-
-def chi2_pvalue(samples: list[tuple[int, int]], exact: dict[tuple[int, int], float]) -> float:
-    from scipy.stats import chi2
-
-    n = len(samples)
-    counts: dict = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    cells = [c for c, p in exact.items() if p * n >= 5]
-    other_p = 1.0 - sum(exact[c] for c in cells)
-    obs = [counts.get(c, 0) for c in cells] + [n - sum(counts.get(c, 0) for c in cells)]
-    exp = [exact[c] * n for c in cells] + [other_p * n]
-    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp) if e > 0)
-    return float(chi2.sf(stat, len(cells)))
-
-
 @pytest.fixture(scope="module")
 def sampling_setup(llama, bundles):
     from decoder.core import Decoder
@@ -391,15 +324,6 @@ def sampling_setup(llama, bundles):
     # 768 ids (q = 0 elsewhere), γ = 2: acceptance, rejection and the residual all matter
     dec = Decoder(llama, bundles[("llama", "noisy")], method="chain", gamma=2, size=256)
     return prompt, temperature, exact, dec
-
-
-def draw_pairs(dec, prompt, temperature, n) -> tuple[list[tuple[int, int]], float]:
-    pairs, rejected = [], 0
-    for seed in range(n):
-        out = dec.generate(prompt, 3, temperature=temperature, stop=[], seed=seed)
-        pairs.append(tuple((out.tokens[1:3] + [-1, -1])[:2]) if len(out.tokens) > 1 else (-1, -1))
-        rejected += bool(out.steps) and out.steps[0].accepted < out.steps[0].drafted
-    return pairs, rejected / n
 
 
 def test_speculative_sampling_matches_the_target_distribution(sampling_setup):

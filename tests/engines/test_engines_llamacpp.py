@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import REPO
 from engines.common import bench_plan, drafter_folders
 from engines.llamacpp.report import cost_ratio, markdown, spec_metrics, summarize
 from engines.llamacpp.run import (
@@ -33,7 +34,7 @@ from export.gguf import STAMP, eagle3_unsupported, gguf_converter, load_build
 from polyspec.errors import PolyspecError
 from polyspec.targets import PromptFormat
 
-DATA = Path(__file__).resolve().parent / "data" / "llamacpp"
+DATA = REPO / "tests" / "data" / "llamacpp"
 # polyspec's encode() of en-heldout-01 in SmolLM2's chat template (what llama.cpp's --verbose-prompt printed too)
 SMOL_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2,
             198, 1, 4093, 198, 4898, 536, 5703, 760, 31047, 418, 3163, 47, 2, 198, 1, 520, 9531, 198]

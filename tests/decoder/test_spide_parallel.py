@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_decoder import chi2_pvalue, exact_pair_distribution, random_prompts
 
-from conftest import make_tiny_bundle
+from conftest import chi2_pvalue, exact_pair_distribution, make_tiny_bundle, random_prompts
 from polyspec.targets import greedy_generate, load_target
 
 MAX_NEW = 40

@@ -1,6 +1,7 @@
 """``python -m engines.vllm``'s bookkeeping on a fake vLLM process with known costs and acceptance (the real vLLM
-runs in tests/test_vllm_real.py): speedups, α per position, the step cost fit, the draft length, agreement with its
-margins, engines.json, a target vLLM serves no EAGLE-3 for, and the one-line errors before any engine starts."""
+runs in tests/engines/test_vllm_real.py): speedups, α per position, the step cost fit, the draft length, agreement
+with its margins, engines.json, a target vLLM serves no EAGLE-3 for, and the one-line errors before any engine
+starts."""
 
 from __future__ import annotations
 

@@ -257,16 +257,13 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     tokens (fp32), per language and overall; the hybrid's and adaspec's variants drafted (τ > 1) and the module's arms
     are restored after."""
     import importlib.util
-    from pathlib import Path
-
-    from test_decoder import random_prompts
 
     import decoder.drafts.hybrid as H
-    from conftest import make_tiny_bundle
+    from conftest import REPO, make_tiny_bundle, random_prompts
     from polyspec.targets import greedy_generate, load_target
 
     spec = importlib.util.spec_from_file_location(
-        "hybrid_ab", Path(__file__).parent.parent / "scripts" / "experiments" / "hybrid_ab.py")
+        "hybrid_ab", REPO / "scripts" / "experiments" / "hybrid_ab.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
     llama = load_target(str(tiny_llama_dir))
