@@ -15,7 +15,7 @@ gguf-package target) into ``<dir>/models/<target>-<outtype>.gguf``, and each spe
 target layer ids ``eagle_aux_hidden_state_layer_ids`` and ``d2t`` from there). ``gguf_converter`` is the same
 conversion for ``python -m export engines``.
 ``<gguf>.json`` records the inputs' names, sizes and mtimes; a conversion is redone only when they change.
-(``tests/test_engines_llamacpp.py`` checks that llama.cpp's first draft from a converted drafter is polyspec's own.)
+(``tests/engines/test_engines_llamacpp.py`` checks that llama.cpp's first draft from a converted drafter is polyspec's own.)
 Default outtype ``f32``: the dequantized weights bit for bit (polyspec's exact mode), and the one in which
 llama.cpp's greedy runs agreed with each other here. In bf16 llama.cpp rounds activations to bf16 inside its dot
 products and its batched and one-token kernels accumulate in different orders, so the prompt's split into

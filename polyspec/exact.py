@@ -1,7 +1,7 @@
 """Shape-invariant target forwards: each position's logits bitwise the same whether it is computed alone (plain
 decoding) or inside a k-token verification or a draft tree — what makes speculative decoding lossless in bf16 too.
 
-Where a bf16 forward differs today (``tests/test_exact.py``; evidence: docs/experiments.md#lossless-in-bf16-shape-invariant-forwards-2026-11-28-code-910d58d--db05400):
+Where a bf16 forward differs today (``tests/polyspec/test_exact.py``; evidence: docs/experiments.md#lossless-in-bf16-shape-invariant-forwards-2026-11-28-code-910d58d--db05400):
 
 - **attention**: PyTorch's SDPA takes another path for 1 query than for k (and oneDNN's bf16 ``p @ V`` rounds
   differently at 1 row than at k rows), so the first layer's attention output already differs in the last bit;
@@ -51,7 +51,7 @@ NAME = "polyspec_exact"
 QUERY_BLOCK = 16  # query positions one attention GEMM computes (a verification of ≤ 16 tokens: one block)
 KEY_CHUNK = 64  # keys are zero-padded to a multiple of this (fewer distinct GEMM shapes)
 MAX_ROWS = 64  # forwards with more query positions (prefills) run SDPA: computed once, shared by every method
-# (polyspec.packed.MAX_ROWS, the row-padded linears' bound, is the same: tests/test_exact.py holds them equal; this
+# (polyspec.packed.MAX_ROWS, the row-padded linears' bound, is the same: tests/polyspec/test_exact.py holds them equal; this
 # module stays free of torch at import, which the bench's CLI needs, so it cannot import packed's)
 
 _MODES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
