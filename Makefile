@@ -52,7 +52,7 @@ STAMP  := $(VENV)/.polyspec-installed
 help:
 	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
 	@echo "  make demo                 the main job on the default target (offline)"
-	@echo "  make test                 unit tests + a smoke on the real default target (≤ 10 min on 2 cores)"
+	@echo "  make test                 lint, unit tests + a smoke on the real default target (≤ 10 min on 2 cores)"
 	@echo "  make test-all             every test: + the slow end-to-end and integration suites (what CI runs)"
 	@echo "  make test-unit            unit tests only (tiny random models)"
 	@echo "  make setup | lint"
@@ -81,7 +81,7 @@ setup: $(STAMP)
 PYTEST_RUN = rc=0; $(TEST_ENV) $(PY) -m pytest $(1) $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; fi; exit $$rc
 
-# test: what a contributor runs — the unit tests and the smoke (`@pytest.mark.smoke`: every decoding method on the
+# test: what a contributor runs — lint first, then the unit tests and the smoke (`@pytest.mark.smoke`: every decoding method on the
 # real default target, one stage's CLI on the tiny target), ≤ 10 minutes on 2 cores on every host kind;
 # test-all: everything, the slow end-to-end runs and the integration suite included (CI runs it);
 # test-unit: without the real target and the end-to-end runs (`@pytest.mark.integration`, `@pytest.mark.slow`).
@@ -93,7 +93,7 @@ PYTEST_RUN = rc=0; $(TEST_ENV) $(PY) -m pytest $(1) $(PYTEST_ARGS) || rc=$$?; \
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
 PYTEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 TEST_ENV = $(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1)
-test: $(STAMP)
+test: $(STAMP) lint
 	@$(call PYTEST_RUN,$(PYTEST_XDIST) -m "smoke or not (slow or integration)" --durations=15)
 
 test-all: $(STAMP)
@@ -102,8 +102,10 @@ test-all: $(STAMP)
 test-unit: $(STAMP)
 	@$(call PYTEST_RUN,$(PYTEST_XDIST) -m "not integration and not slow" --durations=15)
 
+# lint (also the first step of `make test`): ruff's checks over the repository, then the formatter's
+# check (line length 100).
 lint: $(STAMP)
-	$(PY) -m ruff check .
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
 
 # The README's first command: the whole pipeline (synth → vocab → train → export → calibrate → eval →
 # report) on the default target, offline, profile cpu-demo, languages vi,de,ja, in runs/demo/.

@@ -1,35 +1,36 @@
 """Text extraction of the corpus stage: the paragraphs of a documentation file, as plain text.
 
-These are the rules by which the corpus stage turns Debian's translated documentation (HTML help, man
-pages, plain text and reStructuredText, GNOME Mallard pages) into the general text that Yi et al. 2024's pretrain
-reads (see the issue "Drafters pretrained on real text"). Every format yields a list of blocks (paragraphs,
-headings, list items); whitespace inside a block collapses to single spaces, except that a line break
-between two CJK characters (Chinese, Japanese; not Hangul, which separates words with spaces) joins them
-without a space. Empty blocks are dropped.
+These are the rules by which the corpus stage turns Debian's translated documentation (HTML help,
+man pages, plain text and reStructuredText, GNOME Mallard pages) into the general text that Yi et
+al. 2024's pretrain reads (see the issue "Drafters pretrained on real text"). Every format yields a
+list of blocks (paragraphs, headings, list items); whitespace inside a block collapses to single
+spaces, except that a line break between two CJK characters (Chinese, Japanese; not Hangul, which
+separates words with spaces) joins them without a space. Empty blocks are dropped.
 
-- html (also XHTML, Mallard and DocBook XML): a block ends at a block-level tag (p, div, li, h1-h6, td, th,
-  dt, dd, br, tr, section, article, blockquote...); inline tags (a, b, em, span...) do not break a block;
-  entities are decoded; inline ``code`` keeps its text (it is part of the sentence). Skipped with everything
-  inside them: title, head, script, style, pre (code blocks), nav,
-  noscript, svg, math, header, footer, aside, form controls, ``info``/``*info`` metadata (Mallard, DocBook),
-  elements with an ARIA chrome role (navigation, banner, search...) and elements whose class, or id, has a
-  word starting with nav, menu, header, footer, breadcrumb, search or toc (the ids of sections, pages and
-  headings are not looked at: they name their content, as in "files-search"). Malformed markup is
-  tolerated: unclosed elements close with their parent, implied end tags close p/li/dt/dd/tr/td/th, stray
-  end tags are ignored and void elements (br, img, meta...) never open anything.
-- roff (man macros, mdoc lightly): ``.SH``/``.SS``/``.Sh``/``.Ss`` arguments are a block of their own;
-  ``.B .I .SM .SB .Nd`` give their arguments, ``.BR .IR .RB .RI .BI .IB`` their arguments joined without
-  spaces; ``.TP .TQ .PP .LP .P .IP .HP .sp .br .RS .RE .in .ti .Pp .It .Bl .El`` and blank lines break
-  paragraphs (``.IP`` keeps a tag that is not a bullet as the paragraph's start); ``.nf``-``.fi``,
-  ``.EX``-``.EE`` and ``.Bd -literal``-``.Ed`` (code) and ``.de``/``.ig`` bodies are dropped; every other
-  request line (``.TH``, ``.so``, comments...) is dropped. Escapes: font changes, sizes, motions and
-  registers vanish; named glyphs (``\\(em``, ``\\[bu]``, ``\\(:a``...) become their characters; the usual
-  strings of man and Pod::Man (``\\*(lq``, ``\\*(Aq``...) their text, others nothing; ``\\-`` is ``-``,
-  ``\\e`` a backslash; ``\\c`` joins lines.
-- text (plain text, reStructuredText): paragraphs are separated by blank lines; rule lines made only of
-  punctuation or symbols (rst under- and overlines) end a paragraph and are dropped; rst explicit markup
-  lines (``.. ``) are dropped, with the indented bodies of code directives and comments, the option lines
-  of other directives, and the indented literal block after a ``::``.
+- html (also XHTML, Mallard and DocBook XML): a block ends at a block-level tag (p, div, li, h1-h6,
+  td, th, dt, dd, br, tr, section, article, blockquote...); inline tags (a, b, em, span...) do not
+  break a block; entities are decoded; inline ``code`` keeps its text (it is part of the sentence).
+  Skipped with everything inside them: title, head, script, style, pre (code blocks), nav, noscript,
+  svg, math, header, footer, aside, form controls, ``info``/``*info`` metadata (Mallard, DocBook),
+  elements with an ARIA chrome role (navigation, banner, search...) and elements whose class, or id,
+  has a word starting with nav, menu, header, footer, breadcrumb, search or toc (the ids of
+  sections, pages and headings are not looked at: they name their content, as in "files-search").
+  Malformed markup is tolerated: unclosed elements close with their parent, implied end tags close
+  p/li/dt/dd/tr/td/th, stray end tags are ignored and void elements (br, img, meta...) never open
+  anything.
+- roff (man macros, mdoc lightly): ``.SH``/``.SS``/``.Sh``/``.Ss`` arguments are a block of their
+  own; ``.B .I .SM .SB .Nd`` give their arguments, ``.BR .IR .RB .RI .BI .IB`` their arguments
+  joined without spaces; ``.TP .TQ .PP .LP .P .IP .HP .sp .br .RS .RE .in .ti .Pp .It .Bl .El`` and
+  blank lines break paragraphs (``.IP`` keeps a tag that is not a bullet as the paragraph's start);
+  ``.nf``-``.fi``, ``.EX``-``.EE`` and ``.Bd -literal``-``.Ed`` (code) and ``.de``/``.ig`` bodies
+  are dropped; every other request line (``.TH``, ``.so``, comments...) is dropped. Escapes: font
+  changes, sizes, motions and registers vanish; named glyphs (``\\(em``, ``\\[bu]``, ``\\(:a``...)
+  become their characters; the usual strings of man and Pod::Man (``\\*(lq``, ``\\*(Aq``...) their
+  text, others nothing; ``\\-`` is ``-``, ``\\e`` a backslash; ``\\c`` joins lines.
+- text (plain text, reStructuredText): paragraphs are separated by blank lines; rule lines made only
+  of punctuation or symbols (rst under- and overlines) end a paragraph and are dropped; rst explicit
+  markup lines (``.. ``) are dropped, with the indented bodies of code directives and comments, the
+  option lines of other directives, and the indented literal block after a ``::``.
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ from polyspec.errors import PolyspecError
 
 FORMATS = ("html", "roff", "text")
 
-# --- shared -------------------------------------------------------------------------------------------------
+# --- shared ---------------------------------------------------------------------------------------
 
 _WS = re.compile(r"\s+")
 
 
 def _is_cjk(c: str) -> bool:
-    """A wide character of a script written without spaces between words (Han, kana; Hangul is not)."""
+    """A wide character of a script written without spaces between words (Han, kana; Hangul is
+    not)."""
     if not c or unicodedata.east_asian_width(c) not in ("W", "F"):
         return False
     cp = ord(c)
@@ -62,7 +64,8 @@ def _is_cjk(c: str) -> bool:
 
 
 def _collapse(s: str) -> str:
-    """Whitespace runs → one space, stripped; a run with a line break between two CJK characters → nothing."""
+    """Whitespace runs → one space, stripped; a run with a line break between two CJK characters →
+    nothing."""
 
     def space(m: re.Match[str]) -> str:
         before = s[m.start() - 1] if m.start() > 0 else ""
@@ -72,33 +75,39 @@ def _collapse(s: str) -> str:
     return _WS.sub(space, s).strip()
 
 
-# --- HTML ---------------------------------------------------------------------------------------------------
+# --- HTML -----------------------------------------------------------------------------------------
 
 _VOID = frozenset(
     "area base basefont br col embed hr img input keygen link meta param source track wbr".split()
 )
 _BLOCK = frozenset(
-    """p div li ul ol dl dt dd h1 h2 h3 h4 h5 h6 td th tr table caption section article blockquote br hr
-    body html main header footer aside address figure figcaption details summary fieldset legend center
+    """p div li ul ol dl dt dd h1 h2 h3 h4 h5 h6 td th tr table caption section article blockquote
+    br hr body html main header footer aside address figure figcaption details summary fieldset
+    legend center
     page item list terms tree steps note desc example quote
-    para simpara formalpara listitem term entry row chapter sect1 sect2 sect3 sect4 sect5 refsect1 refsect2
-    refsect3 tip warning caution important""".split()
+    para simpara formalpara listitem term entry row chapter sect1 sect2 sect3 sect4 sect5 refsect1
+    refsect2 refsect3 tip warning caution important""".split()
 )
 _SKIP = frozenset(
-    """title head script style pre nav noscript svg math header footer aside template select textarea
-    button iframe object canvas screen programlisting synopsis comment""".split()
+    """title head script style pre nav noscript svg math header footer aside template select
+    textarea button iframe object canvas screen programlisting synopsis comment""".split()
 )
-# Word starts (after a non-alphanumeric or a lower→upper case change) that mark page chrome in class/id.
+# Word starts (after a non-alphanumeric or a lower→upper case change) that mark page chrome in
+# class/id.
 _CHROME = re.compile(
     r"(?:^|[^A-Za-z0-9]|(?<=[a-z])(?=[A-Z]))(?i:nav|menu|header|footer|breadcrumb|search|toc)"
 )
 _NEVER_CHROME = frozenset(("html", "body"))
-# Where an id names the content (made from a heading or a page name: "files-search", "search-and-replace"),
-# it says nothing about chrome: sections, pages, headings, anchors, and divs whose class marks a section.
+# Where an id names the content (made from a heading or a page name: "files-search",
+# "search-and-replace"), it says nothing about chrome: sections, pages, headings, anchors, and divs
+# whose class marks a section.
 _ID_NAMES_CONTENT = frozenset("main article section page chapter a h1 h2 h3 h4 h5 h6".split())
 _SECTION_CLASS = re.compile(r"(?:^|\s)(?:section|sect\d|chapter|refsect\d|appendix)(?:\s|$)")
-_CHROME_ROLES = frozenset(("navigation", "banner", "contentinfo", "search", "menu", "menubar", "toolbar"))
-# An opening tag closes the nearest open element of `closes`, unless an element of `stops` comes first.
+_CHROME_ROLES = frozenset(
+    ("navigation", "banner", "contentinfo", "search", "menu", "menubar", "toolbar")
+)
+# An opening tag closes the nearest open element of `closes`, unless an element of `stops` comes
+# first.
 _LIST_SCOPE = frozenset(("ul", "ol", "menu"))
 _TABLE_SCOPE = frozenset(("table", "tbody", "thead", "tfoot"))
 _IMPLIED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
@@ -121,11 +130,16 @@ def _is_skipped(tag: str, attrs: Sequence[tuple[str, str | None]]) -> bool:
     cls, ident = found.get("class", ""), found.get("id", "")
     if found.get("role") in _CHROME_ROLES or _CHROME.search(cls):
         return True
-    return tag not in _ID_NAMES_CONTENT and not _SECTION_CLASS.search(cls) and bool(_CHROME.search(ident))
+    return (
+        tag not in _ID_NAMES_CONTENT
+        and not _SECTION_CLASS.search(cls)
+        and bool(_CHROME.search(ident))
+    )
 
 
 class _BlockParser(HTMLParser):
-    """Collects text blocks; ``_open`` is the stack of open elements, each with whether it is skipped."""
+    """Collects text blocks; ``_open`` is the stack of open elements, each with whether it is
+    skipped."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -133,7 +147,8 @@ class _BlockParser(HTMLParser):
         self._buf: list[str] = []
         self._open: list[tuple[str, bool]] = []
         self._skipping = 0  # how many open elements are skipped
-        self._count: dict[str, int] = {}  # open elements by name: a stray end tag costs no stack walk
+        # open elements by name: a stray end tag costs no stack walk
+        self._count: dict[str, int] = {}
 
     def _flush(self) -> None:
         text = _collapse("".join(self._buf))
@@ -169,7 +184,8 @@ class _BlockParser(HTMLParser):
             self._flush()
         if tag in _VOID:
             return
-        if tag in _BLOCK:  # body content (<body> included) closes an open <head>, a block an open <p>
+        # body content (<body> included) closes an open <head>, a block an open <p>
+        if tag in _BLOCK:
             self._close_head()
             self._close_implied(*_P_CLOSE)
         if tag in _IMPLIED:
@@ -203,35 +219,39 @@ class _BlockParser(HTMLParser):
 
 
 def html_blocks(text: str) -> list[str]:
-    """The text blocks of an HTML (or XHTML, Mallard, DocBook) document, page chrome and code left out."""
+    """The text blocks of an HTML (or XHTML, Mallard, DocBook) document, page chrome and code left
+    out."""
     parser = _BlockParser()
     parser.feed(text)
     parser.close()
     return parser.blocks
 
 
-# --- roff ---------------------------------------------------------------------------------------------------
+# --- roff -----------------------------------------------------------------------------------------
 
 _GLYPHS = {
-    "em": "—", "en": "–", "hy": "-", "mi": "-", "aq": "'", "dq": '"', "lq": "“", "rq": "”", "oq": "‘",
-    "cq": "’", "bq": "‚", "Bq": "„", "Fo": "«", "Fc": "»", "fo": "‹", "fc": "›", "bu": "•", "co": "©",
-    "rg": "®", "tm": "™", "de": "°", "dg": "†", "dd": "‡", "sc": "§", "ps": "¶", "ct": "¢", "Po": "£",
-    "Ye": "¥", "Eu": "€", "eu": "€", "mu": "×", "di": "÷", "+-": "±", "pl": "+", "eq": "=", "<=": "≤",
-    ">=": "≥", "!=": "≠", "==": "≡", "ap": "∼", "->": "→", "<-": "←", "<>": "↔", "ua": "↑", "da": "↓",
-    "rA": "⇒", "lA": "⇐", "**": "∗", "ga": "`", "aa": "´", "ti": "~", "ha": "^", "sl": "/", "rs": "\\",
-    "ul": "_", "ru": "_", "bv": "|", "ba": "|", "or": "|", "at": "@", "sh": "#", "Do": "$", "lB": "[",
-    "rB": "]", "lC": "{", "rC": "}", "la": "⟨", "ra": "⟩", "ss": "ß", "ae": "æ", "AE": "Æ", "oe": "œ",
-    "OE": "Œ", "/o": "ø", "/O": "Ø", "-D": "Ð", "Sd": "ð", "TP": "Þ", "Tp": "þ", "r!": "¡", "r?": "¿",
-    "12": "½", "14": "¼", "34": "¾", "mc": "µ", "ci": "○", "sq": "□", "OK": "✓", "3d": "∴", "if": "∞",
-    "*a": "α", "*b": "β", "*g": "γ", "*d": "δ", "*e": "ε", "*l": "λ", "*m": "μ", "*p": "π", "*s": "σ",
-    "*W": "Ω",
+    "em": "—", "en": "–", "hy": "-", "mi": "-", "aq": "'", "dq": '"', "lq": "“", "rq": "”",
+    "oq": "‘", "cq": "’", "bq": "‚", "Bq": "„", "Fo": "«", "Fc": "»", "fo": "‹", "fc": "›",
+    "bu": "•", "co": "©", "rg": "®", "tm": "™", "de": "°", "dg": "†", "dd": "‡", "sc": "§",
+    "ps": "¶", "ct": "¢", "Po": "£", "Ye": "¥", "Eu": "€", "eu": "€", "mu": "×", "di": "÷",
+    "+-": "±", "pl": "+", "eq": "=", "<=": "≤", ">=": "≥", "!=": "≠", "==": "≡", "ap": "∼",
+    "->": "→", "<-": "←", "<>": "↔", "ua": "↑", "da": "↓", "rA": "⇒", "lA": "⇐", "**": "∗",
+    "ga": "`", "aa": "´", "ti": "~", "ha": "^", "sl": "/", "rs": "\\", "ul": "_", "ru": "_",
+    "bv": "|", "ba": "|", "or": "|", "at": "@", "sh": "#", "Do": "$", "lB": "[", "rB": "]",
+    "lC": "{", "rC": "}", "la": "⟨", "ra": "⟩", "ss": "ß", "ae": "æ", "AE": "Æ", "oe": "œ",
+    "OE": "Œ", "/o": "ø", "/O": "Ø", "-D": "Ð", "Sd": "ð", "TP": "Þ", "Tp": "þ", "r!": "¡",
+    "r?": "¿", "12": "½", "14": "¼", "34": "¾", "mc": "µ", "ci": "○", "sq": "□", "OK": "✓",
+    "3d": "∴", "if": "∞", "*a": "α", "*b": "β", "*g": "γ", "*d": "δ", "*e": "ε", "*l": "λ",
+    "*m": "μ", "*p": "π", "*s": "σ", "*W": "Ω",
 }  # fmt: skip
 _ACCENTS = {
-    ":": "\u0308", "'": "\u0301", "`": "\u0300", "^": "\u0302", "~": "\u0303", ",": "\u0327", "o": "\u030a",
+    ":": "\u0308", "'": "\u0301", "`": "\u0300", "^": "\u0302", "~": "\u0303", ",": "\u0327",
+    "o": "\u030a",
 }  # fmt: skip
 # The strings that man, mdoc and Pod::Man (the .3pm pages) define and pages use in running text.
 _STRINGS = {
-    "lq": "“", "rq": "”", "Aq": "'", 'L"': "“", 'R"': "”", "R": "®", "Tm": "™", "--": "—", "C+": "C++",
+    "lq": "“", "rq": "”", "Aq": "'", 'L"': "“", 'R"': "”", "R": "®", "Tm": "™", "--": "—",
+    "C+": "C++",
 }  # fmt: skip
 
 _ESCAPE = re.compile(
@@ -242,19 +262,21 @@ _ESCAPE = re.compile(
     | \*(?:\((?P<str2>..)|\[(?P<strn>[^\]]*)\]|(?P<str1>.))   # strings
     | s(?:[-+]?(?:\(\d\d|\[[^\]]*\]|'[^']*'?|[1-3]\d|\d))     # size
     | [nkgVY$](?:[-+]?(?:\(..|\[[^\]]*\]|.))  # registers, environment, macro arguments
-    | [NhvwlLoXZxbDHSRAB]'[^']*'?              # escapes with a quoted argument: drawing, motions, widths
+    | [NhvwlLoXZxbDHSRAB]'[^']*'?              # quoted-argument escapes: drawing, motions, widths
     | (?P<char>.)
     )""",
     re.X | re.S,
 )
 _SINGLE = {
-    "-": "-", "e": "\\", "E": "\\", "\\": "\\", " ": " ", "~": " ", "0": " ", "t": " ", "'": "'", "`": "`",
+    "-": "-", "e": "\\", "E": "\\", "\\": "\\", " ": " ", "~": " ", "0": " ", "t": " ", "'": "'",
+    "`": "`",
 }  # fmt: skip
 _SILENT = frozenset("&c:%/,|^){}adurpz!?")
 
 
 def _glyph(name: str) -> str:
-    """A named roff character: ``em``, ``u00E9``, ``u0065_0301``, ``char233``, ``:a``; unknown → nothing."""
+    """A named roff character: ``em``, ``u00E9``, ``u0065_0301``, ``char233``, ``:a``; unknown →
+    nothing."""
     if name in _GLYPHS:
         return _GLYPHS[name]
     if re.fullmatch(r"u[0-9A-Fa-f]{4,6}(?:_[0-9A-Fa-f]{4,6})*", name):
@@ -311,7 +333,8 @@ def _logical_lines(text: str) -> list[str]:
 
 
 def _roff_args(s: str) -> list[str]:
-    """A request's arguments: split on spaces, ``"double quoted"`` ones kept whole (``""`` is a quote)."""
+    """A request's arguments: split on spaces, ``"double quoted"`` ones kept whole (``""`` is a
+    quote)."""
     args: list[str] = []
     i, n = 0, len(s)
     while i < n:
@@ -352,7 +375,8 @@ _BULLETS = frozenset(("•", "—", "–", "-", "*", "o", "·", "+", ""))
 
 
 class _Paragraphs:
-    """Text pieces gathered into paragraphs: lines join with a line break (collapsed later), ``\\c`` glues."""
+    """Text pieces gathered into paragraphs: lines join with a line break (collapsed later), ``\\c``
+    glues."""
 
     def __init__(self) -> None:
         self.blocks: list[str] = []
@@ -379,7 +403,8 @@ class _Paragraphs:
 
 
 def _ends_with_c(line: str) -> bool:
-    """Whether the line ends with the ``\\c`` escape (the next line continues this one without a space)."""
+    """Whether the line ends with the ``\\c`` escape (the next line continues this one without a
+    space)."""
     body = line.rstrip()
     if not body.endswith("c"):
         return False
@@ -388,14 +413,17 @@ def _ends_with_c(line: str) -> bool:
 
 
 def roff_blocks(text: str) -> list[str]:
-    """The paragraphs and headings of a man page (man macros; mdoc tolerated), code regions left out."""
+    """The paragraphs and headings of a man page (man macros; mdoc tolerated), code regions left
+    out."""
     out = _Paragraphs()
-    end_of_skip: str | None = None  # the request that ends the region being dropped (.fi, .EE, .Ed, ..)
+    # the request that ends the region being dropped (.fi, .EE, .Ed, ..)
+    end_of_skip: str | None = None
     heading_next = False  # .SH without arguments: the next text line is the heading
     for line in _logical_lines(text):
         request = re.match(r"[.'][ \t]*(\S*)[ \t]*(.*)", line)
         name, rest = (request[1], request[2]) if request else ("", "")
-        if end_of_skip is not None:  # a heading also ends an unclosed literal region (not a .de body)
+        # a heading also ends an unclosed literal region (not a .de body)
+        if end_of_skip is not None:
             if request and (name == end_of_skip or (name in _HEADINGS and end_of_skip != ".")):
                 end_of_skip = None
             if end_of_skip is not None or name not in _HEADINGS:
@@ -441,11 +469,14 @@ def roff_blocks(text: str) -> list[str]:
     return out.blocks
 
 
-# --- plain text, reStructuredText ---------------------------------------------------------------------------
+# --- plain text, reStructuredText -----------------------------------------------------------------
 
 _RST_DIRECTIVE = re.compile(r"\.\.\s+([A-Za-z][\w:.+-]*?)::")
 _RST_CODE = frozenset(
-    "code code-block sourcecode literalinclude highlight math raw parsed-literal graphviz digraph".split()
+    (
+        "code code-block sourcecode literalinclude highlight math raw parsed-literal graphviz "
+        "digraph"
+    ).split()
 )
 _RST_OPTION = re.compile(r":[^:\s][^:]*:(?:\s|$)")
 
@@ -490,7 +521,8 @@ def text_blocks(text: str) -> list[str]:
                 body_of = indent
             else:
                 options_of = indent
-        elif line.endswith("::"):  # "Example::" → "Example:", "Example ::" → "Example"; literal block next
+        # "Example::" → "Example:", "Example ::" → "Example"; literal block next
+        elif line.endswith("::"):
             head = line[:-2]
             if head.strip():
                 para.append(head.rstrip() if head.endswith(" ") else head + ":")
@@ -502,7 +534,7 @@ def text_blocks(text: str) -> list[str]:
     return blocks
 
 
-# --- files --------------------------------------------------------------------------------------------------
+# --- files ----------------------------------------------------------------------------------------
 
 _HTML_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 _XML_ENCODING = re.compile(rb"""<\?xml[^>]*?encoding\s*=\s*["']([A-Za-z0-9_.:-]+)""", re.I)
@@ -510,7 +542,8 @@ _ROFF_CODING = re.compile(rb"""^[.']\\".*?-\*-.*?coding:\s*([A-Za-z0-9_.:-]+)"""
 
 
 def _declared_charset(data: bytes) -> str | None:
-    """The encoding a file names: an HTML meta charset, an XML declaration, an Emacs coding line of roff."""
+    """The encoding a file names: an HTML meta charset, an XML declaration, an Emacs coding line of
+    roff."""
     head = data[:8192]
     found = _HTML_CHARSET.search(head) or _XML_ENCODING.search(head)
     if found is None:
@@ -527,8 +560,8 @@ def _declared_charset(data: bytes) -> str | None:
 
 
 def read_text(path: Path) -> str:
-    """A file's text: gunzipped when its name ends in ``.gz``; UTF-8 when it decodes as such, else the
-    encoding it declares (HTML/XML/roff coding line), else latin-1."""
+    """A file's text: gunzipped when its name ends in ``.gz``; UTF-8 when it decodes as such, else
+    the encoding it declares (HTML/XML/roff coding line), else latin-1."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -547,13 +580,15 @@ def read_text(path: Path) -> str:
 
 _MAN_SECTION = re.compile(r"\.[0-9][A-Za-z]*")  # ls.1, apt.conf.5, Foo::Bar.3pm, x.8x
 _SUFFIXES = {
-    ".html": "html", ".htm": "html", ".xhtml": "html", ".page": "html", ".xml": "html",  # .page: Mallard
+    # .page: Mallard
+    ".html": "html", ".htm": "html", ".xhtml": "html", ".page": "html", ".xml": "html",
     ".txt": "text", ".rst": "text",
 }  # fmt: skip
 
 
 def guess_format(path: Path) -> str | None:
-    """The format ``blocks(path, "auto")`` reads a file as, from its name (``.gz`` aside); None if unknown."""
+    """The format ``blocks(path, "auto")`` reads a file as, from its name (``.gz`` aside); None if
+    unknown."""
     name = Path(path).name
     if name.endswith(".gz"):
         name = name[: -len(".gz")]
@@ -571,9 +606,13 @@ def blocks(path: Path, fmt: str = "auto") -> list[str]:
         guessed = guess_format(path)
         if guessed is None:
             choices = ", ".join(FORMATS)
-            raise PolyspecError(f"cannot tell the format of {path} from its name; give one of {choices}")
+            raise PolyspecError(
+                f"cannot tell the format of {path} from its name; give one of {choices}"
+            )
         fmt = guessed
     extract = {"html": html_blocks, "roff": roff_blocks, "text": text_blocks}.get(fmt)
     if extract is None:
-        raise PolyspecError(f"unknown text format {fmt!r}; expected one of {', '.join(FORMATS)} or auto")
+        raise PolyspecError(
+            f"unknown text format {fmt!r}; expected one of {', '.join(FORMATS)} or auto"
+        )
     return extract(read_text(path))

@@ -1,11 +1,12 @@
-"""Where the corpus's files come from: Debian packages (``apt-get download`` + ``dpkg -x``: nothing is installed, no
-root needed once the package lists are there) kept in a cache shared by runs, or local folders.
+"""Where the corpus's files come from: Debian packages (``apt-get download`` + ``dpkg -x``: nothing
+is installed, no root needed once the package lists are there) kept in a cache shared by runs, or
+local folders.
 
-    root = unpacked("libreoffice-help-vi", cache)      # <cache>/x/libreoffice-help-vi_<version>/
-    licence("libreoffice-help-vi", root)               # "MPL-2.0" (the copyright file's first License: field)
+    root = unpacked("libreoffice-help-vi", cache)  # <cache>/x/libreoffice-help-vi_<version>/
+    licence("libreoffice-help-vi", root)  # "MPL-2.0" (the copyright file's first License: field)
 
-A package that cannot be had raises :class:`SourceMissing` with one line saying why (no apt-get on this host, no
-such package in its lists): the stage records it and goes on without that source.
+A package that cannot be had raises :class:`SourceMissing` with one line saying why (no apt-get on
+this host, no such package in its lists): the stage records it and goes on without that source.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ def _run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess
 
 
 def _why(proc: subprocess.CompletedProcess) -> str:
-    lines = [x.strip() for x in (proc.stderr or proc.stdout).splitlines() if x.strip() and not x.startswith("W:")]
+    lines = [
+        x.strip()
+        for x in (proc.stderr or proc.stdout).splitlines()
+        if x.strip() and not x.startswith("W:")
+    ]
     return lines[-1] if lines else f"exit {proc.returncode}"
 
 
@@ -44,8 +49,14 @@ def download(package: str, cache: Path) -> Path:
         raise SourceMissing(f"{package}: apt-get not found (not a Debian-family host)")
     debs.mkdir(parents=True, exist_ok=True)
     proc = _run(["apt-get", "download", package], cwd=debs)
-    if proc.returncode != 0 and "update" not in _UPDATED and hasattr(os, "geteuid") and os.geteuid() == 0:
-        _UPDATED.add("update")  # a fresh machine has no package lists yet: read them once, then try again
+    if (
+        proc.returncode != 0
+        and "update" not in _UPDATED
+        and hasattr(os, "geteuid")
+        and os.geteuid() == 0
+    ):
+        # a fresh machine has no package lists yet: read them once, then try again
+        _UPDATED.add("update")
         _run(["apt-get", "update"])
         proc = _run(["apt-get", "download", package], cwd=debs)
     have = sorted(debs.glob(f"{package}_*.deb"))
@@ -55,7 +66,8 @@ def download(package: str, cache: Path) -> Path:
 
 
 def unpack(deb: Path, cache: Path) -> Path:
-    """``dpkg -x`` of a .deb into ``<cache>/x/<deb name>/`` (once; atomic, so an interrupted unpack is redone)."""
+    """``dpkg -x`` of a .deb into ``<cache>/x/<deb name>/`` (once; atomic, so an interrupted unpack
+    is redone)."""
     dest = cache / "x" / deb.stem
     if dest.is_dir():
         return dest
@@ -79,9 +91,13 @@ def version(package: str, root: Path) -> str:
 
 
 def licence(package: str, root: Path) -> str | None:
-    """The first ``License:`` of the package's machine-readable copyright file (None where it states none)."""
+    """The first ``License:`` of the package's machine-readable copyright file (None where it states
+    none)."""
     doc = root / "usr" / "share" / "doc" / package / "copyright"
-    if not doc.is_file():  # some packages keep it in a sibling package's folder (a symlink dpkg -x leaves dangling)
+    # some packages keep it in a sibling package's folder (a symlink dpkg -x leaves dangling)
+    if not doc.is_file():
         return None
-    m = re.search(r"^License:\s*(\S.*)$", doc.read_text(encoding="utf-8", errors="replace"), re.MULTILINE)
+    m = re.search(
+        r"^License:\s*(\S.*)$", doc.read_text(encoding="utf-8", errors="replace"), re.MULTILINE
+    )
     return m.group(1).strip() if m else None

@@ -9,9 +9,9 @@ Layout (DESIGN.md)::
     language_masks.safetensors    [|L|·|S|, |V|] bit-packed, row s·|L| + l (ADASPEC Alg. 2)
     README.md                     model card
 
-``write_bundle`` builds it in a temporary folder and renames it into place (no half bundle on a crash);
-``load_bundle`` refuses a bundle whose format, checksums, paths (must stay inside the bundle), tensor
-shapes or tokenizer do not match.
+``write_bundle`` builds it in a temporary folder and renames it into place (no half bundle on a
+crash); ``load_bundle`` refuses a bundle whose format, checksums, paths (must stay inside the
+bundle), tensor shapes or tokenizer do not match.
 """
 
 from __future__ import annotations
@@ -61,11 +61,14 @@ class Bundle:
         return self.path(f"vocab/{lang}.safetensors")
 
     def ranked(self, lang: str) -> Any:
-        """``lang``'s ranked vocabulary (``vocab.files.RankedVocab``), checked against the tokenizer the bundle was
-        built with: the bundle's target pin, which ``load_bundle`` compared with the serving target's."""
+        """``lang``'s ranked vocabulary (``vocab.files.RankedVocab``), checked against the tokenizer
+        the bundle was built with: the bundle's target pin, which ``load_bundle`` compared with the
+        serving target's."""
         from vocab.files import load_ranked
 
-        return load_ranked(self.vocab_file(lang), tokenizer_sha256=self.manifest["target"]["tokenizer_sha256"])
+        return load_ranked(
+            self.vocab_file(lang), tokenizer_sha256=self.manifest["target"]["tokenizer_sha256"]
+        )
 
     def masks_file(self) -> Path:
         return self.path("language_masks.safetensors")
@@ -81,10 +84,18 @@ def safe_join(root: Path, rel: str) -> Path:
     return full
 
 
-def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_pin: dict, vocab_sizes: list[int],
-                 adaptive: dict | None = None, overwrite: bool = True, train_dir: str = "train") -> Bundle:
-    """Copy the run's per-language drafters (``<run>/<train_dir>/<lang>/final/``) and vocabularies, build the
-    masks, write the manifest."""
+def write_bundle(
+    out: str | Path,
+    run: str | Path,
+    languages: list[str],
+    target_pin: dict,
+    vocab_sizes: list[int],
+    adaptive: dict | None = None,
+    overwrite: bool = True,
+    train_dir: str = "train",
+) -> Bundle:
+    """Copy the run's per-language drafters (``<run>/<train_dir>/<lang>/final/``) and vocabularies,
+    build the masks, write the manifest."""
     from vocab.files import RankedVocab, load_ranked, save_ranked
     from vocab.masks import build_masks, save_masks
 
@@ -98,27 +109,51 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
             cfg = _read_json(src / "config.json", f"drafter of {lang!r} (train stage output)")
             recorded = cfg.get("target", {})
             moved = recorded.get("tokenizer_sha256") != target_pin["tokenizer_sha256"]
-            if moved and (recorded.get("vocab_sha256") is None or recorded.get("vocab_sha256") != target_pin.get("vocab_sha256")):
+            if moved and (
+                recorded.get("vocab_sha256") is None
+                or recorded.get("vocab_sha256") != target_pin.get("vocab_sha256")
+            ):
                 raise PolyspecError(f"drafter {src} was trained for another target tokenizer")
-            # another conversion of the same id table (a GPU image's transformers, scripts/gpu/gpu-scale.sh): one warning
+            # another conversion of the same id table (a GPU image's transformers,
+            # scripts/gpu/gpu-scale.sh): one warning
             check_pin(recorded, target_pin, f"drafter {src}")
             drafter_types.add(cfg["drafter_type"])
             cards[lang] = _training_facts(cfg)
             shutil.copytree(src, tmp / "drafters" / lang)
-            vocab = load_ranked(run / "vocab" / f"{lang}.safetensors", tokenizer_sha256=recorded.get("tokenizer_sha256"))
+            vocab = load_ranked(
+                run / "vocab" / f"{lang}.safetensors",
+                tokenizer_sha256=recorded.get("tokenizer_sha256"),
+            )
             (tmp / "vocab").mkdir(exist_ok=True)
-            if moved:  # the same ids, ranked where the drafter was trained: pinned to the bundle's tokenizer
-                save_ranked(tmp / "vocab", RankedVocab(lang=vocab.lang, ranked_ids=vocab.ranked_ids, counts=vocab.counts,
-                                                       meta={**vocab.meta, "tokenizer_sha256": target_pin["tokenizer_sha256"],
-                                                             "built_with_tokenizer_sha256": recorded.get("tokenizer_sha256")}))
+            # the same ids, ranked where the drafter was trained: pinned to the bundle's tokenizer
+            if moved:
+                save_ranked(
+                    tmp / "vocab",
+                    RankedVocab(
+                        lang=vocab.lang,
+                        ranked_ids=vocab.ranked_ids,
+                        counts=vocab.counts,
+                        meta={
+                            **vocab.meta,
+                            "tokenizer_sha256": target_pin["tokenizer_sha256"],
+                            "built_with_tokenizer_sha256": recorded.get("tokenizer_sha256"),
+                        },
+                    ),
+                )
             else:
                 for suffix in (".safetensors", ".json"):
-                    shutil.copy2(run / "vocab" / f"{lang}{suffix}", tmp / "vocab" / f"{lang}{suffix}")
+                    shutil.copy2(
+                        run / "vocab" / f"{lang}{suffix}", tmp / "vocab" / f"{lang}{suffix}"
+                    )
             ranked.append(vocab.ranked_ids)
         if len(drafter_types) != 1:
             raise PolyspecError(f"one drafter type per bundle, got {sorted(drafter_types)}")
-        save_masks(tmp / "language_masks.safetensors", build_masks(ranked, vocab_sizes, target_pin["vocab_size"]),
-                   languages, vocab_sizes)
+        save_masks(
+            tmp / "language_masks.safetensors",
+            build_masks(ranked, vocab_sizes, target_pin["vocab_size"]),
+            languages,
+            vocab_sizes,
+        )
         manifest = {
             "format_version": FORMAT_VERSION,
             "target": target_pin,
@@ -127,8 +162,15 @@ def write_bundle(out: str | Path, run: str | Path, languages: list[str], target_
             "vocab_sizes": vocab_sizes,
             "adaptive": adaptive,
         }
-        atomic_write_text(tmp / "README.md", model_card(manifest, cards, read_json_or_none(run / "eval" / "report.json")))
-        manifest["files"] = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        atomic_write_text(
+            tmp / "README.md",
+            model_card(manifest, cards, read_json_or_none(run / "eval" / "report.json")),
+        )
+        manifest["files"] = {
+            p.relative_to(tmp).as_posix(): sha256_file(p)
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
         atomic_write_json(tmp / MANIFEST, manifest)
     return load_bundle(out, target_pin=target_pin)
 
@@ -138,7 +180,10 @@ def load_bundle(path: str | Path, target_pin: dict | None = None, verify: bool =
     root = Path(path)
     manifest = _read_json(root / MANIFEST, "bundle manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise PolyspecError(f"bundle {root}: format_version {manifest.get('format_version')} is not {FORMAT_VERSION}")
+        raise PolyspecError(
+            f"bundle {root}: format_version {manifest.get('format_version')} is not "
+            f"{FORMAT_VERSION}"
+        )
     for key in ("target", "drafter_type", "languages", "vocab_sizes", "adaptive", "files"):
         if key not in manifest:
             raise PolyspecError(f"bundle {root}: manifest has no {key!r}")
@@ -154,32 +199,54 @@ def load_bundle(path: str | Path, target_pin: dict | None = None, verify: bool =
             if not p.is_file():
                 raise PolyspecError(f"bundle {root}: {rel} is missing")
             if sha256_file(p) != digest:
-                raise PolyspecError(f"bundle {root}: {rel} does not match its checksum (corrupted or edited)")
+                raise PolyspecError(
+                    f"bundle {root}: {rel} does not match its checksum (corrupted or edited)"
+                )
     for lang in bundle.languages:
-        for rel in (f"drafters/{lang}/config.json", f"drafters/{lang}/model.safetensors", f"vocab/{lang}.safetensors"):
+        for rel in (
+            f"drafters/{lang}/config.json",
+            f"drafters/{lang}/model.safetensors",
+            f"vocab/{lang}.safetensors",
+        ):
             if rel not in listed:
                 raise PolyspecError(f"bundle {root}: {rel} is not listed in the manifest")
     from vocab.masks import load_masks
 
     mask, langs, sizes = load_masks(bundle.masks_file())
-    if langs != bundle.languages or sizes != bundle.vocab_sizes or mask.shape[1] != manifest["target"]["vocab_size"]:
-        raise PolyspecError(f"bundle {root}: language masks {tuple(mask.shape)} for {langs}/{sizes} do not match the manifest")
+    if (
+        langs != bundle.languages
+        or sizes != bundle.vocab_sizes
+        or mask.shape[1] != manifest["target"]["vocab_size"]
+    ):
+        raise PolyspecError(
+            f"bundle {root}: language masks {tuple(mask.shape)} for {langs}/{sizes} do not match "
+            "the manifest"
+        )
     return bundle
 
 
 def _training_facts(cfg: dict) -> dict:
-    """What the model card says about a drafter: its data (examples per file), steps, held-out acceptance."""
+    """What the model card says about a drafter: its data (examples per file), steps, held-out
+    acceptance."""
     files = []
     for f in cfg.get("data_files", []):
         path = Path(f[0] if isinstance(f, list) else f)
         try:
-            n = sum(1 for _ in read_jsonl(path, log=None))  # its JSON records (a torn line is not one)
+            # its JSON records (a torn line is not one)
+            n = sum(1 for _ in read_jsonl(path, log=None))
         except OSError:
             n = None
-        files.append((path.name if path.parent.name == "" else f"{path.parent.name}/{path.name}", n))
+        files.append(
+            (path.name if path.parent.name == "" else f"{path.parent.name}/{path.name}", n)
+        )
     kind = DrafterKind.of_config(cfg)
-    return {"stage": cfg.get("stage"), "steps": cfg.get("step"), "files": files,
-            "accept_len": (cfg.get("eval") or {}).get("accept_len"), "arch": kind.value if kind else cfg["drafter_type"]}
+    return {
+        "stage": cfg.get("stage"),
+        "steps": cfg.get("step"),
+        "files": files,
+        "accept_len": (cfg.get("eval") or {}).get("accept_len"),
+        "arch": kind.value if kind else cfg["drafter_type"],
+    }
 
 
 def model_card(manifest: dict, cards: dict | None = None, evaluation: dict | None = None) -> str:
@@ -187,32 +254,53 @@ def model_card(manifest: dict, cards: dict | None = None, evaluation: dict | Non
     lines = [
         f"# polyspec bundle — {t['name']}",
         "",
-        f"Drafters ({manifest['drafter_type']}) for {', '.join(manifest['languages'])}, with ranked vocabularies "
+        f"Drafters ({manifest['drafter_type']}) for {', '.join(manifest['languages'])}, with "
+        "ranked vocabularies "
         f"and language masks for sizes {', '.join(map(str, manifest['vocab_sizes']))} (ADASPEC).",
         "",
-        f"- target: `{t['name']}` ({t['source']}), vocab {t['vocab_size']}, hidden {t['hidden_size']}, "
+        f"- target: `{t['name']}` ({t['source']}), vocab {t['vocab_size']}, hidden "
+        f"{t['hidden_size']}, "
         f"tokenizer sha256 `{t['tokenizer_sha256'][:16]}…`",
-        f"- adaptive defaults: window {manifest['adaptive']['window']}, step {manifest['adaptive']['step']}, "
+        f"- adaptive defaults: window {manifest['adaptive']['window']}, step "
+        f"{manifest['adaptive']['step']}, "
         f"offset {manifest['adaptive']['offset']}",
         "",
         "Decoding with it is lossless: the target verifies every token.",
         "",
     ]
     if cards:
-        lines += ["## Drafters", "", "| language | form | last stage | steps | training data (examples) | "
-                  "held-out simulated acceptance |", "|---|---|---|---|---|---|"]
+        lines += [
+            "## Drafters",
+            "",
+            "| language | form | last stage | steps | training data (examples) | "
+            "held-out simulated acceptance |",
+            "|---|---|---|---|---|---|",
+        ]
         for lang, c in cards.items():
-            data = ", ".join(f"{name} ({n if n is not None else '?'})" for name, n in c["files"]) or "–"
+            data = (
+                ", ".join(f"{name} ({n if n is not None else '?'})" for name, n in c["files"])
+                or "–"
+            )
             acc = f"{c['accept_len']:.3f}" if c["accept_len"] is not None else "–"
             lines.append(f"| {lang} | {c['arch']} | {c['stage']} | {c['steps']} | {data} | {acc} |")
         lines.append("")
     if evaluation:
-        lines += ["## Evaluation (speedup vs the fastest AR / τ)", "",
-                  f"{evaluation.get('questions')} questions, {evaluation.get('device')}, max {evaluation.get('max_new_tokens')} "
-                  "new tokens.", "", "| method | speedup | τ | identical |", "|---|---|---|---|"]
+        lines += [
+            "## Evaluation (speedup vs the fastest AR / τ)",
+            "",
+            f"{evaluation.get('questions')} questions, {evaluation.get('device')}, max "
+            f"{evaluation.get('max_new_tokens')} "
+            "new tokens.",
+            "",
+            "| method | speedup | τ | identical |",
+            "|---|---|---|---|",
+        ]
         for m, d in evaluation.get("methods", {}).items():
             o = d["overall"]
-            lines.append(f"| {m} | {o['speedup']:.2f}× | {o['tau']:.2f} | {'yes' if o['identical'] else 'no'} |")
+            lines.append(
+                f"| {m} | {o['speedup']:.2f}× | {o['tau']:.2f} | "
+                f"{'yes' if o['identical'] else 'no'} |"
+            )
         lines.append("")
     return "\n".join(lines)
 

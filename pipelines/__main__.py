@@ -1,7 +1,7 @@
 """``python -m pipelines`` — one command from nothing to an evaluated multilingual bundle.
 
-    python -m pipelines run --langs vi,de,ja [--target gemma3-270m] [--profile cpu-demo] [--run runs/<id>]
-                            [--from train] [--force] [--dry-run]
+    python -m pipelines run --langs vi,de,ja [--target gemma3-270m] [--profile cpu-demo]
+                            [--run runs/<id>] [--from train] [--force] [--dry-run]
     python -m pipelines report --run runs/<id>
 
 ``make all LANGS=… PROFILE=… [FROM=stage] [FORCE=1] [DRY_RUN=1]`` and ``make demo`` call ``run``.
@@ -21,10 +21,16 @@ def load_profile(name: str):
     from polyspec.config import load_config
     from polyspec.paths import configs_dir
 
-    path = Path(name) if name.endswith((".yaml", ".yml")) else configs_dir() / "pipelines" / f"{name}.yaml"
+    path = (
+        Path(name)
+        if name.endswith((".yaml", ".yml"))
+        else configs_dir() / "pipelines" / f"{name}.yaml"
+    )
     if not path.is_file():
         choices = sorted(p.stem for p in (configs_dir() / "pipelines").glob("*.yaml"))
-        raise PolyspecError(f"pipeline profile {name!r} not found; choose one of {', '.join(choices)}")
+        raise PolyspecError(
+            f"pipeline profile {name!r} not found; choose one of {', '.join(choices)}"
+        )
     return load_config(Profile, path)
 
 
@@ -37,9 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--target", default=None, help="default: the profile's target")
     r.add_argument("--profile", default="cpu-demo")
     r.add_argument("--run", default=None, help="run directory (default runs/<profile>-<langs>)")
-    r.add_argument("--from", dest="from_stage", default=None, help="redo this stage (e.g. train, train:vi) and the rest")
+    r.add_argument(
+        "--from",
+        dest="from_stage",
+        default=None,
+        help="redo this stage (e.g. train, train:vi) and the rest",
+    )
     r.add_argument("--force", action="store_true", help="redo every stage")
-    r.add_argument("--dry-run", action="store_true", help="print and validate the plan; run nothing")
+    r.add_argument(
+        "--dry-run", action="store_true", help="print and validate the plan; run nothing"
+    )
     rep = sub.add_parser("report", help="(re)build <run>/report/")
     rep.add_argument("--run", required=True)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -61,21 +74,30 @@ def main(argv: list[str] | None = None) -> int:
     run = Path(args.run or f"runs/{profile.name}-{'-'.join(langs)}")
     stages = build_plan(profile, langs, target, run)
     if args.dry_run:
-        print(f"plan: profile {profile.name} ({profile.description}), target {target}, languages {', '.join(langs)}, "
-              f"run {run}")
+        print(
+            f"plan: profile {profile.name} ({profile.description}), target {target}, languages "
+            f"{', '.join(langs)}, "
+            f"run {run}"
+        )
         for i, st in enumerate(stages, 1):
             state = "done" if read_done(st) else "to run"
-            print(f"  {i:2d}. {st.name:16s} [{state}] needs {', '.join(st.deps) or '—'}\n      $ python {' '.join(st.cmd[1:])}")
+            print(
+                f"  {i:2d}. {st.name:16s} [{state}] needs {', '.join(st.deps) or '—'}\n      $ "
+                f"python {' '.join(st.cmd[1:])}"
+            )
         for line in validate_plan(stages, profile, target, langs):
             print(f"  ok: {line}")
         print(f"dry run: {len(stages)} stages validated, nothing was run")
         return 0
-    validate_plan(stages, profile, target, langs)  # every config and the engine drafters, before any heavy work
+    # every config and the engine drafters, before any heavy work
+    validate_plan(stages, profile, target, langs)
     if profile.gpu_only:
         import torch
 
         if not torch.cuda.is_available():
-            raise PolyspecError(f"profile {profile.name} needs GPUs; check it here with DRY_RUN=1 (--dry-run)")
+            raise PolyspecError(
+                f"profile {profile.name} needs GPUs; check it here with DRY_RUN=1 (--dry-run)"
+            )
     run_plan(stages, run, profile.eta_minutes, from_stage=args.from_stage, force=args.force)
     import json
 

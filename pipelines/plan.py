@@ -1,15 +1,16 @@
-"""The plan: a profile + languages + target + run directory → ordered stages, each an exact command with
-the configuration it depends on, the stages it reads from, and where its ``DONE`` record goes.
+"""The plan: a profile + languages + target + run directory → ordered stages, each an exact command
+with the configuration it depends on, the stages it reads from, and where its ``DONE`` record goes.
 
     synth:<l> ─ distill:<l> (the pool, features captured) ─┐
-                heldout:<l> (held-out prompts, greedy) ────┼─ vocab ─┬─ train:pretrain (first language, every
-                                                           │         │  language's distilled data)
-                                                           │         └─ train:<l> (finetune from the pretrain
-                                                           │            weights on distill:<l>, scored on heldout:<l>)
-                                                           └──────────── export ─ calibrate ─ eval ─ report
-    (distill.mode=continuation: distill:<l> = seed continuations for the pretrain; finetune on synth:<l>)
-    (corpus.enabled: corpus:<l> ─ prefill:<l>, general text and the target's features on its first tokens, which
-     train:pretrain reads beside the distilled data)
+                heldout:<l> (held-out prompts, greedy) ────┼─ vocab ─┬─ train:pretrain (1)
+                                                           │         └─ train:<l> (2)
+                                                           └───── export ─ calibrate ─ eval ─ report
+    (1) first language, every language's distilled data
+    (2) finetune from the pretrain weights on distill:<l>, scored on heldout:<l>
+    (distill.mode=continuation: distill:<l> = seed continuations for the pretrain; finetune on
+     synth:<l>)
+    (corpus.enabled: corpus:<l> ─ prefill:<l>, general text and the target's features on its first
+     tokens, which train:pretrain reads beside the distilled data)
 """
 
 from __future__ import annotations
@@ -46,23 +47,25 @@ class Stage:
     deps: list[str] = field(default_factory=list)
     config: dict = field(default_factory=dict)  # what the DONE hash covers besides the command
     check: tuple | None = None  # (pydantic model, yaml path, overrides): validated by dry runs
-    data: list[str] = field(default_factory=list)  # repository data files it reads (prompts): in the DONE hash
-    # its resumable work (synth stores, trainer checkpoints): a crashed stage's rerun resumes from it, an explicit
-    # redo (FROM, FORCE) clears it first — else a finished trainer's last checkpoint would make the redo train nothing
+    # repository data files it reads (prompts): in the DONE hash
+    data: list[str] = field(default_factory=list)
+    # its resumable work (synth stores, trainer checkpoints): a crashed stage's rerun resumes from
+    # it, an explicit redo (FROM, FORCE) clears it first — else a finished trainer's last checkpoint
+    # would make the redo train nothing
     work: list[Path] = field(default_factory=list)
 
 
 def repo_path(p: str) -> str:
-    """Config paths in profiles are relative to the repository (the commands run from anywhere; in an installed
-    wheel ``configs/…`` is the packaged copy: ``polyspec.paths.repo_file``)."""
+    """Config paths in profiles are relative to the repository (the commands run from anywhere; in
+    an installed wheel ``configs/…`` is the packaged copy: ``polyspec.paths.repo_file``)."""
     if Path(p).is_absolute() or Path.cwd().resolve() == REPO_ROOT.resolve():
         return p
     return str(repo_file(p))
 
 
 def repo_sources(spec: str) -> str:
-    """Local paths of vocab sources (``name…=path`` items, e.g. ``files=configs/vocab/seed-text/{lang}.jsonl``) are
-    relative to the repository too."""
+    """Local paths of vocab sources (``name…=path`` items, e.g.
+    ``files=configs/vocab/seed-text/{lang}.jsonl``) are relative to the repository too."""
     items = [x.strip() for x in spec.split(",") if x.strip()]
     paths = [parse_sources(x)[0].get("path") for x in items]
     return ",".join(x[: -len(p)] + repo_path(p) if p else x for x, p in zip(items, paths))
@@ -118,8 +121,14 @@ class _TrainTrack:
 
 def build_plan(profile: Profile, langs: list[str], target: str, run: Path) -> list[Stage]:
     """The profile's stages for these languages, target and run directory, in the order they run."""
-    plan = _PlanInputs(_resolve_paths(profile), langs, target, Path(run), first_lang=langs[0],
-                       python=sys.executable)
+    plan = _PlanInputs(
+        _resolve_paths(profile),
+        langs,
+        target,
+        Path(run),
+        first_lang=langs[0],
+        python=sys.executable,
+    )
     stages: list[Stage] = []
     for lang in langs:
         stages.append(_synth_stage(plan, lang))
@@ -167,13 +176,31 @@ def _synth_stage(plan: _PlanInputs, lang: str) -> Stage:
     synth = plan.profile.synth
     overrides = [f"seed={plan.profile.seed}", *synth.overrides]
     out = plan.run / "synth" / lang
-    return Stage(f"synth:{lang}", "synth",
-                 plan.command("synth", "--config", synth.config, "--lang", lang,
-                              "--n", str(synth.n), "--target", plan.target, "--run", plan.run_arg,
-                              *overrides),
-                 out / "DONE.json", work=[out],
-                 check=(SynthConfig, synth.config,
-                        [f"lang={lang}", f"n={synth.n}", f"target={plan.target}", *overrides]))
+    return Stage(
+        f"synth:{lang}",
+        "synth",
+        plan.command(
+            "synth",
+            "--config",
+            synth.config,
+            "--lang",
+            lang,
+            "--n",
+            str(synth.n),
+            "--target",
+            plan.target,
+            "--run",
+            plan.run_arg,
+            *overrides,
+        ),
+        out / "DONE.json",
+        work=[out],
+        check=(
+            SynthConfig,
+            synth.config,
+            [f"lang={lang}", f"n={synth.n}", f"target={plan.target}", *overrides],
+        ),
+    )
 
 
 def _distill_stages(plan: _PlanInputs, lang: str) -> list[Stage]:
@@ -189,30 +216,76 @@ def _distill_stages(plan: _PlanInputs, lang: str) -> list[Stage]:
     heldout = repo_path("synth/data/heldout.jsonl")
     tasks = repo_path(f"synth/data/tasks/{lang}.yaml")
     pool_files = [tasks, heldout, repo_path("decoder/data/mini_multispecbench.jsonl")]
-    return [_capturing_distill_stage(plan, lang, "distill", "pool", temperatures, limit,
-                                     deps=[f"synth:{lang}"], files=pool_files),
-            _capturing_distill_stage(plan, lang, "heldout", "heldout", "0", [],
-                                     deps=[], files=[heldout])]
+    return [
+        _capturing_distill_stage(
+            plan,
+            lang,
+            "distill",
+            "pool",
+            temperatures,
+            limit,
+            deps=[f"synth:{lang}"],
+            files=pool_files,
+        ),
+        _capturing_distill_stage(
+            plan, lang, "heldout", "heldout", "0", [], deps=[], files=[heldout]
+        ),
+    ]
 
 
-def _capturing_distill_stage(plan: _PlanInputs, lang: str, out_name: str, prompts: str,
-                             temperatures: str, extra: list[str], deps: list[str],
-                             files: list[str]) -> Stage:
+def _capturing_distill_stage(
+    plan: _PlanInputs,
+    lang: str,
+    out_name: str,
+    prompts: str,
+    temperatures: str,
+    extra: list[str],
+    deps: list[str],
+    files: list[str],
+) -> Stage:
     """<out_name>:<lang>: the target's answers to a prompt set, its hidden states captured."""
     distill = plan.profile.distill
     # the last layer (EAGLE-1) and the three EAGLE-3 reads: every profile trains engine drafters
-    overrides = ["capture_features=true", "feature_layers=eagle3", *extra,
-                 f"seed={plan.profile.seed}", *distill.overrides]
+    overrides = [
+        "capture_features=true",
+        "feature_layers=eagle3",
+        *extra,
+        f"seed={plan.profile.seed}",
+        *distill.overrides,
+    ]
     out = plan.run / "synth" / f"{lang}-{out_name}"
-    return Stage(f"{out_name}:{lang}", "distill",
-                 plan.command("synth", "distill", "--config", distill.config, "--lang", lang,
-                              "--prompts", prompts, "--out-name", out_name,
-                              "--temperatures", temperatures, "--target", plan.target,
-                              "--run", plan.run_arg, *overrides),
-                 out / "DONE.json", deps=deps, work=[out],
-                 check=(DistillConfig, distill.config,
-                        [f"lang={lang}", f"target={plan.target}", *overrides]),
-                 data=[f for f in files if Path(f).is_file()])
+    return Stage(
+        f"{out_name}:{lang}",
+        "distill",
+        plan.command(
+            "synth",
+            "distill",
+            "--config",
+            distill.config,
+            "--lang",
+            lang,
+            "--prompts",
+            prompts,
+            "--out-name",
+            out_name,
+            "--temperatures",
+            temperatures,
+            "--target",
+            plan.target,
+            "--run",
+            plan.run_arg,
+            *overrides,
+        ),
+        out / "DONE.json",
+        deps=deps,
+        work=[out],
+        check=(
+            DistillConfig,
+            distill.config,
+            [f"lang={lang}", f"target={plan.target}", *overrides],
+        ),
+        data=[f for f in files if Path(f).is_file()],
+    )
 
 
 def _continuation_stage(plan: _PlanInputs, lang: str) -> Stage:
@@ -222,37 +295,91 @@ def _continuation_stage(plan: _PlanInputs, lang: str) -> Stage:
     temperatures = ",".join(str(t) for t in distill.temperatures)
     overrides = [f"seed={plan.profile.seed}", *distill.overrides]
     out = plan.run / "synth" / f"{lang}-pretrain"
-    return Stage(f"distill:{lang}", "distill",
-                 plan.command("synth", "distill", "--config", distill.config, "--lang", lang,
-                              "--continuation", "--out-name", "pretrain",
-                              "--temperatures", temperatures, "--target", plan.target,
-                              "--run", plan.run_arg, *overrides),
-                 out / "DONE.json", work=[out],
-                 check=(DistillConfig, distill.config,
-                        [f"lang={lang}", f"target={plan.target}", *overrides]))
+    return Stage(
+        f"distill:{lang}",
+        "distill",
+        plan.command(
+            "synth",
+            "distill",
+            "--config",
+            distill.config,
+            "--lang",
+            lang,
+            "--continuation",
+            "--out-name",
+            "pretrain",
+            "--temperatures",
+            temperatures,
+            "--target",
+            plan.target,
+            "--run",
+            plan.run_arg,
+            *overrides,
+        ),
+        out / "DONE.json",
+        work=[out],
+        check=(
+            DistillConfig,
+            distill.config,
+            [f"lang={lang}", f"target={plan.target}", *overrides],
+        ),
+    )
 
 
 def _corpus_stage(plan: _PlanInputs, lang: str) -> Stage:
     """corpus:<lang>: general text in the language (python -m corpus)."""
     corpus = plan.profile.corpus
     out = plan.run / "corpus" / lang
-    return Stage(f"corpus:{lang}", "corpus",
-                 plan.command("corpus", "--config", corpus.config, "--langs", lang,
-                              "--target", plan.target, "--run", plan.run_arg, *corpus.overrides),
-                 out / "DONE.json", work=[out],
-                 check=(CorpusConfig, corpus.config,
-                        [f"langs=[{lang}]", f"target={plan.target}", *corpus.overrides]))
+    return Stage(
+        f"corpus:{lang}",
+        "corpus",
+        plan.command(
+            "corpus",
+            "--config",
+            corpus.config,
+            "--langs",
+            lang,
+            "--target",
+            plan.target,
+            "--run",
+            plan.run_arg,
+            *corpus.overrides,
+        ),
+        out / "DONE.json",
+        work=[out],
+        check=(
+            CorpusConfig,
+            corpus.config,
+            [f"langs=[{lang}]", f"target={plan.target}", *corpus.overrides],
+        ),
+    )
 
 
 def _prefill_stage(plan: _PlanInputs, lang: str) -> Stage:
     """prefill:<lang>: the target's features on the first corpus.tokens tokens of corpus:<lang>."""
     corpus = plan.profile.corpus
     out = plan.run / "corpus" / f"{lang}-prefill"
-    return Stage(f"prefill:{lang}", "prefill",
-                 plan.command("corpus", "prefill", "--lang", lang, "--target", plan.target,
-                              "--run", plan.run_arg, "--max-tokens", str(corpus.tokens),
-                              "--seq-len", str(corpus.seq_len)),
-                 out / "DONE.json", deps=[f"corpus:{lang}"], work=[out])
+    return Stage(
+        f"prefill:{lang}",
+        "prefill",
+        plan.command(
+            "corpus",
+            "prefill",
+            "--lang",
+            lang,
+            "--target",
+            plan.target,
+            "--run",
+            plan.run_arg,
+            "--max-tokens",
+            str(corpus.tokens),
+            "--seq-len",
+            str(corpus.seq_len),
+        ),
+        out / "DONE.json",
+        deps=[f"corpus:{lang}"],
+        work=[out],
+    )
 
 
 def _vocab_stage(plan: _PlanInputs) -> Stage:
@@ -260,16 +387,32 @@ def _vocab_stage(plan: _PlanInputs) -> Stage:
     vocab, sizes = plan.profile.vocab, plan.profile.export.sizes
     # on-policy: the distilled answers are counted, the held-out ones measure coverage
     reads = ("synth", "distill", "heldout") if plan.on_policy else ("synth",)
-    return Stage("vocab", "vocab",
-                 plan.command("vocab", "--config", vocab.config, "--langs", plan.langs_arg,
-                              "--sources", vocab.sources, "--target", plan.target,
-                              "--run", plan.run_arg, f"mask_sizes=[{','.join(map(str, sizes))}]",
-                              *vocab.overrides),
-                 plan.run / "vocab" / "DONE.json",
-                 deps=[f"{kind}:{lang}" for lang in plan.langs for kind in reads],
-                 check=(VocabConfig, vocab.config,
-                        [f"mask_sizes={sizes}", f"sources={_sources(vocab.sources)}",
-                         *vocab.overrides]))
+    return Stage(
+        "vocab",
+        "vocab",
+        plan.command(
+            "vocab",
+            "--config",
+            vocab.config,
+            "--langs",
+            plan.langs_arg,
+            "--sources",
+            vocab.sources,
+            "--target",
+            plan.target,
+            "--run",
+            plan.run_arg,
+            f"mask_sizes=[{','.join(map(str, sizes))}]",
+            *vocab.overrides,
+        ),
+        plan.run / "vocab" / "DONE.json",
+        deps=[f"{kind}:{lang}" for lang in plan.langs for kind in reads],
+        check=(
+            VocabConfig,
+            vocab.config,
+            [f"mask_sizes={sizes}", f"sources={_sources(vocab.sources)}", *vocab.overrides],
+        ),
+    )
 
 
 def _accelerate_args(train: TrainStage) -> list[str]:
@@ -288,23 +431,48 @@ def _train_tracks(plan: _PlanInputs) -> list[_TrainTrack]:
     """The profile's own drafters (train:*), and the EAGLE-3 drafters engines load beside them
     (train3:*) where the own ones are of another form."""
     train = plan.profile.train
-    launch = plan.command("accelerate.commands.launch", *_accelerate_args(train),
-                          repo_path("train/drafter.py"), "--config")
-    tracks = [_TrainTrack("train", "train", train.recipe, train.pretrain_overrides,
-                          train.finetune_overrides, [*launch, train.recipe])]
+    launch = plan.command(
+        "accelerate.commands.launch",
+        *_accelerate_args(train),
+        repo_path("train/drafter.py"),
+        "--config",
+    )
+    tracks = [
+        _TrainTrack(
+            "train",
+            "train",
+            train.recipe,
+            train.pretrain_overrides,
+            train.finetune_overrides,
+            [*launch, train.recipe],
+        )
+    ]
     if train.engine is not None:
         engine = train.engine
-        tracks.append(_TrainTrack("train3", engine.train_dir, engine.recipe,
-                                  engine.pretrain_overrides, engine.finetune_overrides,
-                                  [*launch, engine.recipe]))
+        tracks.append(
+            _TrainTrack(
+                "train3",
+                engine.train_dir,
+                engine.recipe,
+                engine.pretrain_overrides,
+                engine.finetune_overrides,
+                [*launch, engine.recipe],
+            )
+        )
     return tracks
 
 
 def _trainer_overrides(plan: _PlanInputs, track: _TrainTrack, lang: str, stage: str) -> list[str]:
     """The overrides every trainer run of a track starts with."""
     where = [f"train_dir={track.train_dir}"] if track.train_dir != "train" else []
-    return [f"lang={lang}", f"target={plan.target}", f"run={plan.run_arg}", f"stage={stage}",
-            f"seed={plan.profile.seed}", *where]
+    return [
+        f"lang={lang}",
+        f"target={plan.target}",
+        f"run={plan.run_arg}",
+        f"stage={stage}",
+        f"seed={plan.profile.seed}",
+        *where,
+    ]
 
 
 def _pretrain_stage(plan: _PlanInputs, track: _TrainTrack) -> Stage:
@@ -313,20 +481,37 @@ def _pretrain_stage(plan: _PlanInputs, track: _TrainTrack) -> Stage:
     language's."""
     run, first, corpus = plan.run_arg, plan.first_lang, plan.profile.corpus.enabled
     distilled = "distill" if plan.on_policy else "pretrain"
-    data = [*(f"{run}/synth/{lang}-{distilled}/data.jsonl" for lang in plan.langs),
-            *(f"{run}/corpus/{lang}-prefill/data.jsonl" for lang in plan.langs if corpus)]
+    data = [
+        *(f"{run}/synth/{lang}-{distilled}/data.jsonl" for lang in plan.langs),
+        *(f"{run}/corpus/{lang}-prefill/data.jsonl" for lang in plan.langs if corpus),
+    ]
     captured = ["features=captured"] if plan.on_policy else []
-    multilingual = ([f"eagle.vocab_langs=[{plan.langs_arg}]"]
-                    if is_eagle3(track.recipe, track.pretrain_overrides) else [])
-    overrides = [*_trainer_overrides(plan, track, first, "pretrain"),
-                 f"data.pretrain=[{','.join(data)}]", *captured, *multilingual,
-                 *track.pretrain_overrides]
+    multilingual = (
+        [f"eagle.vocab_langs=[{plan.langs_arg}]"]
+        if is_eagle3(track.recipe, track.pretrain_overrides)
+        else []
+    )
+    overrides = [
+        *_trainer_overrides(plan, track, first, "pretrain"),
+        f"data.pretrain=[{','.join(data)}]",
+        *captured,
+        *multilingual,
+        *track.pretrain_overrides,
+    ]
     out = plan.run / track.train_dir / first / "pretrain"
-    return Stage(f"{track.prefix}:pretrain", "pretrain", [*track.launch, *overrides],
-                 out / "DONE.json", work=[out],
-                 deps=["vocab", *(f"distill:{lang}" for lang in plan.langs),
-                       *(f"prefill:{lang}" for lang in plan.langs if corpus)],
-                 check=(TrainConfig, track.recipe, overrides))
+    return Stage(
+        f"{track.prefix}:pretrain",
+        "pretrain",
+        [*track.launch, *overrides],
+        out / "DONE.json",
+        work=[out],
+        deps=[
+            "vocab",
+            *(f"distill:{lang}" for lang in plan.langs),
+            *(f"prefill:{lang}" for lang in plan.langs if corpus),
+        ],
+        check=(TrainConfig, track.recipe, overrides),
+    )
 
 
 def _finetune_stage(plan: _PlanInputs, track: _TrainTrack, lang: str) -> Stage:
@@ -334,67 +519,141 @@ def _finetune_stage(plan: _PlanInputs, track: _TrainTrack, lang: str) -> Stage:
     distilled answers, scored on its held-out ones."""
     run = plan.run_arg
     captured = ["features=captured"] if plan.on_policy else []
-    data = [f"data.finetune=[{run}/synth/{lang}-distill/data.jsonl]",
-            f"data.eval_file=[{run}/synth/{lang}-heldout/data.jsonl]"] if plan.on_policy else []
+    data = (
+        [
+            f"data.finetune=[{run}/synth/{lang}-distill/data.jsonl]",
+            f"data.eval_file=[{run}/synth/{lang}-heldout/data.jsonl]",
+        ]
+        if plan.on_policy
+        else []
+    )
     pretrained = f"{run}/{track.train_dir}/{plan.first_lang}/pretrain/final"
-    overrides = [*_trainer_overrides(plan, track, lang, "finetune"), f"init_from={pretrained}",
-                 *captured, *data, *track.finetune_overrides]
+    overrides = [
+        *_trainer_overrides(plan, track, lang, "finetune"),
+        f"init_from={pretrained}",
+        *captured,
+        *data,
+        *track.finetune_overrides,
+    ]
     reads = [f"distill:{lang}", f"heldout:{lang}"] if plan.on_policy else [f"synth:{lang}"]
     out = plan.run / track.train_dir / lang
-    return Stage(f"{track.prefix}:{lang}", "finetune", [*track.launch, *overrides],
-                 out / "DONE.json", work=[out / "finetune"],
-                 deps=[f"{track.prefix}:pretrain", *reads, "vocab"],
-                 check=(TrainConfig, track.recipe, overrides))
+    return Stage(
+        f"{track.prefix}:{lang}",
+        "finetune",
+        [*track.launch, *overrides],
+        out / "DONE.json",
+        work=[out / "finetune"],
+        deps=[f"{track.prefix}:pretrain", *reads, "vocab"],
+        check=(TrainConfig, track.recipe, overrides),
+    )
 
 
 def _export_stage(plan: _PlanInputs) -> Stage:
     """export: the bundle of the profile's own drafters and draft vocabularies."""
     export = plan.profile.export
-    return Stage("export", "export",
-                 plan.command("export", "--langs", plan.langs_arg, "--run", plan.run_arg,
-                              "--target", plan.target, "--out", str(plan.bundle),
-                              "--sizes", ",".join(map(str, export.sizes)),
-                              "--window", str(export.window), "--step", str(export.step),
-                              "--offset", str(export.offset)),
-                 plan.run / "export" / "DONE.json",
-                 deps=[f"train:{lang}" for lang in plan.langs] + ["vocab"])
+    return Stage(
+        "export",
+        "export",
+        plan.command(
+            "export",
+            "--langs",
+            plan.langs_arg,
+            "--run",
+            plan.run_arg,
+            "--target",
+            plan.target,
+            "--out",
+            str(plan.bundle),
+            "--sizes",
+            ",".join(map(str, export.sizes)),
+            "--window",
+            str(export.window),
+            "--step",
+            str(export.step),
+            "--offset",
+            str(export.offset),
+        ),
+        plan.run / "export" / "DONE.json",
+        deps=[f"train:{lang}" for lang in plan.langs] + ["vocab"],
+    )
 
 
 def _engines_export_stage(plan: _PlanInputs, track: _TrainTrack) -> Stage:
     """export:engines: every profile ships drafters an engine loads: speculators folders (vLLM,
     SGLang) per language and for the multilingual pretrain, GGUFs where llama.cpp's converter is at
     hand, and engines.json saying which loads what."""
-    return Stage("export:engines", "export",
-                 plan.command("export", "engines", "--langs", plan.langs_arg,
-                              "--run", plan.run_arg, "--target", plan.target,
-                              "--train-dir", track.train_dir, "--out", str(plan.engines),
-                              "--sizes", ",".join(map(str, plan.profile.export.sizes))),
-                 plan.engines / "DONE.json",
-                 deps=[f"{track.prefix}:pretrain",
-                       *(f"{track.prefix}:{lang}" for lang in plan.langs), "vocab"])
+    return Stage(
+        "export:engines",
+        "export",
+        plan.command(
+            "export",
+            "engines",
+            "--langs",
+            plan.langs_arg,
+            "--run",
+            plan.run_arg,
+            "--target",
+            plan.target,
+            "--train-dir",
+            track.train_dir,
+            "--out",
+            str(plan.engines),
+            "--sizes",
+            ",".join(map(str, plan.profile.export.sizes)),
+        ),
+        plan.engines / "DONE.json",
+        deps=[
+            f"{track.prefix}:pretrain",
+            *(f"{track.prefix}:{lang}" for lang in plan.langs),
+            "vocab",
+        ],
+    )
 
 
 def _engines_score_stage(plan: _PlanInputs) -> Stage:
     """score:engines (on-policy): each language's own engine drafter beside the multilingual one, on
     the same held-out answers."""
-    return Stage("score:engines", "export",
-                 plan.command("pipelines.score_check", "--run", plan.run_arg,
-                              "--engines", str(plan.engines), "--target", plan.target,
-                              "--gamma", "4"),
-                 plan.run / "export" / "engines-score" / "DONE.json",
-                 deps=["export:engines", *(f"heldout:{lang}" for lang in plan.langs)])
+    return Stage(
+        "score:engines",
+        "export",
+        plan.command(
+            "pipelines.score_check",
+            "--run",
+            plan.run_arg,
+            "--engines",
+            str(plan.engines),
+            "--target",
+            plan.target,
+            "--gamma",
+            "4",
+        ),
+        plan.run / "export" / "engines-score" / "DONE.json",
+        deps=["export:engines", *(f"heldout:{lang}" for lang in plan.langs)],
+    )
 
 
 def _calibrate_stage(plan: _PlanInputs) -> Stage:
     """calibrate: the bundle's draft-length calibration (decoder.calibrate)."""
     calibrate = plan.profile.calibrate
-    return Stage("calibrate", "calibrate",
-                 plan.command("decoder.calibrate", "--bundle", str(plan.bundle),
-                              "--target", plan.target,
-                              "--sizes", ",".join(map(str, calibrate.sizes)),
-                              "--prompts", str(calibrate.prompts),
-                              "--max-new-tokens", str(calibrate.max_new_tokens)),
-                 plan.run / "calibrate" / "DONE.json", deps=["export", "export:engines"])
+    return Stage(
+        "calibrate",
+        "calibrate",
+        plan.command(
+            "decoder.calibrate",
+            "--bundle",
+            str(plan.bundle),
+            "--target",
+            plan.target,
+            "--sizes",
+            ",".join(map(str, calibrate.sizes)),
+            "--prompts",
+            str(calibrate.prompts),
+            "--max-new-tokens",
+            str(calibrate.max_new_tokens),
+        ),
+        plan.run / "calibrate" / "DONE.json",
+        deps=["export", "export:engines"],
+    )
 
 
 def _eval_stage(plan: _PlanInputs) -> Stage:
@@ -402,32 +661,58 @@ def _eval_stage(plan: _PlanInputs) -> Stage:
     profile, evaluation = plan.profile, plan.profile.eval
     unknown = sorted(set(evaluation.methods) - set(METHODS))
     if unknown:
-        raise PolyspecError(f"profile {profile.name}: unknown eval methods {unknown}; "
-                            f"choose from {', '.join(METHODS)}")
+        raise PolyspecError(
+            f"profile {profile.name}: unknown eval methods {unknown}; "
+            f"choose from {', '.join(METHODS)}"
+        )
     engine_bundle = str(plan.engines / "bundle")
-    optional = [*(["--engine-bundle", engine_bundle] if "eagle3" in evaluation.methods else []),
-                *(["--per-cell", str(evaluation.per_cell)] if evaluation.per_cell else []),
-                *(["--questions", evaluation.questions] if evaluation.questions else [])]
+    optional = [
+        *(["--engine-bundle", engine_bundle] if "eagle3" in evaluation.methods else []),
+        *(["--per-cell", str(evaluation.per_cell)] if evaluation.per_cell else []),
+        *(["--questions", evaluation.questions] if evaluation.questions else []),
+    ]
     after = ["calibrate"] if profile.calibrate.enabled else ["export", "export:engines"]
-    return Stage("eval", "eval",
-                 plan.command("decoder.bench", "--bundle", str(plan.bundle),
-                              "--target", plan.target, "--langs", plan.langs_arg,
-                              "--methods", ",".join(evaluation.methods),
-                              "--max-new-tokens", str(evaluation.max_new_tokens),
-                              "--repeats", str(evaluation.repeats),
-                              "--out", str(plan.run / "eval"), *optional),
-                 plan.run / "eval" / "DONE.json", deps=after)
+    return Stage(
+        "eval",
+        "eval",
+        plan.command(
+            "decoder.bench",
+            "--bundle",
+            str(plan.bundle),
+            "--target",
+            plan.target,
+            "--langs",
+            plan.langs_arg,
+            "--methods",
+            ",".join(evaluation.methods),
+            "--max-new-tokens",
+            str(evaluation.max_new_tokens),
+            "--repeats",
+            str(evaluation.repeats),
+            "--out",
+            str(plan.run / "eval"),
+            *optional,
+        ),
+        plan.run / "eval" / "DONE.json",
+        deps=after,
+    )
 
 
 def _report_stage(plan: _PlanInputs) -> Stage:
     """report: <run>/report/ from every stage's records (python -m pipelines report)."""
     scored = ["score:engines"] if plan.on_policy else []
-    return Stage("report", "report", plan.command("pipelines", "report", "--run", plan.run_arg),
-                 plan.run / "report" / "DONE.json", deps=["eval", *scored])
+    return Stage(
+        "report",
+        "report",
+        plan.command("pipelines", "report", "--run", plan.run_arg),
+        plan.run / "report" / "DONE.json",
+        deps=["eval", *scored],
+    )
 
 
 def is_eagle3(recipe: str, overrides: list[str] | None = None) -> bool:
-    """Whether a train recipe (+ overrides) makes EAGLE-3-form drafters: the form vLLM, SGLang and llama.cpp load."""
+    """Whether a train recipe (+ overrides) makes EAGLE-3-form drafters: the form vLLM, SGLang and
+    llama.cpp load."""
     return load_config(TrainConfig, recipe, overrides or []).drafter_kind is DrafterKind.EAGLE3
 
 
@@ -436,21 +721,32 @@ def engine_drafters(profile: Profile) -> str | None:
     if profile.train.engine is not None:
         eng = profile.train.engine
         return eng.recipe if is_eagle3(repo_path(eng.recipe), eng.finetune_overrides) else None
-    return profile.train.recipe if is_eagle3(repo_path(profile.train.recipe), profile.train.finetune_overrides) else None
+    return (
+        profile.train.recipe
+        if is_eagle3(repo_path(profile.train.recipe), profile.train.finetune_overrides)
+        else None
+    )
 
 
 def _sources(spec: str) -> str:
-    return json.dumps(parse_sources(spec))  # the vocab CLI's own parser: the same rules as the command
+    # the vocab CLI's own parser: the same rules as the command
+    return json.dumps(parse_sources(spec))
 
 
-def validate_plan(stages: list[Stage], profile: Profile, target: str, langs: list[str]) -> list[str]:
+def validate_plan(
+    stages: list[Stage], profile: Profile, target: str, langs: list[str]
+) -> list[str]:
     """Everything a dry run can check without weights or GPUs; returns what was checked."""
-    checked = [f"target {resolve_target(target).name} (registry entry)",
-               f"languages {', '.join(lang.code for lang in parse_languages(','.join(langs)))}"]
+    checked = [
+        f"target {resolve_target(target).name} (registry entry)",
+        f"languages {', '.join(lang.code for lang in parse_languages(','.join(langs)))}",
+    ]
     recipe = engine_drafters(profile)
     if recipe is None:
-        raise PolyspecError(f"profile {profile.name}: its export would hold no drafter an engine loads — the train "
-                            f"recipe makes no EAGLE-3 drafters and train.engine is not set")
+        raise PolyspecError(
+            f"profile {profile.name}: its export would hold no drafter an engine loads — the train "
+            f"recipe makes no EAGLE-3 drafters and train.engine is not set"
+        )
     checked.append(f"engine drafters (EAGLE-3): {recipe}")
     for st in stages:
         if st.check:
@@ -465,7 +761,11 @@ def validate_plan(stages: list[Stage], profile: Profile, target: str, langs: lis
         if not Path(cfg).is_file():
             raise PolyspecError(f"accelerate config {cfg} not found")
         checked.append(f"accelerate config {cfg}")
-        ds = (yaml.safe_load(Path(cfg).read_text()) or {}).get("deepspeed_config", {}).get("deepspeed_config_file")
+        ds = (
+            (yaml.safe_load(Path(cfg).read_text()) or {})
+            .get("deepspeed_config", {})
+            .get("deepspeed_config_file")
+        )
         if ds:
             if not Path(ds).is_file():
                 raise PolyspecError(f"DeepSpeed config {ds} (from {cfg}) not found")

@@ -1,5 +1,5 @@
-"""The final report of a pipeline run: ``<run>/report/report.md`` (+ ``summary.json``, charts, an offline
-wandb run with the same metrics) gathered from the stages' own outputs and DONE records."""
+"""The final report of a pipeline run: ``<run>/report/report.md`` (+ ``summary.json``, charts, an
+offline wandb run with the same metrics) gathered from the stages' own outputs and DONE records."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def training_curves(run: Path, out: Path) -> dict:
     import matplotlib.pyplot as plt
 
     curves = {}
-    for metrics in sorted(run.glob("train*/*/*/metrics.jsonl")):  # train/ and an engine track's (train-eagle3/)
+    # train/ and an engine track's (train-eagle3/)
+    for metrics in sorted(run.glob("train*/*/*/metrics.jsonl")):
         lang, stage = metrics.parent.parent.name, metrics.parent.name
         if metrics.parents[2].name != "train":
             stage = f"{stage} ({metrics.parents[2].name})"
@@ -48,18 +49,27 @@ def versions() -> dict:
     import transformers
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "polyspec_commit": commit or None, "machine": platform.machine(), "system": platform.system()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "polyspec_commit": commit or None,
+        "machine": platform.machine(),
+        "system": platform.system(),
+    }
 
 
 def results_table(run: Path, ev: dict) -> list[str]:
-    """The README's opening table for this run: per language the shipped drafter's decoder τ, its first-draft
-    acceptance α₁ (the held-out score that picked ``best/``), speedups over the fastest AR beside the
-    training-free methods (τ), hybrid ÷ pld and the answers identical to ``ar``. Methods the eval did not run
-    are left out; a language with no α₁ (mixed, or no best/ recorded) shows –."""
+    """The README's opening table for this run: per language the shipped drafter's decoder τ, its
+    first-draft acceptance α₁ (the held-out score that picked ``best/``), speedups over the fastest
+    AR beside the training-free methods (τ), hybrid ÷ pld and the answers identical to ``ar``.
+    Methods the eval did not run are left out; a language with no α₁ (mixed, or no best/ recorded)
+    shows –."""
     methods = [m for m in ("adaspec", "eagle3", "pld", "spectra", "hybrid") if m in ev["methods"]]
     if not methods:
         return []
@@ -78,10 +88,18 @@ def results_table(run: Path, ev: dict) -> list[str]:
     def agreement(m: str, lang: str | None) -> str:
         g = agree.get(m, {})
         rows = list(g.values()) if lang is None else [g[lang]] if lang in g else []
-        return f"{sum(r['identical'] for r in rows)}/{sum(r['answers'] for r in rows)}" if rows else "–"
+        return (
+            f"{sum(r['identical'] for r in rows)}/{sum(r['answers'] for r in rows)}"
+            if rows
+            else "–"
+        )
 
     shown = [m for m in methods if m in agree]
-    head = ["language", *(["adaspec τ", "α₁"] if "adaspec" in by else []), *(f"{m} speedup (τ)" for m in methods)]
+    head = [
+        "language",
+        *(["adaspec τ", "α₁"] if "adaspec" in by else []),
+        *(f"{m} speedup (τ)" for m in methods),
+    ]
     if {"pld", "hybrid"} <= set(methods):
         head.append("hybrid ÷ pld")
     head.append("identical to ar: " + " · ".join(shown))
@@ -90,7 +108,10 @@ def results_table(run: Path, ev: dict) -> list[str]:
         x = {m: by[m][lang] if lang != "all" else ev["methods"][m]["overall"] for m in methods}
         row = [lang]
         if "adaspec" in by:
-            row += [f"{x['adaspec']['tau']:.2f}", alpha1(lang) if lang not in ("mixed", "all") else "–"]
+            row += [
+                f"{x['adaspec']['tau']:.2f}",
+                alpha1(lang) if lang not in ("mixed", "all") else "–",
+            ]
         row += [cell(m, x[m]) for m in methods]
         if {"pld", "hybrid"} <= set(methods):
             row.append(f"{x['hybrid']['tok_s'] / max(x['pld']['tok_s'], 1e-9):.2f}")
@@ -98,46 +119,72 @@ def results_table(run: Path, ev: dict) -> list[str]:
         lines.append("| " + " | ".join(row) + " |")
     ar = ev["ar_baselines"]
     fastest = max(ar, key=lambda b: ev["methods"][b]["overall"]["tok_s"])
-    lines += ["", f"{ev['target']}, {identity_mode(ev)} on {ev['device']} ({ev['cpu']}, {ev['threads']} threads), "
-              f"{ev['questions']} questions, {ev['max_new_tokens']} new tokens, greedy. Speedup = tokens/s over the "
-              f"fastest AR (`{fastest}`, {ev['methods'][fastest]['overall']['tok_s']:.1f} tok/s); τ = tokens per "
-              "target forward; α₁ = first-draft acceptance of the shipped drafter on the held-out prompts."
-              + (" `eagle3` = the EAGLE-3 drafter engines load (export/engines/), alone: chain γ 4, no prompt lookup."
-                 if "eagle3" in methods else "")]
+    lines += [
+        "",
+        f"{ev['target']}, {identity_mode(ev)} on {ev['device']} ({ev['cpu']}, {ev['threads']} "
+        "threads), "
+        f"{ev['questions']} questions, {ev['max_new_tokens']} new tokens, greedy. Speedup = "
+        "tokens/s over the "
+        f"fastest AR (`{fastest}`, {ev['methods'][fastest]['overall']['tok_s']:.1f} tok/s); τ = "
+        "tokens per "
+        "target forward; α₁ = first-draft acceptance of the shipped drafter on the held-out "
+        "prompts."
+        + (
+            " `eagle3` = the EAGLE-3 drafter engines load (export/engines/), alone: chain γ 4, no "
+            "prompt lookup."
+            if "eagle3" in methods
+            else ""
+        ),
+    ]
     return lines
 
 
 def engines_section(run: Path) -> list[str]:
-    """What ``export/engines/engines.json`` says: each engine drafter, its held-out score per language (own vs the
-    multilingual one), and which engine loads it."""
+    """What ``export/engines/engines.json`` says: each engine drafter, its held-out score per
+    language (own vs the multilingual one), and which engine loads it."""
     rec = read_json_or_none(run / "export" / "engines" / "engines.json")
     if not rec:
         return []
-    lines = ["## Drafters for engines (export/engines/)", "",
-             "| drafter | languages | held-out τ (chain γ 4) by language | speculators folder | GGUF |", "|---|---|---|---|---|"]
+    lines = [
+        "## Drafters for engines (export/engines/)",
+        "",
+        "| drafter | languages | held-out τ (chain γ 4) by language | speculators folder | GGUF |",
+        "|---|---|---|---|---|",
+    ]
     for name, d in rec["drafters"].items():
         by = d.get("heldout_tau_by_lang") or {}
         taus = ", ".join(f"{lang} {t:.2f}" for lang, t in by.items()) or (
-            f"{d['heldout_tau']:.2f} (training split)" if d.get("heldout_tau") else "–")
-        lines.append(f"| {name} | {', '.join(d['languages'])} | {taus} | `{d['speculators']}` | "
-                     f"{'`' + d['gguf'] + '`' if d.get('gguf') else '–'} |")
+            f"{d['heldout_tau']:.2f} (training split)" if d.get("heldout_tau") else "–"
+        )
+        lines.append(
+            f"| {name} | {', '.join(d['languages'])} | {taus} | `{d['speculators']}` | "
+            f"{'`' + d['gguf'] + '`' if d.get('gguf') else '–'} |"
+        )
     lines.append("")
     for engine, e in rec["engines"].items():
-        lines.append(f"- **{engine}** loads {', '.join(e.get('loads') or []) or 'nothing'}"
-                     + (f" — {e['why']}" if e.get("why") else f": `{e.get('command', '')}`"))
+        lines.append(
+            f"- **{engine}** loads {', '.join(e.get('loads') or []) or 'nothing'}"
+            + (f" — {e['why']}" if e.get("why") else f": `{e.get('command', '')}`")
+        )
     return [*lines, "", *measured_engines(run)]
 
 
 def measured_engines(run: Path) -> list[str]:
-    """The engine checks' own tables (``make check-vllm``: vllm/vllm.md; ``make check-llamacpp``: llamacpp/llamacpp.md),
-    their headings one level down and without their definitions, where they ran."""
+    """The engine checks' own tables (``make check-vllm``: vllm/vllm.md; ``make check-llamacpp``:
+    llamacpp/llamacpp.md), their headings one level down and without their definitions, where they
+    ran."""
     lines = []
     for sub, name in (("vllm/vllm.md", "vLLM"), ("llamacpp/llamacpp.md", "llama.cpp")):
         path = run / sub
         if not path.is_file():
             continue
         body = path.read_text(encoding="utf-8").split("\n## Definitions")[0].splitlines()
-        lines += [f"### {name} (`{sub}`)", "", *("#" + ln if ln.startswith("## ") else ln for ln in body[1:]), ""]
+        lines += [
+            f"### {name} (`{sub}`)",
+            "",
+            *("#" + ln if ln.startswith("## ") else ln for ln in body[1:]),
+            "",
+        ]
     return lines
 
 
@@ -152,11 +199,18 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
             continue
         sets.append(stats_path.parent.name)  # <lang> (self-synth) or <lang>-<name> (distilled)
         langs.add(s.get("lang") or stats_path.parent.name)
-        rejects = ", ".join(f"{k} {v}" for k, v in s.get("lid_labels_of_rejects", {}).items()) or "–"
+        rejects = (
+            ", ".join(f"{k} {v}" for k, v in s.get("lid_labels_of_rejects", {}).items()) or "–"
+        )
         reasons = ", ".join(f"{k} {v}" for k, v in s.get("rejected_by_reason", {}).items()) or "–"
-        engine = s.get("engine", "transformers") + (f" {s['engine_version']}" if s.get("engine_version") else "")
-        synth_rows.append(f"| {stats_path.parent.name} | {s['accepted']}/{s['attempted']} | {reasons} | {rejects} | "
-                          f"{s.get('tokens_per_second', 0)} | {engine} |")
+        engine = s.get("engine", "transformers") + (
+            f" {s['engine_version']}" if s.get("engine_version") else ""
+        )
+        synth_rows.append(
+            f"| {stats_path.parent.name} | {s['accepted']}/{s['attempted']} | {reasons} | "
+            f"{rejects} | "
+            f"{s.get('tokens_per_second', 0)} | {engine} |"
+        )
     for png in ("coverage.png", "overlap.png"):
         if (run / "vocab" / png).is_file():
             shutil.copy2(run / "vocab" / png, out / png)
@@ -168,7 +222,9 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
         if (run / "eval" / png).is_file():
             shutil.copy2(run / "eval" / png, out / png)
     commands = []
-    for done in sorted(run.glob("**/DONE.json"), key=lambda p: (read_json_or_none(p) or {}).get("finished", "")):
+    for done in sorted(
+        run.glob("**/DONE.json"), key=lambda p: (read_json_or_none(p) or {}).get("finished", "")
+    ):
         d = read_json_or_none(done) or {}
         if d.get("cmd"):
             commands.append(f"{d['stage']} ({d.get('seconds', '?')} s): `{' '.join(d['cmd'][1:])}`")
@@ -176,42 +232,93 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     if ev and "adaspec" in ev["methods"]:
         a = ev["methods"]["adaspec"]
         for lang, x in a["by_language"].items():
-            same = identity(ev, "adaspec", lang) if ev.get("agreement") else ("yes" if x["identical"] else "NO")
-            summary.append(f"{lang}: adaspec τ {x['tau']:.2f}, speedup {x['speedup']:.2f}× vs fastest AR, "
-                           f"identical to ar: {same}")
-        summary.append(f"all: adaspec τ {a['overall']['tau']:.2f}, speedup {a['overall']['speedup']:.2f}×"
-                       + (f", identical to ar: {identity(ev, 'adaspec')}" if ev.get("agreement") else ""))
+            same = (
+                identity(ev, "adaspec", lang)
+                if ev.get("agreement")
+                else ("yes" if x["identical"] else "NO")
+            )
+            summary.append(
+                f"{lang}: adaspec τ {x['tau']:.2f}, speedup {x['speedup']:.2f}× vs fastest AR, "
+                f"identical to ar: {same}"
+            )
+        summary.append(
+            f"all: adaspec τ {a['overall']['tau']:.2f}, speedup {a['overall']['speedup']:.2f}×"
+            + (f", identical to ar: {identity(ev, 'adaspec')}" if ev.get("agreement") else "")
+        )
     v = versions()
-    lines = ["# polyspec run report", "", f"Run `{run}` · languages {', '.join(sorted(langs))} · " +
-             ", ".join(f"{k} {val}" for k, val in v.items() if val), "", "## Summary", "",
-             *(f"- {s}" for s in summary), "", *(results_table(run, ev) if ev else []), "", "## 1 synth (ADASPEC Alg. 1)", "",
-             "| synth set | kept/attempted | rejected by reason | LID labels of rejects | tokens/s | engine |",
-             "|---|---|---|---|---|---|",
-             *synth_rows, "", "## 2 vocab", ""]
+    lines = [
+        "# polyspec run report",
+        "",
+        f"Run `{run}` · languages {', '.join(sorted(langs))} · "
+        + ", ".join(f"{k} {val}" for k, val in v.items() if val),
+        "",
+        "## Summary",
+        "",
+        *(f"- {s}" for s in summary),
+        "",
+        *(results_table(run, ev) if ev else []),
+        "",
+        "## 1 synth (ADASPEC Alg. 1)",
+        "",
+        "| synth set | kept/attempted | rejected by reason | LID labels of rejects | tokens/s | "
+        "engine |",
+        "|---|---|---|---|---|---|",
+        *synth_rows,
+        "",
+        "## 2 vocab",
+        "",
+    ]
     if coverage:
-        lines += ["Coverage of held-out text by the top-k ids: see `coverage.png`; top-8K overlap: `overlap.png`.", "",
-                  "```json", json.dumps(coverage, indent=1)[:1500], "```", ""]
+        lines += [
+            "Coverage of held-out text by the top-k ids: see `coverage.png`; top-8K overlap: "
+            "`overlap.png`.",
+            "",
+            "```json",
+            json.dumps(coverage, indent=1)[:1500],
+            "```",
+            "",
+        ]
     lines += engines_section(run)
-    lines += ["## 3 training (held-out simulated acceptance length)", "", "![training](training.png)", ""]
-    lines += [f"- {k}: " + ", ".join(f"step {s}: {a:.3f}" for s, a in pts) for k, pts in curves.items()]
+    lines += [
+        "## 3 training (held-out simulated acceptance length)",
+        "",
+        "![training](training.png)",
+        "",
+    ]
+    lines += [
+        f"- {k}: " + ", ".join(f"step {s}: {a:.3f}" for s, a in pts) for k, pts in curves.items()
+    ]
     lines += ["", "## 4 calibration (UNISPEC)", ""]
     for dev, c in calib.items():
         lines.append(calibration_line(dev, c))
     lines += ["", "## 5 evaluation", ""]
     if ev:
         lines += [(run / "eval" / "report.md").read_text(encoding="utf-8").split("\n", 2)[2], ""]
-        lines += ["![speedup](speedup.png) ![tau](tau.png) ![accept](accept_hist.png) ![trace](adaptive_trace.png)", ""]
+        lines += [
+            "![speedup](speedup.png) ![tau](tau.png) ![accept](accept_hist.png) "
+            "![trace](adaptive_trace.png)",
+            "",
+        ]
     lines += ["## Provenance", "", *(f"- {c}" for c in commands), ""]
     atomic_write_text(out / "report.md", "\n".join(lines))
-    atomic_write_json(out / "summary.json", {"summary": summary, "versions": v, "langs": sorted(langs), "synth_sets": sets,
-                                             "eval": ev and {m: d["overall"] for m, d in ev["methods"].items()}})
+    atomic_write_json(
+        out / "summary.json",
+        {
+            "summary": summary,
+            "versions": v,
+            "langs": sorted(langs),
+            "synth_sets": sets,
+            "eval": ev and {m: d["overall"] for m, d in ev["methods"].items()},
+        },
+    )
     _wandb(run, ev, curves)
     return out / "report.md", summary
 
 
 def calibration_line(dev: str, c: dict) -> str:
-    """One device's calibration as the report states it: g*, τ(g) pooled over the prompts, the spread of τ(g*)
-    over them, how often bootstrap resamples of the prompts choose g* again, the tree budget."""
+    """One device's calibration as the report states it: g*, τ(g) pooled over the prompts, the
+    spread of τ(g*) over them, how often bootstrap resamples of the prompts choose g* again, the
+    tree budget."""
     g = str(c.get("g_star"))
     tau = c.get("tau", {})
     line = f"- {dev}: g* = {g} ({c.get('chosen_by')}), tree budget {c.get('tree_budget')}"
@@ -219,11 +326,17 @@ def calibration_line(dev: str, c: dict) -> str:
         line += "; τ(g) " + ", ".join(f"{k}: {float(v):.2f}" for k, v in tau.items())
     sp = c.get("tau_spread", {}).get(g)
     if sp:
-        line += f"; τ(g*) over {c.get('prompts')} prompts {sp['min']:.2f}–{sp['max']:.2f} (sd {sp['std']:.2f})"
+        line += (
+            f"; τ(g*) over {c.get('prompts')} prompts {sp['min']:.2f}–{sp['max']:.2f} (sd "
+            f"{sp['std']:.2f})"
+        )
     st = c.get("stability")
     if isinstance(st, dict):
-        line += (f"; bootstrap resamples of the prompts choose g* again {st['same']:.0%} of the time, and g* is within "
-                 f"{st['loss_p95']:.1%} of a resample's best in 95 % of them")
+        line += (
+            f"; bootstrap resamples of the prompts choose g* again {st['same']:.0%} of the time, "
+            "and g* is within "
+            f"{st['loss_p95']:.1%} of a resample's best in 95 % of them"
+        )
     if c.get("seconds") is not None:
         line += f"; {c['seconds']} s"
     return line
@@ -235,8 +348,14 @@ def _wandb(run: Path, ev: dict | None, curves: dict) -> None:
         import wandb
     except ImportError:  # pragma: no cover - wandb is a dependency
         return
-    r = wandb.init(project="polyspec", name=f"report-{run.name}", dir=str(run / "report"), mode="offline",
-                   reinit=True, config={"run": str(run)})
+    r = wandb.init(
+        project="polyspec",
+        name=f"report-{run.name}",
+        dir=str(run / "report"),
+        mode="offline",
+        reinit=True,
+        config={"run": str(run)},
+    )
     for name, pts in curves.items():
         for step, acc in pts:
             r.log({f"train/{name}/accept_len": acc, "step": step})

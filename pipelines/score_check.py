@@ -1,12 +1,13 @@
 """Does the training score predict the decoder? One run, the same held-out prompts, both measured.
 
-    python -m pipelines.score_check --run runs/demo [--langs vi,de,ja] [--gamma 4] [--target gemma3-270m]
+    python -m pipelines.score_check --run runs/demo [--langs vi,de,ja] [--gamma 4]
+        [--target gemma3-270m]
 
-For each language: the score that picked ``best/`` (train/score.py: the decoder's greedy chain replayed on the
-target's captured held-out answers) recomputed for the bundle's drafter, and the
-decoder's own τ (decoder/core.py, method ``chain``, γ, greedy, the bundle's language and largest vocabulary,
-default dtype) on the same held-out prompts with the same token budget and stop strings. Prints both and their
-ratio; the ratio must stay within 10 % (issue 14).
+For each language: the score that picked ``best/`` (train/score.py: the decoder's greedy chain
+replayed on the target's captured held-out answers) recomputed for the bundle's drafter, and the
+decoder's own τ (decoder/core.py, method ``chain``, γ, greedy, the bundle's language and largest
+vocabulary, default dtype) on the same held-out prompts with the same token budget and stop strings.
+Prints both and their ratio; the ratio must stay within 10 % (issue 14).
 """
 
 from __future__ import annotations
@@ -29,17 +30,27 @@ from train.score import score_eagle
 from vocab.files import load_ranked
 
 
-def decoder_tau(target, bundle, lang: str, records: list[dict], reader, gamma: int, size: int) -> dict:
+def decoder_tau(
+    target, bundle, lang: str, records: list[dict], reader, gamma: int, size: int
+) -> dict:
     dec = Decoder(target, bundle, method="chain", gamma=gamma, size=size, lang=lang)
     tokens = forwards = same = 0
     for rec in records:
         ids, start = reader.ids(rec["_path"], rec["id"])
         answer = ids[start:]
-        out = dec.generate(ids[:start], max_new_tokens=max(1, len(answer)), stop=list(target.spec.prompt_format.stop))
+        out = dec.generate(
+            ids[:start],
+            max_new_tokens=max(1, len(answer)),
+            stop=list(target.spec.prompt_format.stop),
+        )
         tokens, forwards = tokens + len(out.tokens), forwards + out.target_forwards
         same += out.tokens[: len(answer)] == answer
-    return {"tau": round(tokens / max(1, forwards), 4), "tokens": tokens, "forwards": forwards,
-            "answers_identical_to_captured": f"{same}/{len(records)}"}
+    return {
+        "tau": round(tokens / max(1, forwards), 4),
+        "tokens": tokens,
+        "forwards": forwards,
+        "answers_identical_to_captured": f"{same}/{len(records)}",
+    }
 
 
 def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int) -> dict:
@@ -51,7 +62,10 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     if DrafterKind.of(model) is DrafterKind.EAGLE3:  # its own head: row j is target id draft_ids[j]
         ids_s = model.draft_ids.to(dev)
     else:
-        ids_s = torch.as_tensor(load_ranked(meta["vocab"]["file"]).top(meta["vocab"]["size"]).astype("int64"), device=dev)
+        ids_s = torch.as_tensor(
+            load_ranked(meta["vocab"]["file"]).top(meta["vocab"]["size"]).astype("int64"),
+            device=dev,
+        )
     head_w = target.model.get_output_embeddings().weight[ids_s].detach().float()
     embed = target.model.get_input_embeddings()
     softcap = getattr(target.model.config, "final_logit_softcapping", None)
@@ -59,23 +73,35 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     seqs = []
     for rec in records:  # the same captured held-out answers the training score reads
         ids, start = reader.ids(rec["_path"], rec["id"])
-        seqs.append({"seq": torch.tensor([ids], device=dev), "start": start, "f": reader.get(rec["_path"], rec["id"], "f")[None],
-                     "aux": reader.get(rec["_path"], rec["id"], "aux")[None] if aux_layers else None})
+        seqs.append(
+            {
+                "seq": torch.tensor([ids], device=dev),
+                "start": start,
+                "f": reader.get(rec["_path"], rec["id"], "f")[None],
+                "aux": reader.get(rec["_path"], rec["id"], "aux")[None] if aux_layers else None,
+            }
+        )
     return score_eagle(model, embed, head_w, ids_s, seqs, gamma, softcap)
 
 
 def heldout_records(run: Path, lang: str) -> list[dict]:
     path = run / "synth" / f"{lang}-heldout" / "data.jsonl"
     if not path.is_file():
-        raise PolyspecError(f"{path}: no captured held-out answers (python -m synth distill --prompts heldout …)")
-    return [{**r, "_path": str(path.parent / r["features_file"])} for r in read_jsonl(path) if r.get("features_file")]
+        raise PolyspecError(
+            f"{path}: no captured held-out answers (python -m synth distill --prompts heldout …)"
+        )
+    return [
+        {**r, "_path": str(path.parent / r["features_file"])}
+        for r in read_jsonl(path)
+        if r.get("features_file")
+    ]
 
 
 def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
-    """Per language: the held-out score (chain γ) of its own EAGLE-3 drafter and of the multilingual one, on the
-    same captured held-out answers — what serving one drafter for every language costs. Written into
-    ``engines.json`` (``drafters.<name>.heldout_tau_by_lang``, ``heldout_alpha_by_lang``) and ``scores.json``
-    beside it."""
+    """Per language: the held-out score (chain γ) of its own EAGLE-3 drafter and of the multilingual
+    one, on the same captured held-out answers — what serving one drafter for every language costs.
+    Written into ``engines.json`` (``drafters.<name>.heldout_tau_by_lang``,
+    ``heldout_alpha_by_lang``) and ``scores.json`` beside it."""
     rec = json.loads((engines / "engines.json").read_text(encoding="utf-8"))
     reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
     drafters = rec["drafters"]
@@ -84,8 +110,10 @@ def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
     for lang in [n for n in drafters if n != "multilingual"]:
         records = heldout_records(run, lang)
         row = {"lang": lang}
-        for name, folder in ((lang, engines / drafters[lang]["source"]),
-                             ("multilingual", engines / multi["source"]) if multi else (None, None)):
+        for name, folder in (
+            (lang, engines / drafters[lang]["source"]),
+            ("multilingual", engines / multi["source"]) if multi else (None, None),
+        ):
             if name is None:
                 continue
             with torch.no_grad():
@@ -93,10 +121,15 @@ def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
             key = "own" if name == lang else "multilingual"
             row[f"{key}_tau"], row[f"{key}_alpha"] = sc["tau"], sc["alpha"]
             drafters[name].setdefault("heldout_tau_by_lang", {})[lang] = sc["tau"]
-            drafters[name].setdefault("heldout_alpha_by_lang", {})[lang] = sc["alpha"]  # an engine's draft_n reads it
+            # an engine's draft_n reads it
+            drafters[name].setdefault("heldout_alpha_by_lang", {})[lang] = sc["alpha"]
         rows.append(row)
-    rec["scores"] = {"gamma": gamma, "what": "training score: the decoder's chain procedure replayed on the target's "
-                     "captured greedy answers to the held-out prompts (synth/data/heldout.jsonl)", "rows": rows}
+    rec["scores"] = {
+        "gamma": gamma,
+        "what": "training score: the decoder's chain procedure replayed on the target's "
+        "captured greedy answers to the held-out prompts (synth/data/heldout.jsonl)",
+        "rows": rows,
+    }
     atomic_write_json(engines / "engines.json", rec)
     atomic_write_json(engines / "scores.json", rec["scores"])
     return rows
@@ -104,17 +137,27 @@ def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.score_check", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m pipelines.score_check", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--run", required=True)
     ap.add_argument("--bundle", help="default: <run>/export/bundle")
-    ap.add_argument("--target", help="the bundle's target (a name, or the local model directory the run used); "
-                    "default: the name the bundle records")
+    ap.add_argument(
+        "--target",
+        help="the bundle's target (a name, or the local model directory the run used); "
+        "default: the name the bundle records",
+    )
     ap.add_argument("--langs", help="default: the bundle's languages")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--engines", default=None, metavar="DIR",
-                    help="score the engines export's drafters instead (python -m export engines): each language's own "
-                    "EAGLE-3 drafter beside the multilingual one, on the same held-out answers")
+    ap.add_argument(
+        "--engines",
+        default=None,
+        metavar="DIR",
+        help="score the engines export's drafters instead (python -m export engines): each "
+        "language's own "
+        "EAGLE-3 drafter beside the multilingual one, on the same held-out answers",
+    )
     args = ap.parse_args(argv)
     run = Path(args.run)
     if args.engines:
@@ -129,30 +172,51 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"{m / own:.3f}" if m and own else "–"
             print(f"| {r['lang']} | {own:.3f} | {'–' if m is None else f'{m:.3f}'} | {ratio} |")
         return 0
-    bundle = load_bundle(args.bundle or run / "export" / "bundle", verify=False)  # the name of its target
+    # the name of its target
+    bundle = load_bundle(args.bundle or run / "export" / "bundle", verify=False)
     target = load_target(args.target or bundle.manifest["target"]["name"], dtype=args.dtype)
-    bundle = load_bundle(bundle.root, target_pin=target.pin())  # --target must be the bundle's (tokenizer, shapes)
+    # --target must be the bundle's (tokenizer, shapes)
+    bundle = load_bundle(bundle.root, target_pin=target.pin())
     reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
     langs = args.langs.split(",") if args.langs else bundle.languages
     rows = []
     for lang in langs:
         records = heldout_records(run, lang)
-        size = json.loads((bundle.drafter_dir(lang) / "config.json").read_text())["vocab"]["size"]  # as trained
+        # as trained
+        size = json.loads((bundle.drafter_dir(lang) / "config.json").read_text())["vocab"]["size"]
         if size not in bundle.vocab_sizes:
-            raise PolyspecError(f"the bundle has vocabulary sizes {bundle.vocab_sizes}, the {lang} drafter was scored with {size}")
+            raise PolyspecError(
+                f"the bundle has vocabulary sizes {bundle.vocab_sizes}, the {lang} drafter was "
+                f"scored with {size}"
+            )
         with torch.inference_mode():
             dec = decoder_tau(target, bundle, lang, records, reader, args.gamma, size)
         with torch.no_grad():
             sc = score_tau(target, bundle.drafter_dir(lang), records, reader, args.gamma)
-        rows.append({"lang": lang, "score_tau": sc["tau"], "decoder_tau": dec["tau"],
-                     "ratio": round(sc["tau"] / dec["tau"], 4) if dec["tau"] else None, "alpha": sc["alpha"],
-                     **{k: v for k, v in dec.items() if k != "tau"}})
-    print(f"training score vs decoder, chain γ={args.gamma}, greedy, dtype {target.dtype}, {len(langs)} languages")
-    print("| lang | score τ | decoder τ | score/decoder | α₁..α_γ (score) | decoder answers = captured |")
+        rows.append(
+            {
+                "lang": lang,
+                "score_tau": sc["tau"],
+                "decoder_tau": dec["tau"],
+                "ratio": round(sc["tau"] / dec["tau"], 4) if dec["tau"] else None,
+                "alpha": sc["alpha"],
+                **{k: v for k, v in dec.items() if k != "tau"},
+            }
+        )
+    print(
+        f"training score vs decoder, chain γ={args.gamma}, greedy, dtype {target.dtype}, "
+        f"{len(langs)} languages"
+    )
+    print(
+        "| lang | score τ | decoder τ | score/decoder | α₁..α_γ (score) | decoder answers = "
+        "captured |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['lang']} | {r['score_tau']:.3f} | {r['decoder_tau']:.3f} | {r['ratio']} | "
-              f"{' '.join(f'{a:.2f}' for a in r['alpha'])} | {r['answers_identical_to_captured']} |")
+        print(
+            f"| {r['lang']} | {r['score_tau']:.3f} | {r['decoder_tau']:.3f} | {r['ratio']} | "
+            f"{' '.join(f'{a:.2f}' for a in r['alpha'])} | {r['answers_identical_to_captured']} |"
+        )
     (run / "score_check.json").write_text(json.dumps(rows, indent=2))
     return 0
 

@@ -1,8 +1,8 @@
 """Config loading shared by every stage: YAML file -> dotted CLI overrides -> typed pydantic model.
 
-Each stage declares its options once as a :class:`StrictModel` subclass whose field descriptions are the
-documentation. Unknown keys and bad values are all reported together, in one error, before any heavy
-work starts.
+Each stage declares its options once as a :class:`StrictModel` subclass whose field descriptions are
+the documentation. Unknown keys and bad values are all reported together, in one error, before any
+heavy work starts.
 
     cfg = load_config(SynthConfig, "configs/synth/default.yaml", ["n=64", "engine.batch_size=8"])
 """
@@ -41,12 +41,15 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise PolyspecError(f"{path} must contain a mapping at the top level, got {type(data).__name__}")
+        raise PolyspecError(
+            f"{path} must contain a mapping at the top level, got {type(data).__name__}"
+        )
     return data
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars/lists) to a nested dict copy."""
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars/lists) to a nested dict
+    copy."""
     out = _deep_copy(data)
     for item in overrides:
         if "=" not in item:
@@ -83,7 +86,9 @@ def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
         raise PolyspecError(f"{source}: " + "; ".join(problems)) from None
 
 
-def load_config(model: type[M], path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> M:
+def load_config(
+    model: type[M], path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> M:
     """YAML (optional) -> overrides -> validated model (defaults fill the rest)."""
     data = read_yaml(path) if path is not None else {}
     data = apply_overrides(data, overrides)

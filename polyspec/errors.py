@@ -1,4 +1,5 @@
-"""One error type for everything a user can get wrong, and the CLI wrapper that prints it as one line."""
+"""One error type for everything a user can get wrong, and the CLI wrapper that prints it as one
+line."""
 
 from __future__ import annotations
 

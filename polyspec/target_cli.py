@@ -1,9 +1,9 @@
 """``python -m polyspec.targets`` — inspect and prepare targets.
 
-    python -m polyspec.targets list
-    python -m polyspec.targets check gemma3-270m                 (validate a name; loads nothing)
-    python -m polyspec.targets info gemma3-270m [--rebuild] [--json]
-    python -m polyspec.targets generate gemma3-270m --langs vi,de,ja
+python -m polyspec.targets list
+python -m polyspec.targets check gemma3-270m                 (validate a name; loads nothing)
+python -m polyspec.targets info gemma3-270m [--rebuild] [--json]
+python -m polyspec.targets generate gemma3-270m --langs vi,de,ja
 """
 
 from __future__ import annotations
@@ -21,10 +21,14 @@ from polyspec.targets import greedy_generate, load_target
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m polyspec.targets", description="Inspect and prepare targets.")
+    ap = argparse.ArgumentParser(
+        prog="python -m polyspec.targets", description="Inspect and prepare targets."
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="registry entries")
-    info = sub.add_parser("info", help="load a target (preparing its cache once) and print its facts")
+    info = sub.add_parser(
+        "info", help="load a target (preparing its cache once) and print its facts"
+    )
     info.add_argument("target", nargs="?", default=DEFAULT_TARGET)
     info.add_argument("--device", default="auto")
     info.add_argument("--dtype", default=None)
@@ -60,19 +64,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def generate(target_name: str, langs: str, max_new_tokens: int, device: str = "auto") -> int:
-    """The target's greedy answer to each language's first seed instruction, in its prompt format."""
+    """The target's greedy answer to each language's first seed instruction, in its prompt
+    format."""
     languages = parse_languages(langs)
     target = load_target(target_name, device=device)
     fmt = target.spec.prompt_format
     for lang in languages:
         seed = lang.seeds[0]
-        messages = [{"role": "system", "content": lang.system_prompt}, {"role": "user", "content": seed.instruction}]
+        messages = [
+            {"role": "system", "content": lang.system_prompt},
+            {"role": "user", "content": seed.instruction},
+        ]
         ids = encode(fmt, target.tokenizer, render(fmt, target.tokenizer, messages))
         t0 = time.time()
         new = greedy_generate(target, ids, max_new_tokens)
         dt = time.time() - t0
         text, _ = truncate_at_stop(target.tokenizer.decode(new, skip_special_tokens=True), fmt.stop)
-        print(f"[{lang.code}] {seed.instruction}\n  -> {text.strip()}\n  ({len(new)} tokens, {len(new) / dt:.1f} tok/s)")
+        print(
+            f"[{lang.code}] {seed.instruction}\n  -> {text.strip()}\n  ({len(new)} tokens, "
+            f"{len(new) / dt:.1f} tok/s)"
+        )
     return 0
 
 

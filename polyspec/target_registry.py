@@ -1,7 +1,8 @@
-"""Which target a name means: the registry ``configs/targets/<name>.yaml``, a local model folder or a hub id.
+"""Which target a name means: the registry ``configs/targets/<name>.yaml``, a local model folder or
+a hub id.
 
-Nothing here loads a model (``polyspec.targets.load_target`` does); resolving a name is cheap, so the CLIs and
-dry runs validate targets with it before any heavy work.
+Nothing here loads a model (``polyspec.targets.load_target`` does); resolving a name is cheap, so
+the CLIs and dry runs validate targets with it before any heavy work.
 """
 
 from __future__ import annotations
@@ -31,11 +32,19 @@ class TargetSpec(StrictModel):
     model_id: str | None = Field(None, description="hf: hub id or local directory")
     revision: str | None = Field(None, description="hf: git revision to pin")
     package: str | None = Field(None, description="gguf-package: distribution name on PyPI")
-    gguf_glob: str = Field("*.gguf", description="gguf-package: file pattern inside the installed package")
-    assemble: str | None = Field(
-        None, description="gguf-package: 'module:function' that writes the GGUF to a given path (chunked packages)"
+    gguf_glob: str = Field(
+        "*.gguf", description="gguf-package: file pattern inside the installed package"
     )
-    dtype: str = Field("auto", description="auto (bf16 on CUDA and on CPUs with native bf16, else fp32) | float32 | bfloat16 | float16")
+    assemble: str | None = Field(
+        None,
+        description="gguf-package: 'module:function' that writes the GGUF to a given path "
+        "(chunked packages)",
+    )
+    dtype: str = Field(
+        "auto",
+        description="auto (bf16 on CUDA and on CPUs with native bf16, else fp32) | float32 | "
+        "bfloat16 | float16",
+    )
     prompt_format: PromptFormat = Field(default_factory=PromptFormat)
     trust_remote_code: bool = Field(False, description="only when you trust the model repository")
     gpu_only: bool = Field(False, description="preset meant for GPU users (large model)")
@@ -46,7 +55,8 @@ def registry_names() -> list[str]:
 
 
 def resolve_target(name: str | None = None) -> TargetSpec:
-    """Registry name, local directory or hub id -> :class:`TargetSpec` (one-line error otherwise)."""
+    """Registry name, local directory or hub id -> :class:`TargetSpec` (one-line error
+    otherwise)."""
     name = name or DEFAULT_TARGET
     path = configs_dir() / "targets" / f"{name}.yaml"
     if path.is_file():
@@ -57,9 +67,21 @@ def resolve_target(name: str | None = None) -> TargetSpec:
     local = Path(name).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
-            raise PolyspecError(f"{local} is a directory but has no config.json (not a transformers model folder)")
-        fmt = PromptFormat() if _has_chat_template(local) else PromptFormat(kind="completion", stop=list(BASE_STOP))
-        return TargetSpec(name=local.resolve().name, source="hf", model_id=str(local.resolve()), dtype="auto", prompt_format=fmt)
+            raise PolyspecError(
+                f"{local} is a directory but has no config.json (not a transformers model folder)"
+            )
+        fmt = (
+            PromptFormat()
+            if _has_chat_template(local)
+            else PromptFormat(kind="completion", stop=list(BASE_STOP))
+        )
+        return TargetSpec(
+            name=local.resolve().name,
+            source="hf",
+            model_id=str(local.resolve()),
+            dtype="auto",
+            prompt_format=fmt,
+        )
     if _HF_ID.match(name):
         return TargetSpec(name=name, source="hf", model_id=name, dtype="auto")
     raise PolyspecError(
@@ -69,10 +91,17 @@ def resolve_target(name: str | None = None) -> TargetSpec:
 
 
 def _has_chat_template(model_dir: Path) -> bool:
-    """A local folder is a chat model when its tokenizer carries a chat template (else: base model)."""
-    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
+    """A local folder is a chat model when its tokenizer carries a chat template (else: base
+    model)."""
+    if (model_dir / "chat_template.jinja").is_file() or (
+        model_dir / "chat_template.json"
+    ).is_file():
         return True
     try:
-        return bool(json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
+        return bool(
+            json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8")).get(
+                "chat_template"
+            )
+        )
     except (OSError, json.JSONDecodeError):
         return False

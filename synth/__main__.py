@@ -1,7 +1,10 @@
-"""``python -m synth`` — ADASPEC Alg. 1 self-synthesis (default) and ``distill`` (Yi et al. 2024's self-distillation).
+"""``python -m synth`` — ADASPEC Alg. 1 self-synthesis (default) and ``distill`` (Yi et al. 2024's
+self-distillation).
 
-    python -m synth --lang vi --n 64 [--target gemma3-270m] [--run runs/default] [--engine vllm] [key=value ...]
-    python -m synth distill --lang vi [--prompts seeds|file.jsonl|org/dataset] [--temperatures 0,0.3,0.7,1]
+    python -m synth --lang vi --n 64 [--target gemma3-270m] [--run runs/default] [--engine vllm]
+        [key=value ...]
+    python -m synth distill --lang vi [--prompts seeds|file.jsonl|org/dataset]
+        [--temperatures 0,0.3,0.7,1]
 
 Trailing ``key.path=value`` arguments override the YAML config (``instruction.max_new_tokens=64``).
 Exit status: 0 when N pairs are kept, 3 when the attempt budget ran out first (what was kept stays).
@@ -20,7 +23,9 @@ from synth.config import DistillConfig, SynthConfig
 
 
 def _common(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--config", default=None, help="YAML config (default: configs/synth/default.yaml)")
+    ap.add_argument(
+        "--config", default=None, help="YAML config (default: configs/synth/default.yaml)"
+    )
     ap.add_argument("--lang")
     ap.add_argument("--target")
     ap.add_argument("--run")
@@ -32,8 +37,16 @@ def _common(ap: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace, extra: dict[str, str]) -> list[str]:
-    flags = {"lang": args.lang, "target": args.target, "run": args.run, "seed": args.seed,
-             "engine.name": args.engine, "engine.batch_size": args.batch_size, "engine.device": args.device, **extra}
+    flags = {
+        "lang": args.lang,
+        "target": args.target,
+        "run": args.run,
+        "seed": args.seed,
+        "engine.name": args.engine,
+        "engine.batch_size": args.batch_size,
+        "engine.device": args.device,
+        **extra,
+    }
     return [f"{k}={v}" for k, v in flags.items() if v is not None] + list(args.overrides)
 
 
@@ -41,17 +54,25 @@ def _overrides(args: argparse.Namespace, extra: dict[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["distill"]:
-        ap = argparse.ArgumentParser(prog="python -m synth distill", description=DistillConfig.__doc__)
+        ap = argparse.ArgumentParser(
+            prog="python -m synth distill", description=DistillConfig.__doc__
+        )
         _common(ap)
         ap.add_argument("--prompts")
         ap.add_argument("--temperatures", help="comma-separated, e.g. 0,0.3,0.7,1.0")
         ap.add_argument("--limit", type=int)
-        ap.add_argument("--continuation", action="store_true", help="free-text continuation (pretraining text)")
+        ap.add_argument(
+            "--continuation", action="store_true", help="free-text continuation (pretraining text)"
+        )
         ap.add_argument("--out-name")
         args = ap.parse_args(argv[1:])
-        extra = {"prompts": args.prompts, "limit": args.limit, "out_name": args.out_name,
-                 "temperatures": f"[{args.temperatures}]" if args.temperatures else None,
-                 "continuation": "true" if args.continuation else None}
+        extra = {
+            "prompts": args.prompts,
+            "limit": args.limit,
+            "out_name": args.out_name,
+            "temperatures": f"[{args.temperatures}]" if args.temperatures else None,
+            "continuation": "true" if args.continuation else None,
+        }
         path = args.config or configs_dir() / "synth" / "distill.yaml"
         cfg = load_config(DistillConfig, path, _overrides(args, extra))
         from synth.distill import run_distill
@@ -65,14 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-attempts", type=int)
     args = ap.parse_args(argv)
     path = args.config or configs_dir() / "synth" / "default.yaml"
-    cfg = load_config(SynthConfig, path, _overrides(args, {"n": args.n, "max_attempts": args.max_attempts}))
+    cfg = load_config(
+        SynthConfig, path, _overrides(args, {"n": args.n, "max_attempts": args.max_attempts})
+    )
     from synth.selfsynth import run_selfsynth
 
     stats = run_selfsynth(cfg)
     print(json.dumps(stats, indent=2, ensure_ascii=False))
     if not stats["complete"]:
         print(
-            f"synth: attempt budget spent ({stats['attempted']} attempts): kept {stats['accepted']} of {cfg.n} "
+            f"synth: attempt budget spent ({stats['attempted']} attempts): kept "
+            f"{stats['accepted']} of {cfg.n} "
             f"pairs in {cfg.run}/synth/{stats['lang']}/; raise max_attempts or rerun to continue",
             file=sys.stderr,
         )

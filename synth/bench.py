@@ -4,7 +4,8 @@ Same target, same prompts (the built-in seeds' instructions in every language, l
 response prompts), same sampling (T=1, EOS or max_new_tokens), one process; prints tokens/s of both
 and their ratio.
 
-    python -m synth.bench [--target gemma3-270m] [--prompts 16] [--batch-size 16] [--max-new-tokens 64]
+    python -m synth.bench [--target gemma3-270m] [--prompts 16] [--batch-size 16]
+        [--max-new-tokens 64]
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ from synth.engines import Request, TransformersEngine
 
 def bench_prompts(target, n: int) -> list[str]:
     fmt = target.spec.prompt_format
-    pool = [s.instruction for i in range(6) for c in builtin_codes() for s in get_language(c).seeds[i : i + 1]]
+    pool = [
+        s.instruction
+        for i in range(6)
+        for c in builtin_codes()
+        for s in get_language(c).seeds[i : i + 1]
+    ]
     return [render(fmt, target.tokenizer, [{"role": "user", "content": p}]) for p in pool[:n]]
 
 
-def one_at_a_time(target, prompts: list[str], max_new_tokens: int, seed: int = 0) -> tuple[int, float]:
+def one_at_a_time(
+    target, prompts: list[str], max_new_tokens: int, seed: int = 0
+) -> tuple[int, float]:
     """transformers ``generate`` per prompt (batch size 1), sampling at T=1."""
     fmt, tok, eos = target.spec.prompt_format, target.tokenizer, target.tokenizer.eos_token_id
     tokens, t0 = 0, time.perf_counter()
@@ -35,17 +43,29 @@ def one_at_a_time(target, prompts: list[str], max_new_tokens: int, seed: int = 0
         ids = torch.tensor([encode(fmt, tok, p)], device=target.device)
         torch.manual_seed(seed + i)
         with torch.inference_mode():
-            out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                                        top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
+            out = target.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tok.pad_token_id,
+            )
         new = out[0, ids.shape[1] :].tolist()
         tokens += new.index(eos) + 1 if eos in new else len(new)
     return tokens, time.perf_counter() - t0
 
 
-def batched(target, prompts: list[str], max_new_tokens: int, batch_size: int, seed: int = 0) -> tuple[int, float]:
+def batched(
+    target, prompts: list[str], max_new_tokens: int, batch_size: int, seed: int = 0
+) -> tuple[int, float]:
     engine = TransformersEngine(target, batch_size=batch_size)
     t0 = time.perf_counter()
-    res = engine.generate([Request(p, seed + i, 1.0, 1.0, max_new_tokens) for i, p in enumerate(prompts)])
+    res = engine.generate(
+        [Request(p, seed + i, 1.0, 1.0, max_new_tokens) for i, p in enumerate(prompts)]
+    )
     return sum(r.num_tokens for r in res), time.perf_counter() - t0
 
 
@@ -71,9 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "one_at_a_time": {"tokens": n1, "seconds": round(s1, 2), "tokens_per_s": round(n1 / s1, 1)},
-        "batched": {"batch_size": args.batch_size, "tokens": nb, "seconds": round(sb, 2), "tokens_per_s": round(nb / sb, 1)},
+        "batched": {
+            "batch_size": args.batch_size,
+            "tokens": nb,
+            "seconds": round(sb, 2),
+            "tokens_per_s": round(nb / sb, 1),
+        },
     }
-    result["speedup"] = round(result["batched"]["tokens_per_s"] / result["one_at_a_time"]["tokens_per_s"], 2)
+    result["speedup"] = round(
+        result["batched"]["tokens_per_s"] / result["one_at_a_time"]["tokens_per_s"], 2
+    )
     print(f"one-at-a-time generate: {n1} tokens in {s1:.1f}s = {n1 / s1:.1f} tok/s")
     print(f"batched engine (bs={args.batch_size}): {nb} tokens in {sb:.1f}s = {nb / sb:.1f} tok/s")
     print(f"ratio batched / one-at-a-time: {result['speedup']:.2f}x")

@@ -1,17 +1,22 @@
 """Synthesis on both engines, same prompts: tok/s of each and how far their answers agree.
 
-    python -m synth.compare_engines --target smollm2-135m-instruct --lang en --out runs/x/engines-compare
-        [--prompts pool] [--limit 64] [--temperatures 0] [--dtype float32] [--batch-size 32] [--eager]
+    python -m synth.compare_engines --target smollm2-135m-instruct --lang en
+        --out runs/x/engines-compare [--prompts pool] [--limit 64] [--temperatures 0]
+        [--dtype float32] [--batch-size 32] [--eager]
 
-Runs ``synth distill`` (on-policy answers with captured features, as every profile's ``distill:<lang>``) into
-``<out>/transformers/`` and ``<out>/vllm/`` on the same prompts and settings, then compares:
+Runs ``synth distill`` (on-policy answers with captured features, as every profile's
+``distill:<lang>``) into ``<out>/transformers/`` and ``<out>/vllm/`` on the same prompts and
+settings, then compares:
 
-- tok/s: generated tokens / seconds of each engine's own ``generate`` calls (``engine_seconds_this_session``), and
-  with the feature capture (vLLM: the target's prefill over the answers) — the ``distill`` stage's whole batches;
-- agreement of the greedy (T = 0) answers: identical token ids, or the first divergent position and the target's
-  logit margin there (its own fp32 forward over the common prefix: the transformers engine's token's logit − vLLM's).
+- tok/s: generated tokens / seconds of each engine's own ``generate`` calls
+  (``engine_seconds_this_session``), and with the feature capture (vLLM: the target's prefill over
+  the answers) — the ``distill`` stage's whole batches;
+- agreement of the greedy (T = 0) answers: identical token ids, or the first divergent position and
+  the target's logit margin there (its own fp32 forward over the common prefix: the transformers
+  engine's token's logit − vLLM's).
 
-Writes ``<out>/compare.json`` and ``<out>/compare.md``. vLLM's start-up is reported apart (not in tok/s).
+Writes ``<out>/compare.json`` and ``<out>/compare.md``. vLLM's start-up is reported apart (not in
+tok/s).
 """
 
 from __future__ import annotations
@@ -36,11 +41,27 @@ ENGINES = ("transformers", "vllm")
 
 
 def distill_with(engine: str, a: argparse.Namespace) -> Path:
-    cfg = validate(DistillConfig, {
-        "lang": a.lang, "target": a.target, "run": str(Path(a.out) / engine), "prompts": a.prompts, "limit": a.limit,
-        "temperatures": a.temperatures, "out_name": "distill", "capture_features": True, "feature_layers": "eagle3",
-        "sampling": {"max_new_tokens": a.max_new_tokens},
-        "engine": {"name": engine, "dtype": a.dtype, "batch_size": a.batch_size, "enforce_eager": a.eager}})
+    cfg = validate(
+        DistillConfig,
+        {
+            "lang": a.lang,
+            "target": a.target,
+            "run": str(Path(a.out) / engine),
+            "prompts": a.prompts,
+            "limit": a.limit,
+            "temperatures": a.temperatures,
+            "out_name": "distill",
+            "capture_features": True,
+            "feature_layers": "eagle3",
+            "sampling": {"max_new_tokens": a.max_new_tokens},
+            "engine": {
+                "name": engine,
+                "dtype": a.dtype,
+                "batch_size": a.batch_size,
+                "enforce_eager": a.eager,
+            },
+        },
+    )
     run_distill(cfg)
     return Path(cfg.run) / "synth" / f"{a.lang}-distill"
 
@@ -86,36 +107,61 @@ def compare(folders: dict[str, Path], target) -> dict:
 def engine_stats(folder: Path) -> dict:
     st = read_json_or_none(folder / "stats.json") or {}
     eng = st.get("engine_seconds_this_session") or 0.0
-    return {"tokens": st.get("tokens"), "engine_seconds": eng, "tok_s": round(st["tokens"] / eng, 1) if eng else None,
-            "capture_seconds": st.get("capture_seconds_this_session"), "stage_seconds": st.get("seconds"),
-            "stage_tok_s": st.get("tokens_per_second"), "records": st.get("accepted"), "version": st.get("engine_version")}
+    return {
+        "tokens": st.get("tokens"),
+        "engine_seconds": eng,
+        "tok_s": round(st["tokens"] / eng, 1) if eng else None,
+        "capture_seconds": st.get("capture_seconds_this_session"),
+        "stage_seconds": st.get("seconds"),
+        "stage_tok_s": st.get("tokens_per_second"),
+        "records": st.get("accepted"),
+        "version": st.get("engine_version"),
+    }
 
 
 def markdown(rep: dict) -> str:
     t, v = rep["engines"]["transformers"], rep["engines"]["vllm"]
     c = rep["agreement"]
     worst = max((abs(d["margin"]) for d in c["divergences"] if "margin" in d), default=None)
-    return "\n".join([
-        f"# Synthesis engines — {rep['target']} ({rep['lang']}, {rep['dtype']}, {rep['host']})", "",
-        f"{rep['prompts']} prompts × T {rep['temperatures']}, max {rep['max_new_tokens']} new tokens, batch "
-        f"{rep['batch_size']}, features captured.", "",
-        "| engine | tokens | generate tok/s | with capture (stage) tok/s |", "|---|---|---|---|",
-        f"| transformers | {t['tokens']} | {t['tok_s']} | {t['stage_tok_s']} |",
-        f"| vLLM {v.get('version') or ''} | {v['tokens']} | {v['tok_s']} | {v['stage_tok_s']} "
-        f"(prefill {v['capture_seconds']} s) |", "",
-        f"Greedy answers identical: {c['identical']}/{c['greedy_answers']}"
-        + (f"; the largest logit margin at a divergence {worst:.3f}" if worst is not None else "") + ".", ""])
+    return "\n".join(
+        [
+            f"# Synthesis engines — {rep['target']} ({rep['lang']}, {rep['dtype']}, {rep['host']})",
+            "",
+            f"{rep['prompts']} prompts × T {rep['temperatures']}, max {rep['max_new_tokens']} new "
+            "tokens, batch "
+            f"{rep['batch_size']}, features captured.",
+            "",
+            "| engine | tokens | generate tok/s | with capture (stage) tok/s |",
+            "|---|---|---|---|",
+            f"| transformers | {t['tokens']} | {t['tok_s']} | {t['stage_tok_s']} |",
+            f"| vLLM {v.get('version') or ''} | {v['tokens']} | {v['tok_s']} | {v['stage_tok_s']} "
+            f"(prefill {v['capture_seconds']} s) |",
+            "",
+            f"Greedy answers identical: {c['identical']}/{c['greedy_answers']}"
+            + (
+                f"; the largest logit margin at a divergence {worst:.3f}"
+                if worst is not None
+                else ""
+            )
+            + ".",
+            "",
+        ]
+    )
 
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m synth.compare_engines", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m synth.compare_engines", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--target", default="gemma3-270m")
     ap.add_argument("--lang", default="en")
     ap.add_argument("--out", required=True)
     ap.add_argument("--prompts", default="pool")
     ap.add_argument("--limit", type=int, default=64)
-    ap.add_argument("--temperatures", default="0", help="comma-separated; agreement is read on T = 0")
+    ap.add_argument(
+        "--temperatures", default="0", help="comma-separated; agreement is read on T = 0"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=192)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -123,13 +169,24 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     a.temperatures = [float(x) for x in a.temperatures.split(",") if x.strip()]
     if 0.0 not in a.temperatures:
-        raise PolyspecError("--temperatures must include 0: agreement is read on the greedy answers")
+        raise PolyspecError(
+            "--temperatures must include 0: agreement is read on the greedy answers"
+        )
     vllm_python()  # no vLLM: one line before the transformers run
     folders = {e: distill_with(e, a) for e in ENGINES}
     target = load_target(a.target, device="cpu", dtype="float32")
-    rep = {"target": target.spec.name, "lang": a.lang, "dtype": a.dtype, "host": host_kind(), "prompts": a.limit,
-           "temperatures": a.temperatures, "max_new_tokens": a.max_new_tokens, "batch_size": a.batch_size,
-           "engines": {e: engine_stats(f) for e, f in folders.items()}, "agreement": compare(folders, target)}
+    rep = {
+        "target": target.spec.name,
+        "lang": a.lang,
+        "dtype": a.dtype,
+        "host": host_kind(),
+        "prompts": a.limit,
+        "temperatures": a.temperatures,
+        "max_new_tokens": a.max_new_tokens,
+        "batch_size": a.batch_size,
+        "engines": {e: engine_stats(f) for e, f in folders.items()},
+        "agreement": compare(folders, target),
+    }
     out = Path(a.out)
     atomic_write_json(out / "compare.json", rep)
     atomic_write_text(out / "compare.md", markdown(rep))

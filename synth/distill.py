@@ -1,11 +1,11 @@
-"""Self-distillation (Yi et al. 2024, Appendix F.2): the target answers given prompts at several temperatures
-(default 0, 0.3, 0.7, 1.0) so a drafter learns the target's own output distribution.
+"""Self-distillation (Yi et al. 2024, Appendix F.2): the target answers given prompts at several
+temperatures (default 0, 0.3, 0.7, 1.0) so a drafter learns the target's own output distribution.
 
 Prompts come from a jsonl file (``{"instruction": …}`` or ShareGPT ``conversations``, e.g. a synth
-``data.jsonl``), from an HF dataset when online, or from ``seeds``: the built-in language seeds. With
-``continuation: true`` the target continues raw text (no prompt format): the offline pretraining corpus
-for small-LM drafters. Output: ``<run>/synth/<lang>-<out_name>/`` with the synth schema and
-``source: self-distill`` (plus ``text`` = prompt + continuation in continuation mode).
+``data.jsonl``), from an HF dataset when online, or from ``seeds``: the built-in language seeds.
+With ``continuation: true`` the target continues raw text (no prompt format): the offline
+pretraining corpus for small-LM drafters. Output: ``<run>/synth/<lang>-<out_name>/`` with the synth
+schema and ``source: self-distill`` (plus ``text`` = prompt + continuation in continuation mode).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from synth.store import SynthStore
 
 
 def load_prompts(cfg: DistillConfig) -> list:
-    """The prompts in a stable order: message lists (``[{"role": "user", "content": …}, …]``), or plain texts in
-    continuation mode. ``pool``: the language's broad prompt pool (synth/pool.py); ``heldout``: its held-out
-    prompts (never trained on: the training score and coverage read their greedy answers)."""
+    """The prompts in a stable order: message lists (``[{"role": "user", "content": …}, …]``), or
+    plain texts in continuation mode. ``pool``: the language's broad prompt pool (synth/pool.py);
+    ``heldout``: its held-out prompts (never trained on: the training score and coverage read their
+    greedy answers)."""
     src = cfg.prompts
     if src in ("pool", "heldout") and not cfg.continuation:
         from synth.pool import build_pool, load_heldout
@@ -50,12 +51,18 @@ def load_prompts(cfg: DistillConfig) -> list:
     if src == "seeds":
         lang = get_language(cfg.lang)
         if cfg.continuation:  # openings of every seed text: varied starting points for free text
-            texts = [lang.system_prompt] + [t for s in lang.seeds for t in (s.instruction, s.response)]
+            texts = [lang.system_prompt] + [
+                t for s in lang.seeds for t in (s.instruction, s.response)
+            ]
             prompts = [_opening(t) for t in texts] + texts
         else:
             prompts = [s.instruction for s in lang.seeds]
     elif Path(src).is_file():
-        prompts = [p for p in (_prompt_of(rec, cfg.prompt_field) for rec in read_jsonl(src, strict=True)) if p]
+        prompts = [
+            p
+            for p in (_prompt_of(rec, cfg.prompt_field) for rec in read_jsonl(src, strict=True))
+            if p
+        ]
     elif "/" in src:  # an HF dataset id (online users)
         prompts = _hf_prompts(src, cfg)
     else:
@@ -69,40 +76,80 @@ def load_prompts(cfg: DistillConfig) -> list:
 def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = None) -> dict:
     lang = get_language(cfg.lang)
     prompts = load_prompts(cfg)
-    target, engine = open_engine(cfg.engine, cfg.target, target, engine, need_model=cfg.capture_features)
+    target, engine = open_engine(
+        cfg.engine, cfg.target, target, engine, need_model=cfg.capture_features
+    )
     fmt = target.spec.prompt_format
     temps = cfg.temperatures
     out_dir = Path(cfg.run) / "synth" / f"{lang.code}-{cfg.out_name}"
     aux = eagle3_layers(target.num_layers) if cfg.feature_layers == "eagle3" else []
-    args = {**cfg.model_dump(include={"seed", "temperatures", "continuation", "sampling", "capture_features",
-                                      "lid_filter"}),
-            "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest(),
-            "batch": cfg.engine.batch_size, "per_commit": cfg.batches_per_commit, "tokenizer": target.tokenizer_sha256}
+    args = {
+        **cfg.model_dump(
+            include={
+                "seed",
+                "temperatures",
+                "continuation",
+                "sampling",
+                "capture_features",
+                "lid_filter",
+            }
+        ),
+        "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest(),
+        "batch": cfg.engine.batch_size,
+        "per_commit": cfg.batches_per_commit,
+        "tokenizer": target.tokenizer_sha256,
+    }
     if cfg.capture_features:
         args["aux_layers"] = aux
-    store = SynthStore(out_dir, hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16])
-    meta = {"target": target.spec.name, "tokenizer": target.tokenizer_sha256, "aux_layers": json.dumps(aux or None)}
+    store = SynthStore(
+        out_dir, hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+    )
+    meta = {
+        "target": target.spec.name,
+        "tokenizer": target.tokenizer_sha256,
+        "aux_layers": json.dumps(aux or None),
+    }
     capture = cfg.capture_features
     total = len(prompts) * len(temps)  # attempt a = prompt index * len(temps) + temperature index
     stop = [] if cfg.continuation else fmt.stop
     wall = time.perf_counter()
-    bar = tqdm(total=total, initial=store.next_attempt, desc=f"distill {lang.code}", unit="sample", dynamic_ncols=True)
+    bar = tqdm(
+        total=total,
+        initial=store.next_attempt,
+        desc=f"distill {lang.code}",
+        unit="sample",
+        dynamic_ncols=True,
+    )
     histories = _EarlierTurns(engine, target, prompts, temps, cfg, stop, total)
     while store.next_attempt < total:
         t_batch = time.perf_counter()
-        # one engine call per commit: its rows are refilled from its waiting prompts (continuous batching)
-        attempts = list(range(store.next_attempt, min(store.next_attempt + cfg.engine.batch_size * cfg.batches_per_commit,
-                                                      total)))
+        # one engine call per commit: its rows are refilled from its waiting prompts (continuous
+        # batching)
+        attempts = list(
+            range(
+                store.next_attempt,
+                min(store.next_attempt + cfg.engine.batch_size * cfg.batches_per_commit, total),
+            )
+        )
         asked = {a: prompts[a // len(temps)] for a in attempts}
         earlier_nll: dict[int, list] = {}
-        if not cfg.continuation:  # multi-turn: the target's own answers to the earlier turns become the history
+        # multi-turn: the target's own answers to the earlier turns become the history
+        if not cfg.continuation:
             asked, earlier_nll = histories.get(attempts)
         reqs = []
         for a in attempts:
             p, t = asked[a], temps[a % len(temps)]
             text = p if cfg.continuation else render(fmt, target.tokenizer, p)
-            reqs.append(Request(text, derive_seed(cfg.seed, a, "distill"), t, cfg.sampling.top_p,
-                                cfg.sampling.max_new_tokens, stop))
+            reqs.append(
+                Request(
+                    text,
+                    derive_seed(cfg.seed, a, "distill"),
+                    t,
+                    cfg.sampling.top_p,
+                    cfg.sampling.max_new_tokens,
+                    stop,
+                )
+            )
         results = engine.generate(reqs, capture=aux if capture else None)
         accepted, rejected, rows = [], [], {}
         shard = f"features/a{attempts[0]:07d}.safetensors"
@@ -116,7 +163,9 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
                 "lang": lang.code,
                 "source": "self-distill",
                 "temperature": t,
-                "conversations": _conversation(p, resp, cfg.continuation, [*earlier_nll.get(a, []), r.nll]),
+                "conversations": _conversation(
+                    p, resp, cfg.continuation, [*earlier_nll.get(a, []), r.nll]
+                ),
                 "lid": {"label": label, "prob": round(prob, 4)},
                 "target": target.spec.name,
                 "attempt": a,
@@ -126,8 +175,9 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
             if cfg.continuation:
                 rec["text"] = p + r.text
             reason = None if resp else "empty_response"
-            if reason is None and cfg.lid_filter and not cfg.continuation and t > 0:  # greedy answers are the
-                # decoder's own path (math, code, loops in any script): kept whatever their language
+            # greedy answers are the decoder's own path (math, code, loops in any script): kept
+            # whatever their language
+            if reason is None and cfg.lid_filter and not cfg.continuation and t > 0:
                 reason = _off_language(lang, question, resp)
             if reason:
                 rejected.append({**rec, "reason": reason})
@@ -139,8 +189,10 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
         if rows:  # the shard lands before the records that name it (a resume rewrites it)
             used = disk_bytes(out_dir)
             if used > cfg.max_feature_gb * 2**30:
-                tqdm.write(f"distill {lang.code}: features use {used / 2**30:.1f} GB > max_feature_gb "
-                           f"{cfg.max_feature_gb}: capture stops, records go on")
+                tqdm.write(
+                    f"distill {lang.code}: features use {used / 2**30:.1f} GB > max_feature_gb "
+                    f"{cfg.max_feature_gb}: capture stops, records go on"
+                )
                 capture = False
                 for rec in accepted:
                     rec.pop("features_file", None)
@@ -148,47 +200,78 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
                 write_shard(out_dir / shard, rows, meta)
         store.commit(accepted, rejected, attempts[-1] + 1, seconds=time.perf_counter() - t_batch)
         bar.update(len(attempts))
-        if cfg.max_seconds is not None and time.perf_counter() - wall > cfg.max_seconds and store.next_attempt < total:
-            tqdm.write(f"distill {lang.code}: max_seconds {cfg.max_seconds:g} passed at attempt {store.next_attempt:,} "
-                       f"of {total:,}: stopping here (a rerun goes on)")
+        if (
+            cfg.max_seconds is not None
+            and time.perf_counter() - wall > cfg.max_seconds
+            and store.next_attempt < total
+        ):
+            tqdm.write(
+                f"distill {lang.code}: max_seconds {cfg.max_seconds:g} passed at attempt "
+                f"{store.next_attempt:,} "
+                f"of {total:,}: stopping here (a rerun goes on)"
+            )
             break
     bar.close()
-    stats = store.write_stats({"lang": lang.code, "target": target.spec.name, "prompts": len(prompts),
-                               "temperatures": temps, "complete": store.next_attempt >= total,
-                               "feature_bytes": disk_bytes(out_dir), "wall_seconds_this_session":
-                               round(time.perf_counter() - wall, 1), **engine_record(cfg.engine, engine)})
-    tqdm.write(f"distill {lang.code}: {stats['accepted']} records, {stats['tokens']} tokens at "
-               f"{stats['tokens_per_second']} tok/s (generation {stats['seconds']} s), features "
-               f"{stats['feature_bytes'] / 2**20:.0f} MB in {out_dir}")
+    stats = store.write_stats(
+        {
+            "lang": lang.code,
+            "target": target.spec.name,
+            "prompts": len(prompts),
+            "temperatures": temps,
+            "complete": store.next_attempt >= total,
+            "feature_bytes": disk_bytes(out_dir),
+            "wall_seconds_this_session": round(time.perf_counter() - wall, 1),
+            **engine_record(cfg.engine, engine),
+        }
+    )
+    tqdm.write(
+        f"distill {lang.code}: {stats['accepted']} records, {stats['tokens']} tokens at "
+        f"{stats['tokens_per_second']} tok/s (generation {stats['seconds']} s), features "
+        f"{stats['feature_bytes'] / 2**20:.0f} MB in {out_dir}"
+    )
     return stats
 
 
 class _EarlierTurns:
-    """The histories of multi-turn attempts, answered a window of ``WINDOW_BATCHES`` batches at a time.
+    """The histories of multi-turn attempts, answered a window of ``WINDOW_BATCHES`` batches at a
+    time.
 
-    A multi-turn prompt is one pool prompt in ~9 (2 attempts in ~17), so per batch its earlier turns were a
-    forward of 1–3 rows for up to max_new_tokens steps: on the AVX2 host ~12 s of a ~60 s batch of 32 (cProfile,
-    vi pool) for ~1 % of the tokens. A window's multi-turn attempts are answered together instead; windows are
-    fixed spans of attempt ids, so a resumed run answers exactly the batches an uninterrupted one does."""
+    A multi-turn prompt is one pool prompt in ~9 (2 attempts in ~17), so per batch its earlier turns
+    were a forward of 1–3 rows for up to max_new_tokens steps: on the AVX2 host ~12 s of a ~60 s
+    batch of 32 (cProfile, vi pool) for ~1 % of the tokens. A window's multi-turn attempts are
+    answered together instead; windows are fixed spans of attempt ids, so a resumed run answers
+    exactly the batches an uninterrupted one does."""
 
     WINDOW_BATCHES = 16
 
-    def __init__(self, engine, target, prompts: list, temps: list[float], cfg, stop: list[str], total: int):
-        self.engine, self.target, self.prompts, self.temps, self.cfg, self.stop = engine, target, prompts, temps, cfg, stop
+    def __init__(
+        self, engine, target, prompts: list, temps: list[float], cfg, stop: list[str], total: int
+    ):
+        self.engine, self.target, self.prompts, self.temps, self.cfg, self.stop = (
+            engine,
+            target,
+            prompts,
+            temps,
+            cfg,
+            stop,
+        )
         self.total, self.window = total, cfg.engine.batch_size * self.WINDOW_BATCHES
         self.asked: dict[int, list] = {}
         self.nlls: dict[int, list] = {}
         self.done: set[int] = set()
 
     def prompt(self, a: int) -> list:
-        return self.prompts[a // len(self.temps)]  # attempt a = prompt index * len(temps) + temperature index
+        # attempt a = prompt index * len(temps) + temperature index
+        return self.prompts[a // len(self.temps)]
 
     def get(self, attempts: list[int]) -> tuple[dict, dict]:
         for w in sorted({a // self.window for a in attempts} - self.done):
             span = range(w * self.window, min((w + 1) * self.window, self.total))
             multi = {a: self.prompt(a) for a in span if len(self.prompt(a)) > 1}
             if multi:
-                asked, nlls = _answer_earlier_turns(self.engine, self.target, multi, self.temps, self.cfg, self.stop)
+                asked, nlls = _answer_earlier_turns(
+                    self.engine, self.target, multi, self.temps, self.cfg, self.stop
+                )
                 self.asked.update(asked)
                 self.nlls.update(nlls)
             self.done.add(w)
@@ -196,13 +279,17 @@ class _EarlierTurns:
         return asked, {a: self.nlls.pop(a) for a in attempts if a in self.nlls}
 
 
-def _answer_earlier_turns(engine, target, asked: dict, temps: list[float], cfg, stop: list[str]) -> tuple[dict, dict]:
-    """Prompts with several user turns (synth/pool.py multiturn): each earlier turn is answered by the target
-    at the attempt's temperature (its own seed stream) and put into the history before the next turn."""
+def _answer_earlier_turns(
+    engine, target, asked: dict, temps: list[float], cfg, stop: list[str]
+) -> tuple[dict, dict]:
+    """Prompts with several user turns (synth/pool.py multiturn): each earlier turn is answered by
+    the target at the attempt's temperature (its own seed stream) and put into the history before
+    the next turn."""
     fmt, out = target.spec.prompt_format, {}
     todo = {a: list(p) for a, p in asked.items()}
     history = {a: [] for a in asked}
-    nlls: dict[int, list] = {a: [] for a in asked}  # each generated earlier answer's NLL (Result.nll)
+    # each generated earlier answer's NLL (Result.nll)
+    nlls: dict[int, list] = {a: [] for a in asked}
     while True:
         pending = [a for a, p in todo.items() if len(p) > 1]
         if not pending:
@@ -210,10 +297,21 @@ def _answer_earlier_turns(engine, target, asked: dict, temps: list[float], cfg, 
         reqs = []
         for a in pending:
             msgs = history[a] + [todo[a][0]]
-            reqs.append(Request(render(fmt, target.tokenizer, msgs), derive_seed(cfg.seed, a, f"turn{len(history[a])}"),
-                                temps[a % len(temps)], cfg.sampling.top_p, cfg.sampling.max_new_tokens, stop))
+            reqs.append(
+                Request(
+                    render(fmt, target.tokenizer, msgs),
+                    derive_seed(cfg.seed, a, f"turn{len(history[a])}"),
+                    temps[a % len(temps)],
+                    cfg.sampling.top_p,
+                    cfg.sampling.max_new_tokens,
+                    stop,
+                )
+            )
         for a, r in zip(pending, engine.generate(reqs)):
-            history[a] += [todo[a].pop(0), {"role": "assistant", "content": strip_leakage(r.text, fmt.stop)}]
+            history[a] += [
+                todo[a].pop(0),
+                {"role": "assistant", "content": strip_leakage(r.text, fmt.stop)},
+            ]
             nlls[a].append(r.nll)
     for a, p in todo.items():
         out[a] = history[a] + p
@@ -221,30 +319,41 @@ def _answer_earlier_turns(engine, target, asked: dict, temps: list[float], cfg, 
 
 
 def _conversation(p, resp: str, continuation: bool, nlls: list | None = None) -> list[dict]:
-    """ShareGPT turns: every message asked (multi-turn prompts carry earlier turns) + the target's answer.
-    ``nlls``: the generated gpt turns' NLLs in order (the target's own answers); each gpt turn the target
-    wrote carries its ``nll`` (mean per token, given the conversation before it) when the engine gave one."""
+    """ShareGPT turns: every message asked (multi-turn prompts carry earlier turns) + the target's
+    answer. ``nlls``: the generated gpt turns' NLLs in order (the target's own answers); each gpt
+    turn the target wrote carries its ``nll`` (mean per token, given the conversation before it)
+    when the engine gave one."""
     if continuation:
         turns = [{"from": "human", "value": p}, {"from": "gpt", "value": resp}]
     else:
-        turns = [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in p
-                 if m["role"] != "system"] + [{"from": "gpt", "value": resp}]
+        turns = [
+            {"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]}
+            for m in p
+            if m["role"] != "system"
+        ] + [{"from": "gpt", "value": resp}]
     gpt = [t for t in turns if t["from"] == "gpt"]
-    for t, v in zip(gpt[len(gpt) - len(nlls or []):], nlls or []):  # the last len(nlls) gpt turns are generated
+    # the last len(nlls) gpt turns are generated
+    for t, v in zip(gpt[len(gpt) - len(nlls or []) :], nlls or []):
         if v is not None:
             t["nll"] = round(float(v), 5)
     return turns
 
 
 def _off_language(lang, asked: str, resp: str) -> str | None:
-    """An answer confidently in another language to a prompt in the language (a request to translate into
-    another language is asked in the language but answered in the other: its prompt names that language and
-    stays unfiltered only through the LID of the prompt's first line, which is the instruction)."""
+    """An answer confidently in another language to a prompt in the language (a request to translate
+    into another language is asked in the language but answered in the other: its prompt names that
+    language and stays unfiltered only through the LID of the prompt's first line, which is the
+    instruction)."""
     if len(resp) < 24:
         return None
     p_label, _ = identify(asked)
     label, prob = identify(resp)
-    if p_label == lang.lid_code and label != lang.lid_code and prob >= lang.lid_threshold and not _is_translation(asked):
+    if (
+        p_label == lang.lid_code
+        and label != lang.lid_code
+        and prob >= lang.lid_threshold
+        and not _is_translation(asked)
+    ):
         return f"lid_{label}"
     return None
 

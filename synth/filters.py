@@ -14,7 +14,8 @@ from synth.config import FilterConfig
 # chat role tags that leak into text: everything from the first one on is dropped.
 _LEAK = re.compile(
     r"(^|\n)\s*###\s*[^\n#]{1,40}:"  # "### Feedback:" on a line of its own
-    r"|<\|(im_start|im_end|user|assistant|system|end|eot_id|start_header_id)\|>|<(start|end)_of_turn>"
+    r"|<\|(im_start|im_end|user|assistant|system|end|eot_id|start_header_id)\|>"
+    r"|<(start|end)_of_turn>"
 )
 
 
@@ -70,7 +71,9 @@ def check_response(response: str, finished: bool, cfg: FilterConfig) -> str | No
     return None
 
 
-def check_language(instruction: str, response: str, lid_code: str, threshold: float) -> tuple[str | None, dict]:
+def check_language(
+    instruction: str, response: str, lid_code: str, threshold: float
+) -> tuple[str | None, dict]:
     """Alg. 1 line 16: LID on I ⊕ R; keep only label ℓ with probability ≥ θ."""
     label, prob = identify(instruction + "\n" + response)
     lid = {"label": label, "prob": round(prob, 4)}

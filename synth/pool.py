@@ -1,25 +1,27 @@
 """The prompt pool for on-policy distillation, and the disjoint held-out prompts.
 
-Per language the target answers (``python -m synth distill``) a broad pool of prompts, in this stable,
-interleaved order of kinds (round robin, so that ``limit`` keeps every kind that has prompts):
+Per language the target answers (``python -m synth distill``) a broad pool of prompts, in this
+stable, interleaved order of kinds (round robin, so that ``limit`` keeps every kind that has
+prompts):
 
-- ``instruction``: the self-synthesized instructions of ADASPEC Alg. 1, the human turn of ``conversations`` in
-  ``{run}/synth/{lang}/data.jsonl`` (or ``synth_file``), when that file exists;
+- ``instruction``: the self-synthesized instructions of ADASPEC Alg. 1, the human turn of
+  ``conversations`` in ``{run}/synth/{lang}/data.jsonl`` (or ``synth_file``), when that file exists;
 - ``seed``: the language seeds' instructions (``configs/languages/<lang>.yaml``);
-- the benchmark's kinds, filled from ``synth/data/tasks/<lang>.yaml`` (written in the language): ``qa``,
-  ``rag`` and ``summarization`` (every template × every passage), ``translation`` (an English passage into
-  the language, and the language's passage into English; English itself translates the other built-in
-  languages' passages), ``math``, ``code`` and ``multiturn``.
+- the benchmark's kinds, filled from ``synth/data/tasks/<lang>.yaml`` (written in the language):
+  ``qa``, ``rag`` and ``summarization`` (every template × every passage), ``translation`` (an
+  English passage into the language, and the language's passage into English; English itself
+  translates the other built-in languages' passages), ``math``, ``code`` and ``multiturn``.
 
-A prompt is a list of **user** messages, one per turn. Single-turn prompts have one; a ``multiturn`` prompt
-has two (a question, then a follow-up such as "explain that more simply"). The caller answers the turns in
-order, putting the target's own answer to each turn into the history before the next one — the way the
-decoder's benchmark runs multi-turn questions — so every assistant turn the drafter trains on is on-policy
-(no fixed, off-policy answer is ever inserted).
+A prompt is a list of **user** messages, one per turn. Single-turn prompts have one; a ``multiturn``
+prompt has two (a question, then a follow-up such as "explain that more simply"). The caller answers
+the turns in order, putting the target's own answer to each turn into the history before the next
+one — the way the decoder's benchmark runs multi-turn questions — so every assistant turn the
+drafter trains on is on-policy (no fixed, off-policy answer is ever inserted).
 
-``synth/data/heldout.jsonl`` holds 24 prompts per language (3–5 each of qa, rag, summarization, translation, code, math) (``{id, lang, category, turns}``) for scoring
-drafters during training; :func:`load_heldout` reads them. :func:`build_pool` drops every prompt with a turn
-equal (whitespace-normalized) to a held-out turn or a turn of the built-in benchmark
+``synth/data/heldout.jsonl`` holds 24 prompts per language (3–5 each of qa, rag, summarization,
+translation, code, math) (``{id, lang, category, turns}``) for scoring drafters during training;
+:func:`load_heldout` reads them. :func:`build_pool` drops every prompt with a turn equal
+(whitespace-normalized) to a held-out turn or a turn of the built-in benchmark
 (``decoder/data/mini_multispecbench.jsonl``), so neither is ever trained on.
 """
 
@@ -35,19 +37,37 @@ from pydantic import Field, field_validator
 
 from polyspec.config import StrictModel, read_yaml, validate
 from polyspec.errors import PolyspecError
-from polyspec.heldout import HELDOUT, HELDOUT_CATEGORIES, HeldoutPrompt, heldout_all, load_heldout  # noqa: F401  (re-exported)
+from polyspec.heldout import (  # noqa: F401  (re-exported)
+    HELDOUT,
+    HELDOUT_CATEGORIES,
+    HeldoutPrompt,
+    heldout_all,
+    load_heldout,
+)
 from polyspec.io import read_jsonl
 from polyspec.languages import builtin_codes, get_language
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TASKS_DIR = DATA_DIR / "tasks"
-KINDS = ("instruction", "seed", "qa", "rag", "summarization", "translation", "math", "code", "multiturn")
+KINDS = (
+    "instruction",
+    "seed",
+    "qa",
+    "rag",
+    "summarization",
+    "translation",
+    "math",
+    "code",
+    "multiturn",
+)
 
 
 def _needs(template: str, *fields: str) -> str:
     missing = [f for f in fields if "{" + f + "}" not in template]
     if missing:
-        raise ValueError(f"template {template[:40]!r} lacks {', '.join('{' + f + '}' for f in missing)}")
+        raise ValueError(
+            f"template {template[:40]!r} lacks {', '.join('{' + f + '}' for f in missing)}"
+        )
     return template
 
 
@@ -59,8 +79,12 @@ class Passage(StrictModel):
 class Templates(StrictModel):
     rag: list[str] = Field(min_length=1, description="each with {passage} and {question}")
     summarization: list[str] = Field(min_length=1, description="each with {passage}")
-    translation_into: str = Field(description="into this language, with {passage} from translation_sources")
-    translation_out_of: str | None = Field(None, description="this language's {passage} into English")
+    translation_into: str = Field(
+        description="into this language, with {passage} from translation_sources"
+    )
+    translation_out_of: str | None = Field(
+        None, description="this language's {passage} into English"
+    )
 
     @field_validator("rag")
     @classmethod
@@ -82,8 +106,12 @@ class TaskFile(StrictModel):
     """``synth/data/tasks/<lang>.yaml``."""
 
     lang: str
-    translation_sources: list[str] = Field(["en"], min_length=1, description="languages whose passages "
-                                           "translation_into translates (passage i from source i mod n)")
+    translation_sources: list[str] = Field(
+        ["en"],
+        min_length=1,
+        description="languages whose passages "
+        "translation_into translates (passage i from source i mod n)",
+    )
     templates: Templates
     passages: list[Passage] = Field(min_length=24)
     qa: list[str] = Field(min_length=30)
@@ -115,7 +143,8 @@ def _norm(text: str) -> str:
 
 @functools.lru_cache(maxsize=16)
 def load_tasks(lang: str) -> TaskFile | None:
-    """The validated task file of ``lang`` (None when the language has none, e.g. a translated language)."""
+    """The validated task file of ``lang`` (None when the language has none, e.g. a translated
+    language)."""
     path = TASKS_DIR / f"{lang}.yaml"
     if not path.is_file():
         return None
@@ -137,10 +166,16 @@ def task_prompts(lang: str) -> dict[str, list[PoolPrompt]]:
 
     out = {
         "qa": [one("qa", q) for q in tasks.qa],
-        "rag": [one("rag", tpl.replace("{passage}", p.text).replace("{question}", p.question))
-                for tpl in t.rag for p in tasks.passages],
-        "summarization": [one("summarization", tpl.replace("{passage}", p.text))
-                          for tpl in t.summarization for p in tasks.passages],
+        "rag": [
+            one("rag", tpl.replace("{passage}", p.text).replace("{question}", p.question))
+            for tpl in t.rag
+            for p in tasks.passages
+        ],
+        "summarization": [
+            one("summarization", tpl.replace("{passage}", p.text))
+            for tpl in t.summarization
+            for p in tasks.passages
+        ],
         "math": [one("math", q) for q in tasks.math],
         "code": [one("code", q) for q in tasks.code],
         "multiturn": [PoolPrompt("multiturn", tuple(p)) for p in tasks.multiturn],
@@ -149,12 +184,22 @@ def task_prompts(lang: str) -> dict[str, list[PoolPrompt]]:
     for code in tasks.translation_sources:
         src = load_tasks(code)
         if src is None or code == lang:
-            raise PolyspecError(f"{TASKS_DIR / f'{lang}.yaml'}: translation source {code!r} has no other task file")
+            raise PolyspecError(
+                f"{TASKS_DIR / f'{lang}.yaml'}: translation source {code!r} has no other task file"
+            )
         sources.append(src.passages)
-    trans = [one("translation", t.translation_into.replace("{passage}", sources[i % len(sources)][i].text))
-             for i in range(min(len(tasks.passages), *(len(s) for s in sources)))]
+    trans = [
+        one(
+            "translation",
+            t.translation_into.replace("{passage}", sources[i % len(sources)][i].text),
+        )
+        for i in range(min(len(tasks.passages), *(len(s) for s in sources)))
+    ]
     if t.translation_out_of:
-        trans += [one("translation", t.translation_out_of.replace("{passage}", p.text)) for p in tasks.passages]
+        trans += [
+            one("translation", t.translation_out_of.replace("{passage}", p.text))
+            for p in tasks.passages
+        ]
     out["translation"] = trans
     return out
 
@@ -162,55 +207,93 @@ def task_prompts(lang: str) -> dict[str, list[PoolPrompt]]:
 def benchmark_turns() -> set[str]:
     """Every turn of the built-in benchmark, whitespace-normalized."""
     path = importlib.resources.files("decoder").joinpath("data/mini_multispecbench.jsonl")
-    return {_norm(t) for rec in read_jsonl(Path(str(path)), strict=True) for t in rec.get("turns", [])}
+    return {
+        _norm(t) for rec in read_jsonl(Path(str(path)), strict=True) for t in rec.get("turns", [])
+    }
 
 
 def forbidden_turns() -> set[str]:
-    """Texts the pool never contains: the held-out turns (all languages) and the benchmark's turns."""
+    """Texts the pool never contains: the held-out turns (all languages) and the benchmark's
+    turns."""
     return benchmark_turns() | {_norm(t) for r in heldout_all() for t in r["turns"]}
 
 
 def _synth_instructions(path: Path) -> list[str]:
     out = []
     for rec in read_jsonl(path):
-        human = next((c.get("value") for c in rec.get("conversations") or [] if c.get("from") in ("human", "user")),
-                     None)
+        human = next(
+            (
+                c.get("value")
+                for c in rec.get("conversations") or []
+                if c.get("from") in ("human", "user")
+            ),
+            None,
+        )
         if isinstance(human, str) and human.strip():
             out.append(human.strip())
     return out
 
 
 def corpus_prompts(lang: str, path: Path, n: int, seed: int = 0) -> list[PoolPrompt]:
-    """Up to ``n`` prompts about real text: the paragraphs (blank-line separated, 200–1,200 characters) of a corpus
-    stage's documents (``<run>/corpus/<lang>/data.jsonl``, schema in corpus/build.py), in a seeded order, each in
-    one of the language's summarization templates in turn — so on-policy answers cover as many topics as the
-    corpus does, not only the task file's few passages (kind ``passage``)."""
+    """Up to ``n`` prompts about real text: the paragraphs (blank-line separated, 200–1,200
+    characters) of a corpus stage's documents (``<run>/corpus/<lang>/data.jsonl``, schema in
+    corpus/build.py), in a seeded order, each in one of the language's summarization templates in
+    turn — so on-policy answers cover as many topics as the corpus does, not only the task file's
+    few passages (kind ``passage``)."""
     tasks = load_tasks(lang)
     if tasks is None:
-        raise PolyspecError(f"corpus prompts: language {lang!r} has no task file (synth/data/tasks/{lang}.yaml)")
+        raise PolyspecError(
+            f"corpus prompts: language {lang!r} has no task file (synth/data/tasks/{lang}.yaml)"
+        )
     if not path.is_file():
-        raise PolyspecError(f"corpus prompts: {path} not found (build the corpus first: python -m corpus --langs {lang})")
-    paras = [p.strip() for rec in read_jsonl(path) if isinstance(rec.get("text"), str)
-             for p in rec["text"].split("\n\n") if 200 <= len(p.strip()) <= 1200]
+        raise PolyspecError(
+            f"corpus prompts: {path} not found (build the corpus first: python -m corpus --langs "
+            f"{lang})"
+        )
+    paras = [
+        p.strip()
+        for rec in read_jsonl(path)
+        if isinstance(rec.get("text"), str)
+        for p in rec["text"].split("\n\n")
+        if 200 <= len(p.strip()) <= 1200
+    ]
     random.Random(seed).shuffle(paras)
     tpl = tasks.templates.summarization
-    return [PoolPrompt("passage", (tpl[i % len(tpl)].replace("{passage}", p),)) for i, p in enumerate(paras[:n])]
+    return [
+        PoolPrompt("passage", (tpl[i % len(tpl)].replace("{passage}", p),))
+        for i, p in enumerate(paras[:n])
+    ]
 
 
-def pool_items(lang: str, run: str | None, synth_file: str | None = None, limit: int | None = None,
-               target: str | None = None, corpus: int = 0) -> list[PoolPrompt]:
+def pool_items(
+    lang: str,
+    run: str | None,
+    synth_file: str | None = None,
+    limit: int | None = None,
+    target: str | None = None,
+    corpus: int = 0,
+) -> list[PoolPrompt]:
     """The pool of ``lang`` as :class:`PoolPrompt` items (kind + turns); see :func:`build_pool`."""
     if synth_file is not None and not Path(synth_file).is_file():
         raise PolyspecError(f"synth file {synth_file} not found")
-    path = Path(synth_file) if synth_file else (Path(run) / "synth" / lang / "data.jsonl" if run else None)
+    path = (
+        Path(synth_file)
+        if synth_file
+        else (Path(run) / "synth" / lang / "data.jsonl" if run else None)
+    )
     by_kind: dict[str, list[PoolPrompt]] = {k: [] for k in KINDS}
     if path is not None and path.is_file():
-        by_kind["instruction"] = [PoolPrompt("instruction", (p,)) for p in _synth_instructions(path)]
+        by_kind["instruction"] = [
+            PoolPrompt("instruction", (p,)) for p in _synth_instructions(path)
+        ]
     if lang in builtin_codes() or target:
-        by_kind["seed"] = [PoolPrompt("seed", (s.instruction,)) for s in get_language(lang, target).seeds]
+        by_kind["seed"] = [
+            PoolPrompt("seed", (s.instruction,)) for s in get_language(lang, target).seeds
+        ]
     by_kind.update(task_prompts(lang))
     forbidden, seen = forbidden_turns(), set()
-    for kind in KINDS:  # guard: drop held-out / benchmark prompts and repeats (first occurrence kept)
+    # guard: drop held-out / benchmark prompts and repeats (first occurrence kept)
+    for kind in KINDS:
         kept = []
         for p in by_kind[kind]:
             key = tuple(_norm(t) for t in p.turns)
@@ -232,13 +315,20 @@ def pool_items(lang: str, run: str | None, synth_file: str | None = None, limit:
     return out[:limit] if limit else out
 
 
-def build_pool(lang: str, run: str | None, synth_file: str | None = None, limit: int | None = None,
-               target: str | None = None, corpus: int = 0) -> list[list[dict]]:
+def build_pool(
+    lang: str,
+    run: str | None,
+    synth_file: str | None = None,
+    limit: int | None = None,
+    target: str | None = None,
+    corpus: int = 0,
+) -> list[list[dict]]:
     """The distillation prompts of ``lang`` as message lists (user turns only, answered in order).
 
     ``run``: the run folder whose ``synth/<lang>/data.jsonl`` adds the self-synthesized instructions
-    (``synth_file`` names another file instead). ``limit`` keeps the first prompts of the interleaved order,
-    so every kind stays represented. ``target`` resolves a language translated by synth (its seeds). ``corpus``:
-    up to that many prompts about the run's corpus paragraphs follow (:func:`corpus_prompts`).
+    (``synth_file`` names another file instead). ``limit`` keeps the first prompts of the
+    interleaved order, so every kind stays represented. ``target`` resolves a language translated by
+    synth (its seeds). ``corpus``: up to that many prompts about the run's corpus paragraphs follow
+    (:func:`corpus_prompts`).
     """
     return [p.messages for p in pool_items(lang, run, synth_file, limit, target, corpus)]

@@ -6,8 +6,8 @@
         R ~ M(I, T=1)                                   (line 14)
         keep (I, R) if LID(I ⊕ R) = ℓ with prob ≥ θ     (lines 15–19)
 
-Attempts run in fixed batches; attempt ``a`` samples with seeds derived from (run seed, a), so the data
-depends only on the arguments, and a resumed run equals an uninterrupted one.
+Attempts run in fixed batches; attempt ``a`` samples with seeds derived from (run seed, a), so the
+data depends only on the arguments, and a resumed run equals an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -26,13 +26,20 @@ from polyspec.languages import Language, builtin_codes, get_language, is_valid_c
 from polyspec.prompts import render, render_open_turn
 from synth.config import SynthConfig
 from synth.engines import Engine, Request, engine_record, open_engine
-from synth.filters import check_instruction, check_language, check_response, dedup_keys, strip_leakage
+from synth.filters import (
+    check_instruction,
+    check_language,
+    check_response,
+    dedup_keys,
+    strip_leakage,
+)
 from synth.store import SynthStore
 from synth.translate import translate_language
 
 
 def derive_seed(run_seed: int, attempt: int, stream: str) -> int:
-    """Per-sample seed from (run seed, attempt index, stream), stable across processes and resumes."""
+    """Per-sample seed from (run seed, attempt index, stream), stable across processes and
+    resumes."""
     digest = hashlib.sha256(f"{run_seed}:{attempt}:{stream}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
@@ -41,7 +48,10 @@ def instruction_prompt(target: Any, lang: Language, few_shot: int) -> str:
     """Alg. 1 line 10: system prompt and few-shot (I, R) turns, then an opened user turn."""
     msgs = [{"role": "system", "content": lang.system_prompt}]
     for seed in lang.seeds[:few_shot]:
-        msgs += [{"role": "user", "content": seed.instruction}, {"role": "assistant", "content": seed.response}]
+        msgs += [
+            {"role": "user", "content": seed.instruction},
+            {"role": "assistant", "content": seed.response},
+        ]
     return render_open_turn(target.spec.prompt_format, target.tokenizer, msgs, role="user")
 
 
@@ -52,7 +62,9 @@ def response_prompt(target: Any, lang: Language, instruction: str, with_system: 
     return render(target.spec.prompt_format, target.tokenizer, msgs)
 
 
-def resolve_language(code: str, target: Any, engine: Engine, max_new_tokens: int = 256, log=print) -> Language:
+def resolve_language(
+    code: str, target: Any, engine: Engine, max_new_tokens: int = 256, log=print
+) -> Language:
     """Built-in entry, or (Alg. 1 lines 2–10) a translation by the target, cached."""
     code = code.strip().lower()
     if code in builtin_codes() or not is_valid_code(code):
@@ -60,7 +72,9 @@ def resolve_language(code: str, target: Any, engine: Engine, max_new_tokens: int
     return translate_language(code, target, engine, max_new_tokens=max_new_tokens, log=log)
 
 
-def run_selfsynth(cfg: SynthConfig, target: Any = None, engine: Engine | None = None, log=print) -> dict:
+def run_selfsynth(
+    cfg: SynthConfig, target: Any = None, engine: Engine | None = None, log=print
+) -> dict:
     """Run (or resume) Alg. 1 until ``cfg.n`` pairs are kept or the attempt budget is spent.
 
     Returns the stats dict (also written to ``stats.json``); ``stats["complete"]`` tells which.
@@ -72,33 +86,55 @@ def run_selfsynth(cfg: SynthConfig, target: Any = None, engine: Engine | None = 
     lang = resolve_language(code, target, engine, cfg.translation_max_new_tokens, log=log)
     fmt = target.spec.prompt_format
     prompt = instruction_prompt(target, lang, cfg.few_shot)
-    threshold = cfg.filters.lid_threshold if cfg.filters.lid_threshold is not None else lang.lid_threshold
+    threshold = (
+        cfg.filters.lid_threshold if cfg.filters.lid_threshold is not None else lang.lid_threshold
+    )
     out_dir = Path(cfg.run) / "synth" / lang.code
     store = SynthStore(out_dir, _args_hash(cfg, target, prompt))
     seen = _seen_keys(Path(cfg.run) / "synth", store)
     budget, batch = cfg.attempt_budget, cfg.engine.batch_size
     t_start, tokens_before = time.time(), store.tokens
-    bar = tqdm(total=cfg.n, initial=len(store.accepted), desc=f"synth {lang.code}", unit="pair", dynamic_ncols=True)
+    bar = tqdm(
+        total=cfg.n,
+        initial=len(store.accepted),
+        desc=f"synth {lang.code}",
+        unit="pair",
+        dynamic_ncols=True,
+    )
     while len(store.accepted) < cfg.n and store.next_attempt < budget:
         t_batch = time.perf_counter()
         attempts = list(range(store.next_attempt, min(store.next_attempt + batch, budget)))
         # line 13: I ~ M(p, T=1), one request per attempt, each with its own seed
         instr = engine.generate(
             [
-                Request(prompt, derive_seed(cfg.seed, a, "instruction"), cfg.instruction.temperature,
-                        cfg.instruction.top_p, cfg.instruction.max_new_tokens, fmt.stop)
+                Request(
+                    prompt,
+                    derive_seed(cfg.seed, a, "instruction"),
+                    cfg.instruction.temperature,
+                    cfg.instruction.top_p,
+                    cfg.instruction.max_new_tokens,
+                    fmt.stop,
+                )
                 for a in attempts
             ]
         )
         instructions = [strip_leakage(r.text, fmt.stop) for r in instr]
         # line 14: R ~ M(I, T=1) — only for instructions worth answering
-        early = {a: check_instruction(i, r.finished, cfg.filters) for a, i, r in zip(attempts, instructions, instr)}
+        early = {
+            a: check_instruction(i, r.finished, cfg.filters)
+            for a, i, r in zip(attempts, instructions, instr)
+        }
         to_answer = [(a, i) for a, i in zip(attempts, instructions) if early[a] is None]
         answers = engine.generate(
             [
-                Request(response_prompt(target, lang, i, cfg.response_with_system_prompt),
-                        derive_seed(cfg.seed, a, "response"), cfg.response.temperature, cfg.response.top_p,
-                        cfg.response.max_new_tokens, fmt.stop)
+                Request(
+                    response_prompt(target, lang, i, cfg.response_with_system_prompt),
+                    derive_seed(cfg.seed, a, "response"),
+                    cfg.response.temperature,
+                    cfg.response.top_p,
+                    cfg.response.max_new_tokens,
+                    fmt.stop,
+                )
                 for a, i in to_answer
             ]
         )
@@ -125,8 +161,11 @@ def run_selfsynth(cfg: SynthConfig, target: Any = None, engine: Engine | None = 
                 rejected.append({**rec, "reason": reason})
         store.commit(accepted, rejected, next_attempt, seconds=time.perf_counter() - t_batch)
         bar.update(len(accepted))
-        bar.set_postfix(attempted=store.next_attempt, rate=f"{len(store.accepted) / max(1, store.next_attempt):.0%}",
-                        tok_s=f"{(store.tokens - tokens_before) / max(1e-9, time.time() - t_start):.0f}")
+        bar.set_postfix(
+            attempted=store.next_attempt,
+            rate=f"{len(store.accepted) / max(1, store.next_attempt):.0%}",
+            tok_s=f"{(store.tokens - tokens_before) / max(1e-9, time.time() - t_start):.0f}",
+        )
     bar.close()
     return store.write_stats(
         {
@@ -147,7 +186,10 @@ def _record(cfg, lang, target, attempt, instruction, response, ri, rr) -> dict[s
         "lang": lang.code,
         "source": "self-synth",
         "temperature": cfg.response.temperature,
-        "conversations": [{"from": "human", "value": instruction}, {"from": "gpt", "value": response}],
+        "conversations": [
+            {"from": "human", "value": instruction},
+            {"from": "gpt", "value": response},
+        ],
         "lid": None,
         "target": target.spec.name,
         "attempt": attempt,
@@ -157,7 +199,8 @@ def _record(cfg, lang, target, attempt, instruction, response, ri, rr) -> dict[s
 
 
 def _seen_keys(synth_root: Path, store: SynthStore) -> set[str]:
-    """Dedup keys of every kept pair in this run folder (all languages, earlier runs) and this store."""
+    """Dedup keys of every kept pair in this run folder (all languages, earlier runs) and this
+    store."""
     seen: set[str] = set()
     recs = list(store.accepted)
     for path in glob.glob(str(synth_root / "*" / "data.jsonl")):
@@ -173,7 +216,21 @@ def _seen_keys(synth_root: Path, store: SynthStore) -> set[str]:
 
 def _args_hash(cfg: SynthConfig, target: Any, prompt: str) -> str:
     """What determines the data: a resume with other values would mix two runs."""
-    relevant = cfg.model_dump(include={"seed", "few_shot", "response_with_system_prompt", "instruction", "response", "filters"})
-    relevant.update(batch_size=cfg.engine.batch_size, engine=cfg.engine.name, prompt=prompt, tokenizer=target.tokenizer_sha256,
-                    target=target.spec.name)
+    relevant = cfg.model_dump(
+        include={
+            "seed",
+            "few_shot",
+            "response_with_system_prompt",
+            "instruction",
+            "response",
+            "filters",
+        }
+    )
+    relevant.update(
+        batch_size=cfg.engine.batch_size,
+        engine=cfg.engine.name,
+        prompt=prompt,
+        tokenizer=target.tokenizer_sha256,
+        target=target.spec.name,
+    )
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

@@ -53,7 +53,8 @@ class SynthStore:
         self.tokens = sum(record_tokens(r) for r in self.accepted + self.rejected)
 
     def _read_committed(self, path: Path) -> list[dict[str, Any]]:
-        """Lines of committed attempts; rewrites the file if an interrupted batch left more behind."""
+        """Lines of committed attempts; rewrites the file if an interrupted batch left more
+        behind."""
         if not path.exists():
             return []
         kept, dropped = [], False
@@ -68,7 +69,9 @@ class SynthStore:
         return kept
 
     # -- writing -----------------------------------------------------------------------------------
-    def commit(self, accepted: list[dict], rejected: list[dict], next_attempt: int, seconds: float = 0.0) -> None:
+    def commit(
+        self, accepted: list[dict], rejected: list[dict], next_attempt: int, seconds: float = 0.0
+    ) -> None:
         """Append a finished batch, flush both files to disk, then move the commit point."""
         self._commits += 1
         for path, recs in ((self.data_path, accepted), (self.rejected_path, rejected)):
@@ -77,7 +80,8 @@ class SynthStore:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-                maybe_kill("commit", self._commits, torn=f)  # crash tests: the worst moment for a resume
+                # crash tests: the worst moment for a resume
+                maybe_kill("commit", self._commits, torn=f)
         self.accepted += accepted
         self.rejected += rejected
         self.tokens += sum(record_tokens(r) for r in accepted + rejected)
@@ -85,13 +89,19 @@ class SynthStore:
         self.seconds += seconds
         atomic_write_json(
             self.progress_path,
-            {"next_attempt": next_attempt, "args_hash": self.args_hash, "seconds": round(self.seconds, 3)},
+            {
+                "next_attempt": next_attempt,
+                "args_hash": self.args_hash,
+                "seconds": round(self.seconds, 3),
+            },
         )
 
     def stats(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         reasons = Counter(r["reason"] for r in self.rejected)
         lid_rejects = Counter(
-            r["lid"]["label"] for r in self.rejected if r.get("lid") and r["reason"].startswith("lid_")
+            r["lid"]["label"]
+            for r in self.rejected
+            if r.get("lid") and r["reason"].startswith("lid_")
         )
         return {
             "attempted": len(self.accepted) + len(self.rejected),
@@ -99,7 +109,9 @@ class SynthStore:
             "rejected": sum(reasons.values()),
             "rejected_by_reason": dict(sorted(reasons.items())),
             "lid_labels_of_rejects": dict(lid_rejects.most_common()),
-            "acceptance_rate": round(len(self.accepted) / max(1, len(self.accepted) + len(self.rejected)), 4),
+            "acceptance_rate": round(
+                len(self.accepted) / max(1, len(self.accepted) + len(self.rejected)), 4
+            ),
             "tokens": self.tokens,
             "seconds": round(self.seconds, 1),
             "tokens_per_second": round(self.tokens / self.seconds, 1) if self.seconds else None,
@@ -115,4 +127,3 @@ class SynthStore:
 def record_tokens(rec: dict[str, Any]) -> int:
     """Generated tokens of one record (instruction + response)."""
     return sum((rec.get("tokens") or {}).values())
-

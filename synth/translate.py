@@ -19,8 +19,11 @@ TRANSLATION_PROMPT = (
 )
 
 
-def translate_language(code: str, target, engine: Engine, max_new_tokens: int = 256, log=print) -> Language:
-    """Translate the English registry entry into ``code`` with the target (greedy), cache and return it."""
+def translate_language(
+    code: str, target, engine: Engine, max_new_tokens: int = 256, log=print
+) -> Language:
+    """Translate the English registry entry into ``code`` with the target (greedy), cache and return
+    it."""
     path = translated_path(code, target.spec.name)
     if path.is_file():
         return get_language(code, target=target.spec.name)
@@ -33,22 +36,37 @@ def translate_language(code: str, target, engine: Engine, max_new_tokens: int = 
         user = TRANSLATION_PROMPT.format(language=meta["name"], text=text)
         return render(fmt, target.tokenizer, [{"role": "user", "content": user}])
 
-    # lines 3 and 5–9: P_sys^ℓ ← M(P_trans ⊕ P_sys^EN); (I^ℓ, R^ℓ) ← (M(P_trans ⊕ I), M(P_trans ⊕ R))
-    reqs = [Request(prompt=prompt(t), seed=0, temperature=0.0, max_new_tokens=max_new_tokens, stop=fmt.stop) for t in texts]
+    # lines 3 and 5–9: P_sys^ℓ ← M(P_trans ⊕ P_sys^EN); (I^ℓ, R^ℓ) ← (M(P_trans ⊕ I), M(P_trans ⊕
+    # R))
+    reqs = [
+        Request(
+            prompt=prompt(t), seed=0, temperature=0.0, max_new_tokens=max_new_tokens, stop=fmt.stop
+        )
+        for t in texts
+    ]
     out = [r.text.strip() or src for r, src in zip(engine.generate(reqs), texts)]
     lids = [identify(t) for t in out]
     ok = sum(1 for label, _ in lids if label == code)
-    log(f"[synth] translated {len(out)} texts into {meta['name']} with {target.spec.name}: "
-        f"{ok}/{len(out)} detected as {code} by fastText")
+    log(
+        f"[synth] translated {len(out)} texts into {meta['name']} with {target.spec.name}: "
+        f"{ok}/{len(out)} detected as {code} by fastText"
+    )
     seeds = [
-        {"task": s.task, "instruction": out[1 + 2 * i], "response": out[2 + 2 * i]} for i, s in enumerate(en.seeds)
+        {"task": s.task, "instruction": out[1 + 2 * i], "response": out[2 + 2 * i]}
+        for i, s in enumerate(en.seeds)
     ]
     entry = {
         **meta,
         "system_prompt": out[0],
         "seeds": seeds,
-        "translation": {"target": target.spec.name, "lid": [{"label": lab, "prob": round(p, 4)} for lab, p in lids]},
+        "translation": {
+            "target": target.spec.name,
+            "lid": [{"label": lab, "prob": round(p, 4)} for lab, p in lids],
+        },
     }
-    header = f"# Translated by {target.spec.name} (ADASPEC Alg. 1 lines 2-10); used by: make synth LANG={code}\n"
+    header = (
+        f"# Translated by {target.spec.name} (ADASPEC Alg. 1 lines 2-10); used by: make "
+        f"synth LANG={code}\n"
+    )
     atomic_write_text(path, header + yaml.safe_dump(entry, allow_unicode=True, sort_keys=False))
     return get_language(code, target=target.spec.name)

@@ -1,5 +1,5 @@
-"""Shared fixtures: tiny random-weight targets (Gemma3 and Llama families, in-process tokenizer) and an
-isolated polyspec cache. Nothing here downloads anything."""
+"""Shared fixtures: tiny random-weight targets (Gemma3 and Llama families, in-process tokenizer) and
+an isolated polyspec cache. Nothing here downloads anything."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from polyspec.testing import build_tiny_target
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the hub
 os.environ.setdefault("WANDB_MODE", "offline")
-# dtype "auto" means bf16 on CPUs with native bf16; the tests' identity checks need the exact mode (fp32).
-# Tests of auto itself and of bf16 set the dtype explicitly.
+# dtype "auto" means bf16 on CPUs with native bf16; the tests' identity checks need the exact mode
+# (fp32). Tests of auto itself and of bf16 set the dtype explicitly.
 os.environ.setdefault("POLYSPEC_DTYPE", "float32")
 
 
@@ -44,13 +44,19 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
 
 
 WORDFREQ = [{"name": "synth"}, {"name": "wordfreq", "weight": 0.5}]
-# the gpu-smoke profile's local vocabulary source: the device machine has no wordfreq (scripts/gpu/gpu-wheels.sh)
-SEED_TEXT = [{"name": "synth"}, {"name": "files", "weight": 0.5, "path": str(REPO / "configs/vocab/seed-text/{lang}.jsonl")}]
+# the gpu-smoke profile's local vocabulary source: the device machine has no wordfreq
+# (scripts/gpu/gpu-wheels.sh)
+SEED_TEXT = [
+    {"name": "synth"},
+    {"name": "files", "weight": 0.5, "path": str(REPO / "configs/vocab/seed-text/{lang}.jsonl")},
+]
 
 
-def prepare_run(run_dir: Path, target_dir: Path, lang: str = "vi", sources: list[dict] | None = None) -> Path:
-    """synth (finetune data), distill --continuation (pretrain text) and vocab (``sources``, default synth +
-    wordfreq) for a tiny target."""
+def prepare_run(
+    run_dir: Path, target_dir: Path, lang: str = "vi", sources: list[dict] | None = None
+) -> Path:
+    """synth (finetune data), distill --continuation (pretrain text) and vocab (``sources``, default
+    synth + wordfreq) for a tiny target."""
     from polyspec.config import apply_overrides, validate
     from synth.config import DistillConfig, SynthConfig
     from synth.distill import run_distill
@@ -60,37 +66,92 @@ def prepare_run(run_dir: Path, target_dir: Path, lang: str = "vi", sources: list
 
     if (run_dir / "vocab" / f"{lang}.safetensors").is_file():
         return run_dir
-    tiny = ["instruction.max_new_tokens=12", "response.max_new_tokens=24", "filters.keep_unfinished_instructions=true",
-            "filters.min_response_chars=1", "filters.min_instruction_chars=1", "filters.require_language=false"]
-    run_selfsynth(validate(SynthConfig, apply_overrides({}, [f"lang={lang}", "n=24", f"run={run_dir}", f"target={target_dir}",
-                                                             "engine.batch_size=8", *tiny])), log=lambda *_: None)
-    run_distill(validate(DistillConfig, {"lang": lang, "run": str(run_dir), "target": str(target_dir), "continuation": True,
-                                         "out_name": "pretrain", "temperatures": [0.7, 1.0], "sampling": {"max_new_tokens": 24},
-                                         "engine": {"batch_size": 16}}))
-    run_vocab(validate(VocabConfig, {"langs": [lang], "target": str(target_dir), "run": str(run_dir), "mask_sizes": [128],
-                                     "sources": sources or WORDFREQ, "heldout": "seeds"}),
-              log=lambda *_: None)
+    tiny = [
+        "instruction.max_new_tokens=12",
+        "response.max_new_tokens=24",
+        "filters.keep_unfinished_instructions=true",
+        "filters.min_response_chars=1",
+        "filters.min_instruction_chars=1",
+        "filters.require_language=false",
+    ]
+    run_selfsynth(
+        validate(
+            SynthConfig,
+            apply_overrides(
+                {},
+                [
+                    f"lang={lang}",
+                    "n=24",
+                    f"run={run_dir}",
+                    f"target={target_dir}",
+                    "engine.batch_size=8",
+                    *tiny,
+                ],
+            ),
+        ),
+        log=lambda *_: None,
+    )
+    run_distill(
+        validate(
+            DistillConfig,
+            {
+                "lang": lang,
+                "run": str(run_dir),
+                "target": str(target_dir),
+                "continuation": True,
+                "out_name": "pretrain",
+                "temperatures": [0.7, 1.0],
+                "sampling": {"max_new_tokens": 24},
+                "engine": {"batch_size": 16},
+            },
+        )
+    )
+    run_vocab(
+        validate(
+            VocabConfig,
+            {
+                "langs": [lang],
+                "target": str(target_dir),
+                "run": str(run_dir),
+                "mask_sizes": [128],
+                "sources": sources or WORDFREQ,
+                "heldout": "seeds",
+            },
+        ),
+        log=lambda *_: None,
+    )
     return run_dir
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     """Run ``python <args>`` (or ``make`` when args[0] == 'make') and capture its output."""
     full_env = {**os.environ, **(env or {})}
     cmd = list(args) if args[0] == "make" else [sys.executable, *args]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600)
 
 
-def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagle", sizes=(64, 256),
-                     noise: float = 0.0, seed: int = 0, first_ids=(), fit=None) -> Path:
+def make_tiny_bundle(
+    out: Path,
+    target,
+    langs=("vi", "de"),
+    drafter: str = "eagle",
+    sizes=(64, 256),
+    noise: float = 0.0,
+    seed: int = 0,
+    first_ids=(),
+    fit=None,
+) -> Path:
     """A bundle for a tiny target in seconds, without synth or training.
 
-    Vocabularies rank the target's ids by their counts in the language's built-in seeds (so language masks
-    tell languages apart). ``drafter``: ``eagle`` (random one-layer EAGLE drafter; ``eagle-hint``: one that reads
-    prompt-lookup hints), ``small-lm`` (random
-    tiny Llama) or ``oracle`` (a copy of a Llama-family target with Gaussian ``noise`` on its weights: a
-    drafter that is often but not always right, to exercise partial acceptance).
-    ``first_ids`` rank first in every language (a text the drafter must reach); ``fit(model, order)`` trains the
-    drafter in place before it is saved (``order``: the language's ranked ids).
+    Vocabularies rank the target's ids by their counts in the language's built-in seeds (so language
+    masks tell languages apart). ``drafter``: ``eagle`` (random one-layer EAGLE drafter;
+    ``eagle-hint``: one that reads prompt-lookup hints), ``small-lm`` (random tiny Llama) or
+    ``oracle`` (a copy of a Llama-family target with Gaussian ``noise`` on its weights: a drafter
+    that is often but not always right, to exercise partial acceptance). ``first_ids`` rank first in
+    every language (a text the drafter must reach); ``fit(model, order)`` trains the drafter in
+    place before it is saved (``order``: the language's ranked ids).
     """
     import copy
     from collections import Counter
@@ -114,19 +175,34 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
     for i, lang in enumerate(langs):
         info = get_language(lang)
         counts = Counter()
-        for text in [info.system_prompt, *(x for s in info.seeds for x in (s.instruction, s.response))]:
+        for text in [
+            info.system_prompt,
+            *(x for s in info.seeds for x in (s.instruction, s.response)),
+        ]:
             counts.update(target.tokenizer(text, add_special_tokens=False)["input_ids"])
         first = {t: r for r, t in enumerate(dict.fromkeys(first_ids))}
         order = sorted(range(V), key=lambda t: (first.get(t, len(first)), -counts.get(t, 0), t))
-        save_ranked(run / "vocab", RankedVocab(lang, np.array(order), np.array([counts.get(t, 0) for t in order]),
-                                               {"tokenizer_sha256": target.tokenizer_sha256}))
+        save_ranked(
+            run / "vocab",
+            RankedVocab(
+                lang,
+                np.array(order),
+                np.array([counts.get(t, 0) for t in order]),
+                {"tokenizer_sha256": target.tokenizer_sha256},
+            ),
+        )
         torch.manual_seed(seed + i)
-        if drafter in ("eagle", "eagle-hint"):  # eagle-hint: reads prompt-lookup hints (eagle.lookup_hint)
-            model = EagleDrafter(eagle_layer_config(target.model.config), lookup_hint=drafter == "eagle-hint")
+        # eagle-hint: reads prompt-lookup hints (eagle.lookup_hint)
+        if drafter in ("eagle", "eagle-hint"):
+            model = EagleDrafter(
+                eagle_layer_config(target.model.config), lookup_hint=drafter == "eagle-hint"
+            )
         elif drafter == "eagle3":
             model = Eagle3Drafter.for_target(target, torch.as_tensor(order[: max(sizes)]))
         elif drafter == "small-lm":
-            model = build_small_lm(target, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+            model = build_small_lm(
+                target, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
+            )
         elif drafter == "oracle":
             model = copy.deepcopy(target.model).float()
             with torch.no_grad():
@@ -140,9 +216,10 @@ def make_tiny_bundle(out: Path, target, langs=("vi", "de"), drafter: str = "eagl
     return write_bundle(out, run, list(langs), target.pin(), list(sizes)).root
 
 
-# -- helpers more than one folder's tests use (tests/decoder's and tests/test_cuda.py: the decoder's shapes, random
-# prompts and the χ² check of speculative sampling; tests/train's and tests/test_cuda.py: a tiny training config).
-# They live here, not in a test module, because a test module in one folder cannot import one in another.
+# -- helpers more than one folder's tests use (tests/decoder's and tests/test_cuda.py: the decoder's
+# shapes, random prompts and the χ² check of speculative sampling; tests/train's and
+# tests/test_cuda.py: a tiny training config). They live here, not in a test module, because a test
+# module in one folder cannot import one in another.
 
 SHAPES = [
     ("chain", dict(gamma=1)),
@@ -171,8 +248,8 @@ def random_prompts(target, n: int, seed: int, max_len: int = 40) -> list[list[in
 
 
 def exact_pair_distribution(target, prompt, temperature) -> dict[tuple[int, int], float]:
-    """P(x2, x3) of the target's own sampling (x1 summed out), from its exact conditionals; a position
-    after EOS is -1."""
+    """P(x2, x3) of the target's own sampling (x1 summed out), from its exact conditionals; a
+    position after EOS is -1."""
     import torch
 
     from decoder.loop.verify import warp
@@ -233,12 +310,28 @@ def draw_pairs(dec, prompt, temperature, n) -> tuple[list[tuple[int, int]], floa
 
 
 def tcfg(run_dir, target_dir, *extra):
-    """A tiny training config (train.config.TrainConfig): a few steps of a small drafter; ``extra``: overrides."""
+    """A tiny training config (train.config.TrainConfig): a few steps of a small drafter; ``extra``:
+    overrides."""
     from polyspec.config import apply_overrides, validate
     from train.config import TrainConfig
 
-    base = [f"run={run_dir}", f"target={target_dir}", "lang=vi", "eagle.vocab_size=128", "report_to=none",
-            "pretrain.steps=6", "finetune.steps=6", "eval_every=3", "checkpoint_every=2", "log_every=1",
-            "optim.batch_size=2", "data.max_length=64", "data.eval_max_examples=3", "eval_depth=3",
-            "small_lm.hidden_size=32", "small_lm.intermediate_size=64", "small_lm.num_heads=2"]
+    base = [
+        f"run={run_dir}",
+        f"target={target_dir}",
+        "lang=vi",
+        "eagle.vocab_size=128",
+        "report_to=none",
+        "pretrain.steps=6",
+        "finetune.steps=6",
+        "eval_every=3",
+        "checkpoint_every=2",
+        "log_every=1",
+        "optim.batch_size=2",
+        "data.max_length=64",
+        "data.eval_max_examples=3",
+        "eval_depth=3",
+        "small_lm.hidden_size=32",
+        "small_lm.intermediate_size=64",
+        "small_lm.num_heads=2",
+    ]
     return validate(TrainConfig, apply_overrides({}, [*base, *extra]))

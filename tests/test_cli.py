@@ -1,5 +1,5 @@
-"""The command line: every `python -m` command answers --help; bad input is one line on stderr, a non-zero exit
-(2 from the CLIs themselves), no traceback."""
+"""The command line: every `python -m` command answers --help; bad input is one line on stderr, a
+non-zero exit (2 from the CLIs themselves), no traceback."""
 
 import re
 
@@ -18,7 +18,9 @@ def assert_one_line_error(proc, *needles):
 
 
 def test_unknown_target():
-    assert_one_line_error(run_cli("-m", "polyspec.targets", "info", "does-not-exist"), "does-not-exist", "gemma3-270m")
+    assert_one_line_error(
+        run_cli("-m", "polyspec.targets", "info", "does-not-exist"), "does-not-exist", "gemma3-270m"
+    )
 
 
 def test_unknown_language():
@@ -30,7 +32,13 @@ def test_unreadable_cache(tmp_path):
     bad.mkdir(parents=True)
     (bad / "polyspec_target.json").write_text("{}")
     (bad / "config.json").write_text("{broken")
-    proc = run_cli("-m", "polyspec.targets", "info", "gemma3-270m", env={"POLYSPEC_CACHE": str(tmp_path / "cache")})
+    proc = run_cli(
+        "-m",
+        "polyspec.targets",
+        "info",
+        "gemma3-270m",
+        env={"POLYSPEC_CACHE": str(tmp_path / "cache")},
+    )
     assert_one_line_error(proc, str(bad))
 
 
@@ -81,24 +89,58 @@ def test_stage_clis_without_a_command_print_usage():
 
 
 def test_repo_layout():
-    for d in ("pipelines", "synth", "train", "vocab", "export", "decoder", "engines", "configs", "tests", "polyspec"):
+    for d in (
+        "pipelines",
+        "synth",
+        "train",
+        "vocab",
+        "export",
+        "decoder",
+        "engines",
+        "configs",
+        "tests",
+        "polyspec",
+    ):
         assert (REPO / d).is_dir(), d
     for f in ("Makefile", "pyproject.toml", "README.md", ".ci/run"):
         assert (REPO / f).is_file(), f
     import importlib
 
-    for pkg in ("corpus", "synth", "vocab", "train", "export", "decoder", "pipelines", "engines", "polyspec"):
+    for pkg in (
+        "corpus",
+        "synth",
+        "vocab",
+        "train",
+        "export",
+        "decoder",
+        "pipelines",
+        "engines",
+        "polyspec",
+    ):
         doc = importlib.import_module(pkg).__doc__
-        assert doc and len(doc.split()) > 20, f"{pkg} needs a module docstring saying what it reads and writes"
+        assert doc and len(doc.split()) > 20, (
+            f"{pkg} needs a module docstring saying what it reads and writes"
+        )
 
 
-# -- every command's --help, in this process (no interpreter start-up per command) ------------------------------
+# -- every command's --help, in this process (no interpreter start-up per command) -----------------
 
-PACKAGES = ("polyspec", "corpus", "synth", "vocab", "train", "export", "decoder", "pipelines", "engines")
+PACKAGES = (
+    "polyspec",
+    "corpus",
+    "synth",
+    "vocab",
+    "train",
+    "export",
+    "decoder",
+    "pipelines",
+    "engines",
+)
 
 
 def cli_modules() -> list[str]:
-    """What ``python -m`` runs: each package with a ``__main__.py`` and each module with a ``__main__`` guard."""
+    """What ``python -m`` runs: each package with a ``__main__.py`` and each module with a
+    ``__main__`` guard."""
     found = set()
     for pkg in PACKAGES:
         for path in (REPO / pkg).rglob("*.py"):
@@ -120,7 +162,8 @@ def run_module(module: str, *args: str, capsys) -> tuple[object, str, str]:
     sys.argv = [module, *args]
     code = None
     try:
-        with warnings.catch_warnings():  # runpy: "found in sys.modules … prior to execution" for imported modules
+        # runpy: "found in sys.modules … prior to execution" for imported modules
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
@@ -132,10 +175,20 @@ def run_module(module: str, *args: str, capsys) -> tuple[object, str, str]:
 
 
 def test_every_documented_command_is_a_cli():
-    docs = [REPO / "README.md", REPO / "DEVELOPERS.md", REPO / "Makefile", *sorted((REPO / "docs").glob("*.md"))]
-    named = {m for f in docs for m in re.findall(r"(?:python|\$\(PY\)) -m ([A-Za-z_][\w.]*)", f.read_text())
-             if m.split(".")[0] in PACKAGES}
-    assert {"synth", "vocab", "export", "decoder", "pipelines", "polyspec.targets"} <= named  # the scan works
+    docs = [
+        REPO / "README.md",
+        REPO / "DEVELOPERS.md",
+        REPO / "Makefile",
+        *sorted((REPO / "docs").glob("*.md")),
+    ]
+    named = {
+        m
+        for f in docs
+        for m in re.findall(r"(?:python|\$\(PY\)) -m ([A-Za-z_][\w.]*)", f.read_text())
+        if m.split(".")[0] in PACKAGES
+    }
+    # the scan works
+    assert {"synth", "vocab", "export", "decoder", "pipelines", "polyspec.targets"} <= named
     missing = sorted(named - set(cli_modules()))
     assert not missing, f"documented but not runnable with python -m: {missing}"
 
@@ -144,17 +197,26 @@ def test_every_documented_command_is_a_cli():
 def test_every_cli_answers_help(module, capsys):
     code, out, err = run_module(module, "--help", capsys=capsys)
     assert code == 0 and out.startswith("usage: "), (module, code, out[-500:], err[-500:])
-    subcommands = re.search(r" \{([\w,-]+)\} \.\.\.", out.splitlines()[0])  # argparse's subparsers, not choices
-    for sub in subcommands.group(1).split(",") if subcommands else []:  # and each subcommand's own --help
+    # argparse's subparsers, not choices
+    subcommands = re.search(r" \{([\w,-]+)\} \.\.\.", out.splitlines()[0])
+    # and each subcommand's own --help
+    for sub in subcommands.group(1).split(",") if subcommands else []:
         code, out, err = run_module(module, sub, "--help", capsys=capsys)
-        assert code == 0 and out.startswith("usage: ") and f" {sub} " in out.splitlines()[0], (module, sub, err)
+        assert code == 0 and out.startswith("usage: ") and f" {sub} " in out.splitlines()[0], (
+            module,
+            sub,
+            err,
+        )
 
 
-@pytest.mark.parametrize("args,needles", [
-    (["pipelines", "run", "--profile", "nope", "--dry-run"], ["'nope'", "cpu-demo"]),
-    (["polyspec.languages", "check", "vi,xx"], ["'xx'", "vi"]),
-    (["pipelines", "run", "--langs", "vi,qq", "--dry-run"], ["'qq'"]),
-])
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["pipelines", "run", "--profile", "nope", "--dry-run"], ["'nope'", "cpu-demo"]),
+        (["polyspec.languages", "check", "vi,xx"], ["'xx'", "vi"]),
+        (["pipelines", "run", "--langs", "vi,qq", "--dry-run"], ["'qq'"]),
+    ],
+)
 def test_a_bad_argument_is_one_error_line_and_exit_2(args, needles, capsys):
     code, out, err = run_module(*args, capsys=capsys)
     lines = [ln for ln in err.splitlines() if ln.strip()]

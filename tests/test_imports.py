@@ -1,11 +1,11 @@
-"""The project's import graph, read from the source with ``ast`` (nothing is imported): no import cycles, and
-the layering DESIGN.md fixes — ``polyspec`` imports no stage; a stage imports another stage only through that
-stage's public modules; ``pipelines`` (the orchestrator) may also import the stages' configs and CLIs; ``engines``
-(the engine checks, run on the export's output) may also import export's engine formats, and nothing imports
-``engines``.
+"""The project's import graph, read from the source with ``ast`` (nothing is imported): no import
+cycles, and the layering DESIGN.md fixes — ``polyspec`` imports no stage; a stage imports another
+stage only through that stage's public modules; ``pipelines`` (the orchestrator) may also import the
+stages' configs and CLIs; ``engines`` (the engine checks, run on the export's output) may also
+import export's engine formats, and nothing imports ``engines``.
 
-Every import counts, top-level and function-local alike: a cycle hidden in a function body still ties two
-modules together, and the next person to hoist the import gets an ImportError."""
+Every import counts, top-level and function-local alike: a cycle hidden in a function body still
+ties two modules together, and the next person to hoist the import gets an ImportError."""
 
 from __future__ import annotations
 
@@ -16,7 +16,17 @@ import pytest
 
 from conftest import REPO
 
-PACKAGES = ("polyspec", "corpus", "synth", "vocab", "train", "export", "decoder", "pipelines", "engines")
+PACKAGES = (
+    "polyspec",
+    "corpus",
+    "synth",
+    "vocab",
+    "train",
+    "export",
+    "decoder",
+    "pipelines",
+    "engines",
+)
 
 # A stage's public modules: what other stages may import (DESIGN.md "Layout" and "Stage files").
 PUBLIC = {
@@ -26,11 +36,12 @@ PUBLIC = {
     "decoder.core",  # Decoder, the runtime's API (README "Serve the drafters"; docs/stages.md)
     "decoder.methods",  # the registry of decoding methods (names a profile's eval may list)
 }
-# pipelines runs the stages: besides their public modules it reads their configs and CLIs, and score_check
-# recomputes the training score itself.
+# pipelines runs the stages: besides their public modules it reads their configs and CLIs, and
+# score_check recomputes the training score itself.
 PIPELINES_MAY_IMPORT = {"train.score"}
-# engines measures the export's formats inside the engines: besides the stages' public modules it reads and writes
-# those formats (the speculators layout, llama.cpp's GGUF conversion). Stages and pipelines never import engines.
+# engines measures the export's formats inside the engines: besides the stages' public modules it
+# reads and writes those formats (the speculators layout, llama.cpp's GGUF conversion). Stages and
+# pipelines never import engines.
 ENGINES_MAY_IMPORT = {"export.interop", "export.gguf"}
 
 
@@ -40,7 +51,8 @@ def module_name(root: Path, path: Path) -> str:
 
 
 def project_modules(root: Path, packages) -> dict[str, Path]:
-    """Every module of ``packages`` under ``root``: dotted name -> file (``pkg/__init__.py`` is ``pkg``)."""
+    """Every module of ``packages`` under ``root``: dotted name -> file (``pkg/__init__.py`` is
+    ``pkg``)."""
     mods = {}
     for pkg in packages:
         for path in sorted((root / pkg).rglob("*.py")):
@@ -49,10 +61,12 @@ def project_modules(root: Path, packages) -> dict[str, Path]:
 
 
 def imported_modules(tree: ast.AST, name: str, is_package: bool, modules) -> list[tuple[str, int]]:
-    """The project modules one file imports, with line numbers, anywhere in the file (function bodies too).
+    """The project modules one file imports, with line numbers, anywhere in the file (function
+    bodies too).
 
-    ``import a.b`` is a.b; ``from a import b`` is a.b when that is a module, else a (its __init__); relative
-    imports are resolved against the importing module's package. Names outside ``modules`` are dropped."""
+    ``import a.b`` is a.b; ``from a import b`` is a.b when that is a module, else a (its __init__);
+    relative imports are resolved against the importing module's package. Names outside ``modules``
+    are dropped."""
 
     def deepest(dotted: str) -> str | None:  # the module itself, or the nearest enclosing one
         parts = dotted.split(".")
@@ -68,7 +82,11 @@ def imported_modules(tree: ast.AST, name: str, is_package: bool, modules) -> lis
             found += [(deepest(a.name), node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if package else []
+                base = (
+                    package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    if package
+                    else []
+                )
                 base = ".".join(base + ([node.module] if node.module else []))
             else:
                 base = node.module
@@ -92,8 +110,8 @@ def import_graph(root: Path, packages=PACKAGES) -> dict[str, dict[str, int]]:
 
 
 def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
-    """The import cycles: each strongly connected component of more than one module, or a module importing
-    itself, as the sorted list of its modules (Tarjan's algorithm, iterative)."""
+    """The import cycles: each strongly connected component of more than one module, or a module
+    importing itself, as the sorted list of its modules (Tarjan's algorithm, iterative)."""
     index, low, on_stack, stack, sccs = {}, {}, set(), [], []
     for start in sorted(graph):
         if start in index:
@@ -135,8 +153,12 @@ def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
 def describe(cycle: list[str], graph, root: Path = REPO) -> str:
     """One cycle's edges with where each import is: 'a -> b (a.py:12)', ..."""
     members = set(cycle)
-    return "; ".join(f"{src} -> {dst} ({src.replace('.', '/')}.py:{line})" for src in cycle
-                     for dst, line in sorted(graph[src].items()) if dst in members)
+    return "; ".join(
+        f"{src} -> {dst} ({src.replace('.', '/')}.py:{line})"
+        for src in cycle
+        for dst, line in sorted(graph[src].items())
+        if dst in members
+    )
 
 
 def package_of(module: str) -> str:
@@ -159,21 +181,29 @@ def layering_violations(graph) -> list[str]:
                 bad.append(f"{where}: nothing imports the engine checks")
             elif dst in PUBLIC:
                 continue
-            elif a == "pipelines" and (dst == b or dst.rsplit(".", 1)[-1] in ("config", "__main__")
-                                       or dst in PIPELINES_MAY_IMPORT):
+            elif a == "pipelines" and (
+                dst == b
+                or dst.rsplit(".", 1)[-1] in ("config", "__main__")
+                or dst in PIPELINES_MAY_IMPORT
+            ):
                 continue
             elif a == "engines" and dst in ENGINES_MAY_IMPORT:
                 continue
             else:
-                bad.append(f"{where}: not {b}'s public API ({', '.join(sorted(m for m in PUBLIC if package_of(m) == b)) or 'none'})")
+                bad.append(
+                    f"{where}: not {b}'s public API "
+                    f"({', '.join(sorted(m for m in PUBLIC if package_of(m) == b)) or 'none'})"
+                )
     return bad
 
 
-# -- the project ----------------------------------------------------------------------------------------------
+# -- the project -----------------------------------------------------------------------------------
+
 
 def test_the_project_has_no_import_cycles():
     graph = import_graph(REPO)
-    assert len(graph) > 50 and "decoder.core" in graph and "polyspec.targets" in graph  # the walk found the code
+    # the walk found the code
+    assert len(graph) > 50 and "decoder.core" in graph and "polyspec.targets" in graph
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(describe(c, graph) for c in cycles)
 
@@ -188,7 +218,8 @@ def test_the_public_modules_exist():
     assert not (PUBLIC | PIPELINES_MAY_IMPORT | ENGINES_MAY_IMPORT) - set(graph)
 
 
-# -- the checker itself, on synthetic packages ------------------------------------------------------------
+# -- the checker itself, on synthetic packages -----------------------------------------------------
+
 
 def write_package(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
@@ -198,15 +229,20 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_a_cycle_through_function_local_and_relative_imports_is_found(tmp_path):
-    write_package(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from pkg import b\n",  # `from pkg import b`: the submodule b
-        "pkg/b.py": "def f():\n    from .c import g\n",  # function-local, relative
-        "pkg/c.py": "import pkg.a\n",
-        "pkg/d.py": "from pkg.a import thing\n",  # into the cycle, not part of it
-        "other/__init__.py": "from other import helper\n",  # a name of __init__ itself: a self-loop
-        "other/helper_user.py": "from other import helper\n",  # a name, not a module: imports other/__init__
-    })
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg import b\n",  # `from pkg import b`: the submodule b
+            "pkg/b.py": "def f():\n    from .c import g\n",  # function-local, relative
+            "pkg/c.py": "import pkg.a\n",
+            "pkg/d.py": "from pkg.a import thing\n",  # into the cycle, not part of it
+            # a name of __init__ itself: a self-loop
+            "other/__init__.py": "from other import helper\n",
+            # a name, not a module: imports other/__init__
+            "other/helper_user.py": "from other import helper\n",
+        },
+    )
     graph = import_graph(tmp_path, ("pkg", "other"))
     assert graph["pkg.b"] == {"pkg.c": 2} and graph["other.helper_user"] == {"other": 1}
     assert find_cycles(graph) == [["other"], ["pkg.a", "pkg.b", "pkg.c"]]
@@ -214,49 +250,75 @@ def test_a_cycle_through_function_local_and_relative_imports_is_found(tmp_path):
 
 
 def test_an_acyclic_package_passes_and_parent_relative_imports_resolve(tmp_path):
-    write_package(tmp_path, {
-        "pkg/__init__.py": "from .sub import x\n",
-        "pkg/base.py": "import os\nimport numpy\n",
-        "pkg/sub/__init__.py": "from ..base import y\nfrom . import leaf\n",
-        "pkg/sub/leaf.py": "from .. import base\n",
-    })
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .sub import x\n",
+            "pkg/base.py": "import os\nimport numpy\n",
+            "pkg/sub/__init__.py": "from ..base import y\nfrom . import leaf\n",
+            "pkg/sub/leaf.py": "from .. import base\n",
+        },
+    )
     graph = import_graph(tmp_path, ("pkg",))
-    assert graph == {"pkg": {"pkg.sub": 1}, "pkg.base": {}, "pkg.sub": {"pkg.base": 1, "pkg.sub.leaf": 2},
-                     "pkg.sub.leaf": {"pkg.base": 1}}
+    assert graph == {
+        "pkg": {"pkg.sub": 1},
+        "pkg.base": {},
+        "pkg.sub": {"pkg.base": 1, "pkg.sub.leaf": 2},
+        "pkg.sub.leaf": {"pkg.base": 1},
+    }
     assert find_cycles(graph) == []
 
 
 def test_layering_rules_flag_internals_and_allow_public_modules():
-    graph = {"decoder.core": {"vocab.masks": 3, "train.recipe": 7, "polyspec.targets": 1},
-             "polyspec.targets": {"decoder.core": 9},
-             "pipelines.plan": {"train.config": 2, "vocab.__main__": 4, "decoder.bench.speed": 5},
-             "export.bundle": {"pipelines.run": 1}}
+    graph = {
+        "decoder.core": {"vocab.masks": 3, "train.recipe": 7, "polyspec.targets": 1},
+        "polyspec.targets": {"decoder.core": 9},
+        "pipelines.plan": {"train.config": 2, "vocab.__main__": 4, "decoder.bench.speed": 5},
+        "export.bundle": {"pipelines.run": 1},
+    }
     bad = layering_violations(graph)
-    assert [b.split(":")[0] for b in bad] == ["decoder.core imports train.recipe (line 7)",
-                                            "export.bundle imports pipelines.run (line 1)",
-                                            "pipelines.plan imports decoder.bench.speed (line 5)",
-                                            "polyspec.targets imports decoder.core (line 9)"]
+    assert [b.split(":")[0] for b in bad] == [
+        "decoder.core imports train.recipe (line 7)",
+        "export.bundle imports pipelines.run (line 1)",
+        "pipelines.plan imports decoder.bench.speed (line 5)",
+        "polyspec.targets imports decoder.core (line 9)",
+    ]
 
 
 def test_engines_read_the_export_formats_and_nothing_imports_them():
-    graph = {"engines.llamacpp.run": {"export.gguf": 1, "export.bundle": 2, "train.recipe": 3, "engines.common": 4},
-             "engines.vllm.run": {"export.interop": 1, "polyspec.vllm_process": 2},
-             "export.gguf": {"engines.llamacpp.build": 5},
-             "pipelines.report": {"engines.vllm.report": 6},
-             "polyspec.io": {"engines.common": 8},
-             "decoder.core": {"export.interop": 7}}
+    graph = {
+        "engines.llamacpp.run": {
+            "export.gguf": 1,
+            "export.bundle": 2,
+            "train.recipe": 3,
+            "engines.common": 4,
+        },
+        "engines.vllm.run": {"export.interop": 1, "polyspec.vllm_process": 2},
+        "export.gguf": {"engines.llamacpp.build": 5},
+        "pipelines.report": {"engines.vllm.report": 6},
+        "polyspec.io": {"engines.common": 8},
+        "decoder.core": {"export.interop": 7},
+    }
     bad = layering_violations(graph)
-    assert [b.split(":")[0] for b in bad] == ["decoder.core imports export.interop (line 7)",
-                                            "engines.llamacpp.run imports train.recipe (line 3)",
-                                            "export.gguf imports engines.llamacpp.build (line 5)",
-                                            "pipelines.report imports engines.vllm.report (line 6)",
-                                            "polyspec.io imports engines.common (line 8)"]
+    assert [b.split(":")[0] for b in bad] == [
+        "decoder.core imports export.interop (line 7)",
+        "engines.llamacpp.run imports train.recipe (line 3)",
+        "export.gguf imports engines.llamacpp.build (line 5)",
+        "pipelines.report imports engines.vllm.report (line 6)",
+        "polyspec.io imports engines.common (line 8)",
+    ]
 
 
-@pytest.mark.parametrize("graph,expected", [
-    ({"a": {"b": 1}, "b": {"c": 1}, "c": {}}, []),
-    ({"a": {"b": 1}, "b": {"a": 1}, "c": {"c": 1}}, [["a", "b"], ["c"]]),
-    ({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1, "d": 1}, "d": {"e": 1}, "e": {"d": 1}}, [["a", "b", "c"], ["d", "e"]]),
-])
+@pytest.mark.parametrize(
+    "graph,expected",
+    [
+        ({"a": {"b": 1}, "b": {"c": 1}, "c": {}}, []),
+        ({"a": {"b": 1}, "b": {"a": 1}, "c": {"c": 1}}, [["a", "b"], ["c"]]),
+        (
+            {"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1, "d": 1}, "d": {"e": 1}, "e": {"d": 1}},
+            [["a", "b", "c"], ["d", "e"]],
+        ),
+    ],
+)
 def test_find_cycles(graph, expected):
     assert find_cycles(graph) == expected

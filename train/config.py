@@ -13,71 +13,136 @@ from polyspec.drafter_kind import DrafterKind
 class DataConfig(StrictModel):
     pretrain: list[str] = Field(
         default_factory=lambda: ["{run}/synth/{lang}-pretrain/data.jsonl"],
-        description="general text for the pretrain stage (jsonl: `text`, or ShareGPT conversations); "
+        description="general text for the pretrain stage (jsonl: `text`, or ShareGPT "
+        "conversations); "
         "online users may name an HF dataset (org/name)",
     )
     finetune: list[str] = Field(
-        default_factory=lambda: ["{run}/synth/{lang}/data.jsonl"], description="the language's synth data (jsonl)"
+        default_factory=lambda: ["{run}/synth/{lang}/data.jsonl"],
+        description="the language's synth data (jsonl)",
     )
     max_length: int = Field(256, ge=8, description="tokens per training sequence")
-    pad_to_multiple: int = Field(8, ge=1, description="batch length rounded up to a multiple of this: fewer distinct "
-                                 "shapes for the kernels (1: no rounding). With length-grouped batches 8 pads the demo's "
-                                 "vi data 7 % instead of 14 % at 32, 1,812 vs 1,719 tok/s (python -m train.bench, AVX2 fp32, "
-                                 "4 interleaved rounds; 1: 1,774)")
-    split_text: bool = Field(False, description="plain-text records (a corpus' documents) longer than max_length "
-                             "become several sequences of at most max_length tokens, each after the tokenizer's BOS, "
-                             "instead of one cut at max_length: the pretrain reads every token of the text")
-    group_by_length: bool = Field(True, description="batches of similar length (transformers' group_by_length): "
-                                  "less padding per step, the same examples per epoch")
-    eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="held-out share of the finetune data")
+    pad_to_multiple: int = Field(
+        8,
+        ge=1,
+        description="batch length rounded up to a multiple of this: fewer distinct "
+        "shapes for the kernels (1: no rounding). With length-grouped batches 8 pads the demo's "
+        "vi data 7 % instead of 14 % at 32, 1,812 vs 1,719 tok/s (python -m train.bench, AVX2 "
+        "fp32, "
+        "4 interleaved rounds; 1: 1,774)",
+    )
+    split_text: bool = Field(
+        False,
+        description="plain-text records (a corpus' documents) longer than max_length "
+        "become several sequences of at most max_length tokens, each after the tokenizer's BOS, "
+        "instead of one cut at max_length: the pretrain reads every token of the text",
+    )
+    group_by_length: bool = Field(
+        True,
+        description="batches of similar length (transformers' group_by_length): "
+        "less padding per step, the same examples per epoch",
+    )
+    eval_fraction: float = Field(
+        0.1, gt=0.0, lt=1.0, description="held-out share of the finetune data"
+    )
     eval_max_examples: int = Field(16, ge=1)
     eval_file: list[str] | None = Field(
-        None, description="finetune: score held-out acceptance on these files' instructions (a test set) instead of "
-        "a split of the finetune data, which then trains on all of its records")
+        None,
+        description="finetune: score held-out acceptance on these files' instructions (a test "
+        "set) instead of "
+        "a split of the finetune data, which then trains on all of its records",
+    )
 
 
 class EagleConfig(StrictModel):
     arch: Literal["eagle1", "eagle3"] = Field(
-        "eagle1", description="eagle1: fc over [embedding ‖ last feature], target head; eagle3: three target layers "
-        "fused, own draft-vocabulary head (the speculators / vLLM eagle3 form)")
-    vocab_size: int | None = Field(8192, ge=1, description="s: top-s ids of the language's ranked list; None = full")
+        "eagle1",
+        description="eagle1: fc over [embedding ‖ last feature], target head; eagle3: three "
+        "target layers "
+        "fused, own draft-vocabulary head (the speculators / vLLM eagle3 form)",
+    )
+    vocab_size: int | None = Field(
+        8192, ge=1, description="s: top-s ids of the language's ranked list; None = full"
+    )
     vocab_file: str = Field("{run}/vocab/{lang}.safetensors")
     vocab_langs: list[str] | None = Field(
-        None, description="draft vocabulary of a multilingual drafter: these languages' ranked lists (vocab_file with "
-        "{lang} = each) interleaved by rank, duplicates dropped, cut at vocab_size (the EAGLE-3 pretrain an engine "
-        "serves for every language); None: the stage language's own list")
-    feature_loss_weight: float = Field(1.0, ge=0.0, description="EAGLE-1: SmoothL1 on the next feature")
-    token_loss_weight: float = Field(0.1, ge=0.0, description="EAGLE-1: CE against the target's next-token distribution")
-    feature_noise: float = Field(0.1, ge=0.0, description="uniform noise U(-a, a) on input features (EAGLE)")
-    ttt_steps: int = Field(1, ge=1, description="EAGLE-3 training-time test: unrolled steps (1 = off)")
-    target_probs_gb: float | None = Field(None, ge=0.0, description="host memory (fp16) for the target's distribution "
-                                          "over the s ids at each example's loss rows, kept after its first epoch "
-                                          "instead of recomputed by the head (the same values either way); None: 4 on "
-                                          "CPU, 0 on GPUs (there the GEMM costs less than moving its result)")
-    mask_out_of_vocab: bool = Field(False, description="leave out of the token loss the rows whose target argmax "
-                                    "lies outside the draft vocabulary (EAGLE-3's reference training; costs a "
-                                    "whole-vocabulary head GEMM a loss row)")
-    ttt_decay: float = Field(0.8, gt=0.0, le=1.0, description="weight of unrolled step i is decay**i")
-    num_layers: int = Field(1, ge=1, description="EAGLE-1: decoder layers of the drafter (1: the EAGLE form; measured "
-                            "on vi demo data, 6 epochs from scratch: 2 layers τ 1.51 vs 1.46/1.49 for 1 layer, seeds 0/1, "
-                            "at 1.6× the drafting cost: 7.9 vs 4.8 ms a drafted token, fp32, 8K head; so 1 stays the default)")
+        None,
+        description="draft vocabulary of a multilingual drafter: these languages' ranked lists "
+        "(vocab_file with "
+        "{lang} = each) interleaved by rank, duplicates dropped, cut at vocab_size (the EAGLE-3 "
+        "pretrain an engine "
+        "serves for every language); None: the stage language's own list",
+    )
+    feature_loss_weight: float = Field(
+        1.0, ge=0.0, description="EAGLE-1: SmoothL1 on the next feature"
+    )
+    token_loss_weight: float = Field(
+        0.1, ge=0.0, description="EAGLE-1: CE against the target's next-token distribution"
+    )
+    feature_noise: float = Field(
+        0.1, ge=0.0, description="uniform noise U(-a, a) on input features (EAGLE)"
+    )
+    ttt_steps: int = Field(
+        1, ge=1, description="EAGLE-3 training-time test: unrolled steps (1 = off)"
+    )
+    target_probs_gb: float | None = Field(
+        None,
+        ge=0.0,
+        description="host memory (fp16) for the target's distribution "
+        "over the s ids at each example's loss rows, kept after its first epoch "
+        "instead of recomputed by the head (the same values either way); None: 4 on "
+        "CPU, 0 on GPUs (there the GEMM costs less than moving its result)",
+    )
+    mask_out_of_vocab: bool = Field(
+        False,
+        description="leave out of the token loss the rows whose target argmax "
+        "lies outside the draft vocabulary (EAGLE-3's reference training; costs a "
+        "whole-vocabulary head GEMM a loss row)",
+    )
+    ttt_decay: float = Field(
+        0.8, gt=0.0, le=1.0, description="weight of unrolled step i is decay**i"
+    )
+    num_layers: int = Field(
+        1,
+        ge=1,
+        description="EAGLE-1: decoder layers of the drafter (1: the EAGLE form; measured "
+        "on vi demo data, 6 epochs from scratch: 2 layers τ 1.51 vs 1.46/1.49 for 1 layer, seeds "
+        "0/1, "
+        "at 1.6× the drafting cost: 7.9 vs 4.8 ms a drafted token, fp32, 8K head; so 1 stays the "
+        "default)",
+    )
     init_layer: Literal["random", "target"] = Field(
-        "random", description="EAGLE-1 trained from scratch: its decoder layer and final norm start as a random "
-        "init or as a copy of the target's last full-attention layer and final norm (measured on vi demo data, 8 epochs from "
-        "scratch: held-out τ 1.45 with the copy vs 1.57 random, so random stays the default)")
+        "random",
+        description="EAGLE-1 trained from scratch: its decoder layer and final norm start as a "
+        "random "
+        "init or as a copy of the target's last full-attention layer and final norm (measured on "
+        "vi demo data, 8 epochs from "
+        "scratch: held-out τ 1.45 with the copy vs 1.57 random, so random stays the default)",
+    )
 
     lookup_hint: bool = Field(
-        False, description="EAGLE-1: the drafter also reads, at each entry, the token prompt lookup proposes next "
-        "and its n-gram length (polyspec.lookup; computed from the same tokens in training and decoding)")
+        False,
+        description="EAGLE-1: the drafter also reads, at each entry, the token prompt lookup "
+        "proposes next "
+        "and its n-gram length (polyspec.lookup; computed from the same tokens in training and "
+        "decoding)",
+    )
 
     @model_validator(mode="after")
     def _one_layer_forms(self):
         if self.lookup_hint and self.arch != "eagle1":
-            raise ValueError("eagle.lookup_hint is an EAGLE-1 option (the eagle3 form is the one vLLM serves, without it)")
+            raise ValueError(
+                "eagle.lookup_hint is an EAGLE-1 option (the eagle3 form is the one vLLM serves, "
+                "without it)"
+            )
         if self.num_layers > 1 and self.arch != "eagle1":
-            raise ValueError("eagle.num_layers > 1 is an EAGLE-1 option (eagle3 keeps one layer, as speculators)")
+            raise ValueError(
+                "eagle.num_layers > 1 is an EAGLE-1 option (eagle3 keeps one layer, as speculators)"
+            )
         if self.num_layers > 1 and self.init_layer == "target":
-            raise ValueError("eagle.init_layer=target copies one target layer: it needs eagle.num_layers=1")
+            raise ValueError(
+                "eagle.init_layer=target copies one target layer: it needs eagle.num_layers=1"
+            )
         return self
 
 
@@ -92,7 +157,12 @@ class OptimConfig(StrictModel):
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
-    warmup_ratio: float = Field(0.03, ge=0.0, lt=1.0, description="Yi et al. 2024 (Towards Fast Multilingual LLM Inference), Appendix F")
+    warmup_ratio: float = Field(
+        0.03,
+        ge=0.0,
+        lt=1.0,
+        description="Yi et al. 2024 (Towards Fast Multilingual LLM Inference), Appendix F",
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     batch_size: int = Field(4, ge=1, description="sequences per device per micro-step")
     grad_accum: int = Field(1, ge=1)
@@ -100,8 +170,12 @@ class OptimConfig(StrictModel):
 
 class StageConfig(StrictModel):
     steps: int = Field(200, ge=1, description="optimizer steps (when epochs is None)")
-    epochs: float | None = Field(None, gt=0, description="passes over the stage's training examples: sets the steps "
-                                 "(ceil(epochs · examples / global batch)); None: steps")
+    epochs: float | None = Field(
+        None,
+        gt=0,
+        description="passes over the stage's training examples: sets the steps "
+        "(ceil(epochs · examples / global batch)); None: steps",
+    )
     lr: float | None = Field(None, gt=0, description="None: optim.lr")
 
 
@@ -110,19 +184,35 @@ class TrainConfig(StrictModel):
 
     lang: str = "vi"
     target: str = "gemma3-270m"
-    target_dtype: str = Field("float32", description="dtype of the frozen target computing the features online: float32 "
-                              "(default; the fp32 drafter trains on exact features) or auto/bfloat16")
+    target_dtype: str = Field(
+        "float32",
+        description="dtype of the frozen target computing the features online: float32 "
+        "(default; the fp32 drafter trains on exact features) or auto/bfloat16",
+    )
     run: str = "runs/default"
-    train_dir: str = Field("train", description="folder under the run the stages write: <run>/<train_dir>/<lang>/ (a "
-                           "second drafter form trained beside the first, e.g. the EAGLE-3 drafters engines load)")
+    train_dir: str = Field(
+        "train",
+        description="folder under the run the stages write: <run>/<train_dir>/<lang>/ (a "
+        "second drafter form trained beside the first, e.g. the EAGLE-3 drafters engines load)",
+    )
     drafter_type: Literal["eagle", "small-lm"] = "eagle"
     stage: Literal["pretrain", "finetune", "both"] = "both"
-    init_from: str | None = Field(None, description="finetune: weights to start from (default: this run's pretrain final)")
+    init_from: str | None = Field(
+        None, description="finetune: weights to start from (default: this run's pretrain final)"
+    )
     seed: int = 0
     features: Literal["online", "offline", "captured"] = Field(
-        "online", description="online: the target runs in every step; offline: its last layer precomputed once; "
-        "captured: read from the shards `synth distill capture_features=true` kept while generating (no target pass)")
-    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = Field("auto", description="auto: bf16 where bf16 is native (CUDA, AVX512-BF16 / AMX CPUs; not DeepSpeed on CPU), else no")
+        "online",
+        description="online: the target runs in every step; offline: its last layer precomputed "
+        "once; "
+        "captured: read from the shards `synth distill capture_features=true` kept while "
+        "generating (no target pass)",
+    )
+    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = Field(
+        "auto",
+        description="auto: bf16 where bf16 is native (CUDA, AVX512-BF16 / AMX CPUs; not DeepSpeed "
+        "on CPU), else no",
+    )
     data: DataConfig = DataConfig()
     eagle: EagleConfig = EagleConfig()
     small_lm: SmallLMConfig = SmallLMConfig()
@@ -132,18 +222,34 @@ class TrainConfig(StrictModel):
     checkpoint_every: int = Field(50, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(50, ge=1)
-    eval_depth: int = Field(4, ge=1, description="γ of the score: the decoder's greedy chain procedure with γ drafts "
-                            "per step on held-out prompts (tau = answer tokens / target forwards)")
+    eval_depth: int = Field(
+        4,
+        ge=1,
+        description="γ of the score: the decoder's greedy chain procedure with γ drafts "
+        "per step on held-out prompts (tau = answer tokens / target forwards)",
+    )
     log_every: int = Field(10, ge=1)
-    max_seconds: float | None = Field(None, gt=0, description="a time budget for the stage's training (a lent GPU's): "
-                                      "after 10 steps the planned steps shrink to what the measured rate affords, so "
-                                      "the cosine schedule anneals within it; past it the stage ends at the next step. "
-                                      "final/ is written either way")
-    eval_only: bool = Field(False, description="evaluate the stage's starting weights (random init unless init_from) and stop")
-    report_to: Literal["wandb", "tensorboard", "none"] = Field("wandb", description="wandb runs offline by default")
+    max_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="a time budget for the stage's training (a lent GPU's): "
+        "after 10 steps the planned steps shrink to what the measured rate affords, so "
+        "the cosine schedule anneals within it; past it the stage ends at the next step. "
+        "final/ is written either way",
+    )
+    eval_only: bool = Field(
+        False,
+        description="evaluate the stage's starting weights (random init unless init_from) and stop",
+    )
+    report_to: Literal["wandb", "tensorboard", "none"] = Field(
+        "wandb", description="wandb runs offline by default"
+    )
     device: str = "auto"
 
     @property
     def drafter_kind(self) -> DrafterKind:
-        """The kind of drafter this recipe trains: ``eagle.arch``'s for ``drafter_type`` eagle, else a small LM."""
-        return DrafterKind(self.eagle.arch) if self.drafter_type == "eagle" else DrafterKind.SMALL_LM
+        """The kind of drafter this recipe trains: ``eagle.arch``'s for ``drafter_type`` eagle, else
+        a small LM."""
+        return (
+            DrafterKind(self.eagle.arch) if self.drafter_type == "eagle" else DrafterKind.SMALL_LM
+        )

@@ -1,10 +1,12 @@
 """Training examples: token ids plus a loss mask, laid out with the target's prompt format.
 
-- finetune records (synth ``data.jsonl``: ShareGPT ``conversations``): the human turns are the prompt,
-  the loss covers the response tokens only — the same layout synth used to ask the target;
-- pretrain records (``text``, e.g. ``synth distill --continuation``; or conversations): loss on every token.
+- finetune records (synth ``data.jsonl``: ShareGPT ``conversations``): the human turns are the
+  prompt, the loss covers the response tokens only — the same layout synth used to ask the target;
+- pretrain records (``text``, e.g. ``synth distill --continuation``; or conversations): loss on
+  every token.
 
-Malformed lines are skipped and counted; a file with no usable line is an error before training starts.
+Malformed lines are skipped and counted; a file with no usable line is an error before training
+starts.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from polyspec.prompts import render
 class Example:
     input_ids: list[int]
     loss_mask: list[int]  # 1 where the token is a training target
-    feat: tuple[str, str] | None = None  # captured features: (shard path, record id) (polyspec/features.py)
+    # captured features: (shard path, record id) (polyspec/features.py)
+    feat: tuple[str, str] | None = None
 
 
 @dataclass
@@ -68,7 +71,13 @@ def _turns(rec: dict) -> list[tuple[str, str]] | None:
     for t in conv:
         if not isinstance(t, dict) or not isinstance(t.get("value"), str):
             return None
-        role = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}.get(t.get("from"))
+        role = {
+            "human": "user",
+            "user": "user",
+            "gpt": "assistant",
+            "assistant": "assistant",
+            "system": "system",
+        }.get(t.get("from"))
         if role is None:
             return None
         turns.append((role, t["value"]))
@@ -76,7 +85,8 @@ def _turns(rec: dict) -> list[tuple[str, str]] | None:
 
 
 def encode_record(rec: dict, target, max_length: int, response_only: bool) -> Example | None:
-    """One record → ids + loss mask (response tokens only for conversations when ``response_only``)."""
+    """One record → ids + loss mask (response tokens only for conversations when
+    ``response_only``)."""
     tok, fmt = target.tokenizer, target.spec.prompt_format
     turns = _turns(rec)
     if turns is None:  # plain text: every token is a target
@@ -87,7 +97,9 @@ def encode_record(rec: dict, target, max_length: int, response_only: bool) -> Ex
     full = render(fmt, tok, msgs[: last + 1], add_generation_prompt=False)
     prefix = render(fmt, tok, msgs[:last], add_generation_prompt=True)
     if not full.startswith(prefix):
-        raise PolyspecError("the prompt format does not render the prompt as a prefix of the conversation")
+        raise PolyspecError(
+            "the prompt format does not render the prompt as a prefix of the conversation"
+        )
     enc = tok(full, add_special_tokens=fmt.kind == "completion", return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     start = len(prefix)
@@ -97,11 +109,14 @@ def encode_record(rec: dict, target, max_length: int, response_only: bool) -> Ex
     return Example(ids, mask) if sum(mask) > 0 else None
 
 
-def text_chunks(ids: list[int], bos: int | None, max_length: int, min_tokens: int = 16) -> list[Example]:
-    """A plain-text record's token ids → sequences of at most ``max_length`` tokens covering all of it, each after
-    the tokenizer's BOS (when it adds one); a tail shorter than ``min_tokens`` is dropped (as ``corpus prefill``)."""
+def text_chunks(
+    ids: list[int], bos: int | None, max_length: int, min_tokens: int = 16
+) -> list[Example]:
+    """A plain-text record's token ids → sequences of at most ``max_length`` tokens covering all of
+    it, each after the tokenizer's BOS (when it adds one); a tail shorter than ``min_tokens`` is
+    dropped (as ``corpus prefill``)."""
     head = ids[:1] if ids and bos is not None and ids[0] == bos else []
-    body, step = ids[len(head):], max_length - len(head)
+    body, step = ids[len(head) :], max_length - len(head)
     out = []
     for k in range(0, len(body), step):
         piece = head + body[k : k + step]
@@ -110,10 +125,19 @@ def text_chunks(ids: list[int], bos: int | None, max_length: int, min_tokens: in
     return out
 
 
-def build_dataset(patterns: list[str], target, run: str, lang: str, max_length: int, response_only: bool,
-                  captured: bool = False, split_text: bool = False) -> Dataset:
-    """``captured``: examples are the distilled records' own token ids (exactly what the target generated and
-    whose hidden states were kept); records without captured features are skipped and counted."""
+def build_dataset(
+    patterns: list[str],
+    target,
+    run: str,
+    lang: str,
+    max_length: int,
+    response_only: bool,
+    captured: bool = False,
+    split_text: bool = False,
+) -> Dataset:
+    """``captured``: examples are the distilled records' own token ids (exactly what the target
+    generated and whose hidden states were kept); records without captured features are skipped and
+    counted."""
     paths = expand_paths(patterns, run, lang)
     records, skipped = read_records(paths, with_source=captured)
     reader = FeatureReader(target.spec.name, target.tokenizer_sha256) if captured else None
@@ -123,19 +147,26 @@ def build_dataset(patterns: list[str], target, run: str, lang: str, max_length: 
         records = [r for r in records if _turns(r) is not None]
         tok = target.tokenizer
         for i in range(0, len(texts), 1000):
-            for ids in tok([r["text"] for r in texts[i : i + 1000]], add_special_tokens=True)["input_ids"]:
+            for ids in tok([r["text"] for r in texts[i : i + 1000]], add_special_tokens=True)[
+                "input_ids"
+            ]:
                 pieces = text_chunks(ids, tok.bos_token_id, max_length)
                 examples += pieces
                 skipped += not pieces
     for rec in records:
-        ex = captured_example(rec, reader, max_length, response_only) if captured else \
-            encode_record(rec, target, max_length, response_only)
+        ex = (
+            captured_example(rec, reader, max_length, response_only)
+            if captured
+            else encode_record(rec, target, max_length, response_only)
+        )
         if ex is None:
             skipped += 1
         else:
             examples.append(ex)
     if not examples:
-        raise PolyspecError(f"no usable training example in {', '.join(paths)} ({skipped} lines skipped)")
+        raise PolyspecError(
+            f"no usable training example in {', '.join(paths)} ({skipped} lines skipped)"
+        )
     return Dataset(examples, skipped, paths)
 
 
@@ -145,12 +176,16 @@ def all_captured(patterns: list[str], run: str, lang: str) -> bool:
     return bool(records) and all(isinstance(r.get("features_file"), str) for r in records)
 
 
-def captured_example(rec: dict, reader: FeatureReader, max_length: int, response_only: bool) -> Example | None:
+def captured_example(
+    rec: dict, reader: FeatureReader, max_length: int, response_only: bool
+) -> Example | None:
     if not isinstance(rec.get("features_file"), str) or not isinstance(rec.get("id"), str):
         return None
     path = str(Path(rec["_file"]).parent / rec["features_file"])
     if not Path(path).resolve().is_relative_to(Path(rec["_file"]).parent.resolve()):
-        raise PolyspecError(f"{rec['_file']}: features_file {rec['features_file']!r} leaves its folder")
+        raise PolyspecError(
+            f"{rec['_file']}: features_file {rec['features_file']!r} leaves its folder"
+        )
     ids, start = reader.ids(path, rec["id"])
     mask = [0] * start + [1] * (len(ids) - start) if response_only else [0] + [1] * (len(ids) - 1)
     ids, mask = ids[:max_length], mask[:max_length]
@@ -163,12 +198,16 @@ def split(ds: Dataset, eval_fraction: float, seed: int) -> tuple[list[Example], 
     random.Random(seed).shuffle(idx)
     n_eval = max(1, round(len(idx) * eval_fraction)) if len(idx) > 1 else 0
     held = set(idx[:n_eval])
-    return [e for i, e in enumerate(ds.examples) if i not in held], [ds.examples[i] for i in sorted(held)]
+    return [e for i, e in enumerate(ds.examples) if i not in held], [
+        ds.examples[i] for i in sorted(held)
+    ]
 
 
-def collate(batch: list[Example], pad_id: int, indices: list[int] | None = None, multiple: int = 1) -> dict[str, torch.Tensor]:
-    """Right-padded ids, attention mask, loss mask (and the examples' indices, for offline features); the length
-    rounded up to ``multiple``."""
+def collate(
+    batch: list[Example], pad_id: int, indices: list[int] | None = None, multiple: int = 1
+) -> dict[str, torch.Tensor]:
+    """Right-padded ids, attention mask, loss mask (and the examples' indices, for offline
+    features); the length rounded up to ``multiple``."""
     T = -(-max(len(e.input_ids) for e in batch) // multiple) * multiple
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
     attn = torch.zeros((len(batch), T), dtype=torch.long)
@@ -184,22 +223,26 @@ def collate(batch: list[Example], pad_id: int, indices: list[int] | None = None,
     return out
 
 
-def epoch_order(n: int, seed: int, epoch: int, lengths: list[int] | None = None, batch: int = 1,
-                group: int = 16) -> list[int]:
-    """The examples of one epoch in training order: a seeded shuffle; with ``lengths``, grouped by length (as
-    transformers' ``group_by_length``): each run of ``group`` × ``batch`` shuffled examples is sorted by length
-    and cut into batches, and the full batches are shuffled, so a batch pads to about its own examples' length
-    (random batches of the captured distillation data are ~37 % padding, grouped ~13 %) while which examples
-    share a batch still changes every epoch. The stream of batches runs across epochs (:func:`step_indices`): where
-    epoch ``e`` starts inside a batch, its first (−e·n mod ``batch``) examples finish that batch and the cut
-    follows, so all the other batches are one group's."""
+def epoch_order(
+    n: int, seed: int, epoch: int, lengths: list[int] | None = None, batch: int = 1, group: int = 16
+) -> list[int]:
+    """The examples of one epoch in training order: a seeded shuffle; with ``lengths``, grouped by
+    length (as transformers' ``group_by_length``): each run of ``group`` × ``batch`` shuffled
+    examples is sorted by length and cut into batches, and the full batches are shuffled, so a batch
+    pads to about its own examples' length (random batches of the captured distillation data are ~37
+    % padding, grouped ~13 %) while which examples share a batch still changes every epoch. The
+    stream of batches runs across epochs (:func:`step_indices`): where epoch ``e`` starts inside a
+    batch, its first (−e·n mod ``batch``) examples finish that batch and the cut follows, so all the
+    other batches are one group's."""
     rng = random.Random(seed * 100_003 + epoch)
     order = list(range(n))
     rng.shuffle(order)
     if lengths is None or batch <= 1:
         return order
     mega = group * batch
-    ranked = [i for m in range(0, n, mega) for i in sorted(order[m : m + mega], key=lambda i: -lengths[i])]
+    ranked = [
+        i for m in range(0, n, mega) for i in sorted(order[m : m + mega], key=lambda i: -lengths[i])
+    ]
     head = (-epoch * n) % batch
     full = (n - head) // batch
     chunks = [ranked[head + b * batch : head + (b + 1) * batch] for b in range(full)]
@@ -207,16 +250,24 @@ def epoch_order(n: int, seed: int, epoch: int, lengths: list[int] | None = None,
     return ranked[:head] + [i for c in chunks for i in c] + ranked[head + full * batch :]
 
 
-def step_indices(n: int, per_step: int, seed: int, start_step: int = 0, lengths: list[int] | None = None,
-                 batch: int = 1):
+def step_indices(
+    n: int,
+    per_step: int,
+    seed: int,
+    start_step: int = 0,
+    lengths: list[int] | None = None,
+    batch: int = 1,
+):
     """Endless stream of each optimizer step's ``per_step`` example indices, epoch after epoch
-    (:func:`epoch_order`), from ``start_step`` on: a resumed run continues exactly where it stopped."""
+    (:func:`epoch_order`), from ``start_step`` on: a resumed run continues exactly where it
+    stopped."""
     cursor, orders = start_step * per_step, {}
     while True:
         idx = []
         for c in range(cursor, cursor + per_step):
             epoch, offset = divmod(c, n)
-            if epoch not in orders:  # the cursor only moves forward: the current epoch's order is all it needs
+            # the cursor only moves forward: the current epoch's order is all it needs
+            if epoch not in orders:
                 orders = {epoch: epoch_order(n, seed, epoch, lengths, batch)}
             idx.append(orders[epoch][offset])
         yield idx

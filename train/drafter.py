@@ -2,20 +2,22 @@
 
     accelerate launch train/drafter.py --config configs/train/eagle-cpu.yaml lang=vi
     accelerate launch --multi_gpu --num_processes 2 train/drafter.py --config … (DDP; gloo on CPU)
-    accelerate launch --config_file configs/deepspeed/zero2.yaml train/drafter.py --config …    (GPUs)
-    accelerate launch --config_file configs/accelerate/zero2-cpu.yaml train/drafter.py --config …  (2 CPU processes)
+    accelerate launch --config_file configs/deepspeed/zero2.yaml train/drafter.py --config … (GPUs)
+    accelerate launch --config_file configs/accelerate/zero2-cpu.yaml train/drafter.py --config …
+        (2 CPU processes)
     python -m train.drafter --config …   (or python -m train …: one process)
 
-Stages (the pretrain-and-finetune of Yi et al. 2024, "Towards Fast Multilingual LLM Inference"): ``pretrain`` on
-general text (loss on every token), then ``finetune`` on the language's synth data (loss on response tokens),
-starting from the pretrain weights. Outputs under ``<run>/train/<lang>/``: ``<stage>/checkpoint-<step>/``
-(train/checkpoint.py: exact resume), ``<stage>/final/``, ``<stage>/best/`` (by the held-out score: the decoder's
-chain τ, train/score.py), ``<stage>/metrics.jsonl``, and ``final/`` (the last stage's best/ — its final/ when no
-evaluation ran —: what export ships).
+Stages (the pretrain-and-finetune of Yi et al. 2024, "Towards Fast Multilingual LLM Inference"):
+``pretrain`` on general text (loss on every token), then ``finetune`` on the language's synth data
+(loss on response tokens), starting from the pretrain weights. Outputs under
+``<run>/train/<lang>/``: ``<stage>/checkpoint-<step>/`` (train/checkpoint.py: exact resume),
+``<stage>/final/``, ``<stage>/best/`` (by the held-out score: the decoder's chain τ,
+train/score.py), ``<stage>/metrics.jsonl``, and ``final/`` (the last stage's best/ — its final/ when
+no evaluation ran —: what export ships).
 
 Where the parts live: train/recipe.py (one stage: setup and the training loop), train/checkpoint.py,
-train/data.py (examples), train/objectives.py (losses), train/score.py (held-out score), and the drafter models
-in polyspec/drafter_models.py.
+train/data.py (examples), train/objectives.py (losses), train/score.py (held-out score), and the
+drafter models in polyspec/drafter_models.py.
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ __all__ = ["DrafterRecipe", "main", "resolve_mixed_precision", "run"]
 
 
 def run(cfg: TrainConfig, target=None) -> list[dict]:
-    """The stages ``cfg.stage`` names, in order, for ``cfg.lang``; each stage's result (steps, losses, held-out score).
-    The finished stage's best (else final) weights become ``<run>/<train_dir>/<lang>/final/``."""
+    """The stages ``cfg.stage`` names, in order, for ``cfg.lang``; each stage's result (steps,
+    losses, held-out score). The finished stage's best (else final) weights become
+    ``<run>/<train_dir>/<lang>/final/``."""
     get_language(cfg.lang, target=cfg.target)
     stages = ["pretrain", "finetune"] if cfg.stage == "both" else [cfg.stage]
     for stage in stages:  # missing data is an error before any model is loaded
-        expand_paths(cfg.data.pretrain if stage == "pretrain" else cfg.data.finetune, cfg.run, cfg.lang)
+        expand_paths(
+            cfg.data.pretrain if stage == "pretrain" else cfg.data.finetune, cfg.run, cfg.lang
+        )
         if stage == "finetune" and cfg.data.eval_file:
             expand_paths(cfg.data.eval_file, cfg.run, cfg.lang)
     results = []
@@ -55,19 +60,31 @@ def run(cfg: TrainConfig, target=None) -> list[dict]:
         recipe = DrafterRecipe(cfg, stage)
         recipe.setup(target=target)
         target = recipe.target
-        if cfg.eval_only:  # the starting weights' score, kept beside the stage's metrics (python -m train.compare)
-            results.append({"stage": stage, "steps": 0, "init_from": recipe.init_from, "eval": recipe.evaluate()})
+        # the starting weights' score, kept beside the stage's metrics (python -m train.compare)
+        if cfg.eval_only:
+            results.append(
+                {
+                    "stage": stage,
+                    "steps": 0,
+                    "init_from": recipe.init_from,
+                    "eval": recipe.evaluate(),
+                }
+            )
             if recipe.acc.is_main_process:
                 atomic_write_json(recipe.out / "eval_only.json", results[-1])
             recipe.cleanup()
             continue
         results.append(recipe.train())
         if recipe.acc.is_main_process:
-            # what export ships: the stage's best/ by the held-out score (the decoder's chain τ), else its final/
+            # what export ships: the stage's best/ by the held-out score (the decoder's chain τ),
+            # else its final/
             final, best = Path(cfg.run) / cfg.train_dir / cfg.lang / "final", recipe.out / "best"
             with atomic_directory(final, overwrite=True) as tmp:
-                shutil.copytree(best if (best / "model.safetensors").is_file() else recipe.out / "final", tmp,
-                                dirs_exist_ok=True)
+                shutil.copytree(
+                    best if (best / "model.safetensors").is_file() else recipe.out / "final",
+                    tmp,
+                    dirs_exist_ok=True,
+                )
         recipe.acc.wait_for_everyone()
         recipe.cleanup()
     return results

@@ -1,7 +1,7 @@
 """Offline target features (``features: offline``): the frozen target's last hidden states for every
 training example, computed once and stored as sharded safetensors under ``<stage dir>/features/``
-(``ex<i>`` → [T_i, H]), then reused across epochs, steps and resumes. Shards are written atomically, so
-an interrupted precompute continues where it stopped."""
+(``ex<i>`` → [T_i, H]), then reused across epochs, steps and resumes. Shards are written atomically,
+so an interrupted precompute continues where it stopped."""
 
 from __future__ import annotations
 
@@ -36,7 +36,12 @@ class FeatureStore:
             out = {}
             for i in range(shard * self.shard_size, min(self.n, (shard + 1) * self.shard_size)):
                 ids = torch.tensor([examples[i].input_ids], device=target.device)
-                out[f"ex{i}"] = target_features(target.model, ids, torch.ones_like(ids))[0].float().cpu().contiguous()
+                out[f"ex{i}"] = (
+                    target_features(target.model, ids, torch.ones_like(ids))[0]
+                    .float()
+                    .cpu()
+                    .contiguous()
+                )
             atomic_write_bytes(self._path(shard), save(out))
 
     def get(self, indices: list[int], T: int, device) -> torch.Tensor:
@@ -48,7 +53,9 @@ class FeatureStore:
                 self._cache = {shard: self._load(shard)}  # keep one shard in memory
             f = self._cache[shard].get(f"ex{i}")
             if f is None:
-                raise PolyspecError(f"feature shard {self._path(shard)} holds no ex{i}; delete it and rerun train")
+                raise PolyspecError(
+                    f"feature shard {self._path(shard)} holds no ex{i}; delete it and rerun train"
+                )
             rows.append(torch.nn.functional.pad(f, (0, 0, 0, T - f.shape[0])))
         return torch.stack(rows).to(device)
 
@@ -56,5 +63,8 @@ class FeatureStore:
         path = self._path(shard)
         try:
             return load_file(str(path))
-        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on a damaged file
-            raise PolyspecError(f"corrupt feature shard {path}: {first_line(e)}; delete it and rerun train") from None
+        # safetensors raises its own error type on a damaged file
+        except Exception as e:  # noqa: BLE001
+            raise PolyspecError(
+                f"corrupt feature shard {path}: {first_line(e)}; delete it and rerun train"
+            ) from None

@@ -16,13 +16,22 @@ from polyspec.lookup import hint_inputs, hint_tensors
 
 
 @torch.no_grad()
-def target_features(target_model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    aux_layers: list[int] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def target_features(
+    target_model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    aux_layers: list[int] | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[B, T] → f [B, T, H] from the frozen target's base model (its LM head is not run); with
-    ``aux_layers`` (EAGLE-3) also [B, T, 3H]: those entries of ``output_hidden_states``, concatenated."""
+    ``aux_layers`` (EAGLE-3) also [B, T, 3H]: those entries of ``output_hidden_states``,
+    concatenated."""
     base = target_model.get_decoder()
-    out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-               output_hidden_states=aux_layers is not None)
+    out = base(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        use_cache=False,
+        output_hidden_states=aux_layers is not None,
+    )
     if aux_layers is None:
         return out.last_hidden_state
     return out.last_hidden_state, torch.cat([out.hidden_states[i] for i in aux_layers], dim=-1)
@@ -33,20 +42,26 @@ def is_eagle3(drafter) -> bool:
 
 
 def uses_hints(drafter) -> bool:
-    """An EAGLE-1 drafter that reads prompt-lookup hints (``eagle.lookup_hint``, ``polyspec.lookup``)."""
+    """An EAGLE-1 drafter that reads prompt-lookup hints (``eagle.lookup_hint``,
+    ``polyspec.lookup``)."""
     return bool(getattr(getattr(drafter, "module", drafter), "lookup_hint", False))
 
 
-def draft_logits(drafter, pred: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
-    """Logits over the reduced vocabulary: the frozen target head rows (EAGLE-1) or the drafter's own
-    draft-vocabulary head (EAGLE-3); both index the same top-s ids."""
+def draft_logits(
+    drafter, pred: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None
+) -> torch.Tensor:
+    """Logits over the reduced vocabulary: the frozen target head rows (EAGLE-1) or the drafter's
+    own draft-vocabulary head (EAGLE-3); both index the same top-s ids."""
     if is_eagle3(drafter):
         return getattr(drafter, "module", drafter).logits(pred)
     return reduced_logits(pred, head_w, softcap)
 
 
-def reduced_logits(h: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
-    """h [.., H] @ head_w [s, H]^T → [.., s] (the target head restricted to the language's top-s ids)."""
+def reduced_logits(
+    h: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None
+) -> torch.Tensor:
+    """h [.., H] @ head_w [s, H]^T → [.., s] (the target head restricted to the language's top-s
+    ids)."""
     logits = h.to(head_w.dtype) @ head_w.T
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
@@ -54,23 +69,29 @@ def reduced_logits(h: torch.Tensor, head_w: torch.Tensor, softcap: float | None 
 
 
 @torch.no_grad()
-def target_probs(f_rows: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
-    """The target's next-token distribution over the s ids from its features [N, H] → [N, s] float32, rounded
-    through fp16 so that a kept copy (:class:`TargetProbs`) and a fresh one are the same numbers."""
+def target_probs(
+    f_rows: torch.Tensor, head_w: torch.Tensor, softcap: float | None = None
+) -> torch.Tensor:
+    """The target's next-token distribution over the s ids from its features [N, H] → [N, s]
+    float32, rounded through fp16 so that a kept copy (:class:`TargetProbs`) and a fresh one are the
+    same numbers."""
     return torch.softmax(reduced_logits(f_rows, head_w, softcap).float(), dim=-1).half().float()
 
 
 @torch.no_grad()
-def in_vocab_rows(f_rows: torch.Tensor, full_w: torch.Tensor, in_draft: torch.Tensor, chunk: int = 512) -> torch.Tensor:
-    """[N] bool: whether the target's argmax over its whole vocabulary (features [N, H] @ head [V, H]^T; a softcap
-    keeps the argmax) is one of the draft ids (``in_draft`` [V] bool). Chunks of rows bound the [·, V] logits."""
+def in_vocab_rows(
+    f_rows: torch.Tensor, full_w: torch.Tensor, in_draft: torch.Tensor, chunk: int = 512
+) -> torch.Tensor:
+    """[N] bool: whether the target's argmax over its whole vocabulary (features [N, H] @ head [V,
+    H]^T; a softcap keeps the argmax) is one of the draft ids (``in_draft`` [V] bool). Chunks of
+    rows bound the [·, V] logits."""
     out = [in_draft[(x.to(full_w.dtype) @ full_w.T).argmax(-1)] for x in f_rows.split(chunk)]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=f_rows.device)
 
 
 def loss_rows(loss_mask: torch.Tensor, step: int = 0) -> torch.Tensor:
-    """[B, T] loss mask → [B, T-1-step] mask of the rows the step-``step`` head reads: pred_t feeds the head for
-    token x_{t+2+step}."""
+    """[B, T] loss mask → [B, T-1-step] mask of the rows the step-``step`` head reads: pred_t feeds
+    the head for token x_{t+2+step}."""
     L = loss_mask.shape[1] - 1 - step
     m = torch.zeros_like(loss_mask[:, :L])
     m[:, : L - 1] = loss_mask[:, 2 + step :]
@@ -78,9 +99,10 @@ def loss_rows(loss_mask: torch.Tensor, step: int = 0) -> torch.Tensor:
 
 
 class TargetProbs:
-    """The step-0 targets of :func:`eagle_loss` (the target's distribution at every loss row) per example, kept
-    in fp16 up to ``max_bytes`` after the first time an example is seen. They depend only on the example, so
-    later epochs skip the target-head GEMM and its softmax (a third of the head work of a step)."""
+    """The step-0 targets of :func:`eagle_loss` (the target's distribution at every loss row) per
+    example, kept in fp16 up to ``max_bytes`` after the first time an example is seen. They depend
+    only on the example, so later epochs skip the target-head GEMM and its softmax (a third of the
+    head work of a step)."""
 
     def __init__(self, head_w: torch.Tensor, softcap: float | None, max_bytes: float):
         self.head_w, self.softcap, self.max_bytes = head_w, softcap, max_bytes
@@ -88,12 +110,15 @@ class TargetProbs:
         self.bytes = 0
 
     def __call__(self, index: list[int], f: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-        """[rows, s] in :func:`eagle_loss`'s row order (batch row, then position) for the examples ``index``."""
+        """[rows, s] in :func:`eagle_loss`'s row order (batch row, then position) for the examples
+        ``index``."""
         m = loss_rows(loss_mask).bool()
         new = [b for b, e in enumerate(index) if e not in self.kept]
         if new:  # one GEMM for the batch's examples not kept yet
             rows = torch.cat([f[b, 1:][m[b]] for b in new])
-            fresh = target_probs(rows, self.head_w, self.softcap).split([int(m[b].sum()) for b in new])
+            fresh = target_probs(rows, self.head_w, self.softcap).split(
+                [int(m[b].sum()) for b in new]
+            )
             got = dict(zip(new, fresh))
             for b, p in got.items():
                 if self.bytes + 2 * p.numel() <= self.max_bytes:
@@ -101,43 +126,63 @@ class TargetProbs:
                     self.bytes += 2 * p.numel()
         else:
             got = {}
-        return torch.cat([got[b] if b in got else self.kept[e].to(f.device, torch.float32) for b, e in enumerate(index)])
+        return torch.cat(
+            [
+                got[b] if b in got else self.kept[e].to(f.device, torch.float32)
+                for b, e in enumerate(index)
+            ]
+        )
 
 
-def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softcap: float | None = None,
-               generator: torch.Generator | None = None, aux: torch.Tensor | None = None,
-               p0: torch.Tensor | None = None, packed: bool = True,
-               keep0: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def eagle_loss(
+    drafter,
+    embed,
+    head_w,
+    batch: dict,
+    f: torch.Tensor,
+    cfg,
+    softcap: float | None = None,
+    generator: torch.Generator | None = None,
+    aux: torch.Tensor | None = None,
+    p0: torch.Tensor | None = None,
+    packed: bool = True,
+    keep0: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
     """EAGLE-1 objective, optionally unrolled ``cfg.ttt_steps`` times (EAGLE-3 training-time test).
 
     Step i predicts f_{t+1+i} from [embed(x_{t+1+i}) ‖ g_t], where g = f (+ noise) at step 0 and the
-    drafter's own step-(i-1) predictions afterwards; weight ``ttt_decay**i``. Loss: SmoothL1 to the next
-    feature + CE against the target's distribution restricted to the same s ids, on loss-mask positions.
-    EAGLE-3 (``aux`` = fused target layers as the step-0 input): CE through the drafter's own head only.
-    ``p0``: the step-0 target distribution at the loss rows, kept from an earlier epoch (:class:`TargetProbs`);
-    step i's are step 0's, i rows on (both are the target's at token t+2+i).
-    ``packed`` (EAGLE-3): each step runs only the entries the loss reads — step i's loss rows and the entries
-    later steps continue from —; step 0's other entries give keys and values only (``query_rows``). The same
-    loss as running every entry (``packed=False``, the reference), with a finetune's prompt rows skipped.
-    ``keep0`` (bool, step 0's loss rows; :func:`in_vocab_rows`): the rows whose target argmax lies in the draft
-    vocabulary; the others leave the token loss (and top-1), as EAGLE-3's reference training masks them
-    (``eagle.mask_out_of_vocab``); step i's row t is step 0's row t + i, like ``p``.
+    drafter's own step-(i-1) predictions afterwards; weight ``ttt_decay**i``. Loss: SmoothL1 to the
+    next feature + CE against the target's distribution restricted to the same s ids, on loss-mask
+    positions. EAGLE-3 (``aux`` = fused target layers as the step-0 input): CE through the drafter's
+    own head only. ``p0``: the step-0 target distribution at the loss rows, kept from an earlier
+    epoch (:class:`TargetProbs`); step i's are step 0's, i rows on (both are the target's at token
+    t+2+i).
+    ``packed`` (EAGLE-3): each step runs only the entries the loss reads — step i's loss rows and
+    the entries later steps continue from —; step 0's other entries give keys and values only
+    (``query_rows``). The same loss as running every entry (``packed=False``, the reference), with a
+    finetune's prompt rows skipped. ``keep0`` (bool, step 0's loss rows; :func:`in_vocab_rows`): the
+    rows whose target argmax lies in the draft vocabulary; the others leave the token loss (and
+    top-1), as EAGLE-3's reference training masks them (``eagle.mask_out_of_vocab``); step i's row t
+    is step 0's row t + i, like ``p``.
     """
     eagle3 = is_eagle3(drafter)
     ids, mask = batch["input_ids"], batch["loss_mask"]
     T = ids.shape[1]
     with torch.no_grad():
-        emb = embed(ids).float()  # a bf16 target's embedding feeds the fp32 drafter (autocast on CUDA)
-        # prompt-lookup hints of every prefix (``eagle.lookup_hint``): entry t+1+i reads those of ids[..t+1+i]
+        # a bf16 target's embedding feeds the fp32 drafter (autocast on CUDA)
+        emb = embed(ids).float()
+        # prompt-lookup hints of every prefix (``eagle.lookup_hint``): entry t+1+i reads those of
+        # ids[..t+1+i]
         hints = hint_inputs(embed, *hint_tensors(ids)) if uses_hints(drafter) else None
     g = (aux if aux is not None else f)[:, :-1]
     if cfg.feature_noise > 0:
         noise = torch.rand(g.shape, generator=generator, device="cpu").to(g.device, g.dtype)
         g = g + (noise * 2 - 1) * cfg.feature_noise
     total, metrics = 0.0, {}
-    # EAGLE-3's training-time test: step i's entry t attends as the decoder's (i+1)-th draft does — to the entries
-    # of the verified prefix (step 0, entries ≤ t: true features) and to its own chain (entry t of steps 1..i) —
-    # through one KV cache that keeps every step's keys (``ttt_mask``). EAGLE-1 unrolls without it.
+    # EAGLE-3's training-time test: step i's entry t attends as the decoder's (i+1)-th draft does —
+    # to the entries of the verified prefix (step 0, entries ≤ t: true features) and to its own
+    # chain (entry t of steps 1..i) — through one KV cache that keeps every step's keys
+    # (``ttt_mask``). EAGLE-1 unrolls without it.
     steps = min(cfg.ttt_steps, T - 2)
     ttt = eagle3 and cfg.ttt_steps > 1
     masks = [loss_rows(mask, i) for i in range(steps)]
@@ -151,21 +196,41 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         if packs is not None:
             rows, where = packs[i]
             if i == 0:
-                pred, cache = drafter(emb[:, 1:], g[:, :L], position_ids=pos, past_key_values=cache, use_cache=ttt,
-                                      query_rows=rows)
-            else:  # the entries at ``rows`` only, each reading the previous step's output at its position
+                pred, cache = drafter(
+                    emb[:, 1:],
+                    g[:, :L],
+                    position_ids=pos,
+                    past_key_values=cache,
+                    use_cache=ttt,
+                    query_rows=rows,
+                )
+            # the entries at ``rows`` only, each reading the previous step's output at its position
+            else:
                 prev = gather_rows(packs[i - 1][1], rows)
                 mask4 = ttt_mask_rows(T - 1, [r for r, _ in packs[1 : i + 1]], emb.dtype)
-                pred, cache = drafter(gather_rows(emb[:, 1 + i :], rows), gather_rows(g, prev),
-                                      position_ids=gather_rows(pos, rows), attention_mask=mask4,
-                                      past_key_values=cache, use_cache=True)
+                pred, cache = drafter(
+                    gather_rows(emb[:, 1 + i :], rows),
+                    gather_rows(g, prev),
+                    position_ids=gather_rows(pos, rows),
+                    attention_mask=mask4,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
             out = pred[at[0], where[at]]
         else:
             kw = {} if hints is None else {"hints": (hints[0][:, 1 + i :], hints[1][:, 1 + i :])}
             if ttt:
-                mask4 = ttt_mask(lengths, L, ids.shape[0], emb.dtype, ids.device) if lengths else None
-                pred, cache = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, attention_mask=mask4,
-                                      past_key_values=cache, use_cache=True)
+                mask4 = (
+                    ttt_mask(lengths, L, ids.shape[0], emb.dtype, ids.device) if lengths else None
+                )
+                pred, cache = drafter(
+                    emb[:, 1 + i :],
+                    g[:, :L],
+                    position_ids=pos,
+                    attention_mask=mask4,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
                 lengths.append(L)
             else:
                 pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, **kw)
@@ -176,16 +241,20 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
             feat = torch.zeros((), device=pred.device)
         else:
             tgt = f[:, 1 + i :]
-            feat = (F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1) * m).sum() / denom
-        # the head only where the loss reads it (prompt and padding rows are ~40 % of a finetune batch): rows
-        # are picked before the [·, s] GEMMs, forward and backward
+            feat = (
+                F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1) * m
+            ).sum() / denom
+        # the head only where the loss reads it (prompt and padding rows are ~40 % of a finetune
+        # batch): rows are picked before the [·, s] GEMMs, forward and backward
         if i == 0:
             p = p_step0 = p0 if p0 is not None else target_probs(f[:, 1:][at], head_w, softcap)
-            row0 = torch.cumsum((m != 0).reshape(-1), 0).view_as(m) - 1  # a step-0 loss row's place in p_step0
+            # a step-0 loss row's place in p_step0
+            row0 = torch.cumsum((m != 0).reshape(-1), 0).view_as(m) - 1
         else:  # step i's row t is step 0's row t + i (loss_rows)
             p = p_step0[row0[:, i:][at]]
         tok_denom = denom
-        if keep0 is not None:  # the token loss on rows whose target argmax the draft vocabulary holds
+        # the token loss on rows whose target argmax the draft vocabulary holds
+        if keep0 is not None:
             w_rows = w_rows * keep0[row0[:, i:][at]].to(w_rows.dtype)
             tok_denom = w_rows.sum().clamp_min(1.0)
         logq = torch.log_softmax(draft_logits(drafter, out, head_w, softcap).float(), dim=-1)
@@ -194,15 +263,22 @@ def eagle_loss(drafter, embed, head_w, batch: dict, f: torch.Tensor, cfg, softca
         total = total + w * (cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce)
         with torch.no_grad():
             acc = ((logq.argmax(-1) == p.argmax(-1)).float() * w_rows).sum() / tok_denom
-        metrics.update({f"feat_loss_{i}": float(feat.detach()), f"ce_{i}": float(ce.detach()), f"top1_{i}": float(acc)})
+        metrics.update(
+            {
+                f"feat_loss_{i}": float(feat.detach()),
+                f"ce_{i}": float(ce.detach()),
+                f"top1_{i}": float(acc),
+            }
+        )
         g = pred  # next step reads the drafter's own features
     return total, metrics
 
 
 def _step_rows(masks: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The entries each unrolled step runs when packed: step i's loss rows and every entry step i+1 continues
-    from (step i+1's entry t reads step i's output at t). Per step: rows [B, N] (a batch row's entries in
-    order, -1 after them) and where [B, L] (an entry's index in rows, -1 if it is not run)."""
+    """The entries each unrolled step runs when packed: step i's loss rows and every entry step i+1
+    continues from (step i+1's entry t reads step i's output at t). Per step: rows [B, N] (a batch
+    row's entries in order, -1 after them) and where [B, L] (an entry's index in rows, -1 if it is
+    not run)."""
     need, out = None, []
     for m in reversed(masks):
         q = m != 0
@@ -221,9 +297,10 @@ def _step_rows(masks: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tens
 
 
 def ttt_mask(lengths: list[int], L: int, batch: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """The additive attention mask [B, 1, L, Σlengths + L] of training-time-test step i = len(lengths) ≥ 1 (EAGLE-3):
-    its query t may see step 0's keys 0..t (the verified prefix's entries, causal) and key t of every later step
-    (its own earlier drafts), itself included; the keys are ordered step by step, as the cache holds them."""
+    """The additive attention mask [B, 1, L, Σlengths + L] of training-time-test step i =
+    len(lengths) ≥ 1 (EAGLE-3): its query t may see step 0's keys 0..t (the verified prefix's
+    entries, causal) and key t of every later step (its own earlier drafts), itself included; the
+    keys are ordered step by step, as the cache holds them."""
     t = torch.arange(L, device=device)[:, None]
     blocks = [torch.arange(lengths[0], device=device)[None, :] <= t]
     blocks += [torch.arange(n, device=device)[None, :] == t for n in (*lengths[1:], L)]
@@ -232,9 +309,10 @@ def ttt_mask(lengths: list[int], L: int, batch: int, dtype: torch.dtype, device)
 
 
 def ttt_mask_rows(prefix: int, rows: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """:func:`ttt_mask` for packed steps: step i = len(rows) runs the entries ``rows[-1]`` [B, N]; the keys are
-    step 0's ``prefix`` entries (all of them), then each packed step's. Entry t sees step 0's keys 0..t and its
-    own position's key in every later step (padding entries, -1, see each other, never a real entry)."""
+    """:func:`ttt_mask` for packed steps: step i = len(rows) runs the entries ``rows[-1]`` [B, N];
+    the keys are step 0's ``prefix`` entries (all of them), then each packed step's. Entry t sees
+    step 0's keys 0..t and its own position's key in every later step (padding entries, -1, see each
+    other, never a real entry)."""
     q = rows[-1]
     t = q.clamp_min(0).unsqueeze(-1)
     blocks = [torch.arange(prefix, device=q.device).view(1, 1, prefix) <= t]
@@ -244,10 +322,16 @@ def ttt_mask_rows(prefix: int, rows: list[torch.Tensor], dtype: torch.dtype) -> 
 
 def small_lm_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
     """Next-token cross-entropy on loss-mask positions (response tokens when finetuning)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+    logits = (
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        .logits[:, :-1]
+        .float()
+    )
     tgt = batch["input_ids"][:, 1:]
     m = batch["loss_mask"][:, 1:]
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none").view_as(m)
+    ce = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none"
+    ).view_as(m)
     loss = (ce * m).sum() / m.sum().clamp_min(1.0)
     acc = ((logits.argmax(-1) == tgt).float() * m).sum() / m.sum().clamp_min(1.0)
     return loss, {"ce": float(loss.detach()), "top1": float(acc)}

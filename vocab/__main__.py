@@ -1,11 +1,14 @@
-"""``python -m vocab`` — ranked per-language vocabularies, coverage/overlap analysis and language masks.
+"""``python -m vocab`` — ranked per-language vocabularies, coverage/overlap analysis and language
+masks.
 
-    python -m vocab --langs vi,de,ja [--sources wordfreq] [--target gemma3-270m] [--run runs/default] [key=value ...]
+    python -m vocab --langs vi,de,ja [--sources wordfreq] [--target gemma3-270m]
+        [--run runs/default] [key=value ...]
 
 ``--sources`` items are ``name[@weight][:option=value ...][=path]`` separated by commas, e.g.
-``fineweb2:max_tokens=50M,wikipedia@0.5:max_tokens=20M`` or ``files:text_field=body=/data/vi/*.jsonl``;
-names: fineweb2, wikipedia, wordfreq, files, synth. Options are the fields of ``vocab.config.SourceConfig``:
-``max_tokens`` / ``max_documents`` (counts take K, M, G = 10^3, 10^6, 10^9), ``dataset``, ``text_field``.
+``fineweb2:max_tokens=50M,wikipedia@0.5:max_tokens=20M`` or
+``files:text_field=body=/data/vi/*.jsonl``; names: fineweb2, wikipedia, wordfreq, files, synth.
+Options are the fields of ``vocab.config.SourceConfig``: ``max_tokens`` / ``max_documents`` (counts
+take K, M, G = 10^3, 10^6, 10^9), ``dataset``, ``text_field``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from polyspec.errors import PolyspecError, cli_entry
 from polyspec.paths import configs_dir
 from vocab.config import VocabConfig
 
-_ITEM = re.compile(r"(?P<name>[\w-]+)(?:@(?P<weight>[^:=]+))?(?P<options>(?::\w+=[^:=]*)*)(?:=(?P<path>.+))?")
+_ITEM = re.compile(
+    r"(?P<name>[\w-]+)(?:@(?P<weight>[^:=]+))?(?P<options>(?::\w+=[^:=]*)*)(?:=(?P<path>.+))?"
+)
 _COUNT_OPTIONS = {"max_tokens", "max_documents"}
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
 
@@ -39,22 +44,30 @@ def parse_sources(spec: str) -> list[dict]:
     for item in [x.strip() for x in spec.split(",") if x.strip()]:
         m = _ITEM.fullmatch(item)
         if not m:
-            raise PolyspecError(f"source {item!r}: expected name[@weight][:option=value ...][=path]")
+            raise PolyspecError(
+                f"source {item!r}: expected name[@weight][:option=value ...][=path]"
+            )
         src: dict = {"name": m["name"]}
         if m["weight"]:
             try:
                 src["weight"] = float(m["weight"])
             except ValueError:
-                raise PolyspecError(f"source {item!r}: weight {m['weight']!r} is not a number") from None
+                raise PolyspecError(
+                    f"source {item!r}: weight {m['weight']!r} is not a number"
+                ) from None
         for opt in filter(None, m["options"].split(":")):
             key, _, value = opt.partition("=")
             if key in ("name", "weight", "path"):
-                raise PolyspecError(f"source {item!r}: give {key} as name[@weight][=path], not as an option")
+                raise PolyspecError(
+                    f"source {item!r}: give {key} as name[@weight][=path], not as an option"
+                )
             if key in _COUNT_OPTIONS:
                 try:
                     value = parse_count(value)
                 except ValueError:
-                    raise PolyspecError(f"source {item!r}: {key} {value!r} is not a count (e.g. 50000000 or 50M)") from None
+                    raise PolyspecError(
+                        f"source {item!r}: {key} {value!r} is not a count (e.g. 50000000 or 50M)"
+                    ) from None
             src[key] = value  # other keys: SourceConfig validates them (unknown keys are errors)
         if m["path"]:
             src["path"] = m["path"]
@@ -82,12 +95,24 @@ def main(argv: list[str] | None = None) -> int:
             flags.append(f"{k}={getattr(args, k)}")
     if args.sources:
         flags.append("sources=" + json.dumps(parse_sources(args.sources)))
-    cfg = load_config(VocabConfig, args.config or configs_dir() / "vocab" / "default.yaml", [*flags, *args.overrides])
+    cfg = load_config(
+        VocabConfig,
+        args.config or configs_dir() / "vocab" / "default.yaml",
+        [*flags, *args.overrides],
+    )
     from vocab.build import run_vocab
 
     summary = run_vocab(cfg)
-    print(json.dumps({"languages": summary["languages"], "mask_sizes": summary["mask_sizes"],
-                      "k_for_coverage": summary["k_for_coverage"]}, ensure_ascii=False))
+    print(
+        json.dumps(
+            {
+                "languages": summary["languages"],
+                "mask_sizes": summary["mask_sizes"],
+                "k_for_coverage": summary["k_for_coverage"],
+            },
+            ensure_ascii=False,
+        )
+    )
     return 0
 
 

@@ -29,12 +29,20 @@ def write_corpus(path: Path, n_docs: int, seed: int = 0) -> None:
     sentences = []
     for code in builtin_codes():
         lang = get_language(code)
-        for text in [lang.system_prompt] + [t for s in lang.seeds for t in (s.instruction, s.response)]:
+        for text in [lang.system_prompt] + [
+            t for s in lang.seeds for t in (s.instruction, s.response)
+        ]:
             sentences += [x for x in re.split(r"(?<=[.!?。！？])\s*", text) if x.strip()]
     rng = random.Random(seed)
     with open(path, "w", encoding="utf-8") as f:
         for i in range(n_docs):
-            f.write(json.dumps({"id": i, "text": " ".join(rng.choices(sentences, k=rng.randint(4, 16)))}, ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {"id": i, "text": " ".join(rng.choices(sentences, k=rng.randint(4, 16)))},
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
 
 
 @cli_entry
@@ -51,12 +59,20 @@ def main(argv: list[str] | None = None) -> int:
         if not args.file:
             write_corpus(path, args.documents)
         size_mb = path.stat().st_size / 1e6
-        lang = get_language("en")  # the files source ignores the language except for {lang} in paths
-        c = count_documents(documents(SourceConfig(name="files", path=str(path)), lang, tmp), target.tokenizer,
-                            target.vocab_size, batch_size=args.batch_size)
+        # the files source ignores the language except for {lang} in paths
+        lang = get_language("en")
+        c = count_documents(
+            documents(SourceConfig(name="files", path=str(path)), lang, tmp),
+            target.tokenizer,
+            target.vocab_size,
+            batch_size=args.batch_size,
+        )
     rate = c.tokens / c.seconds
-    print(f"files source: {c.documents} documents, {size_mb:.1f} MB, {c.tokens:,} tokens in {c.seconds:.2f}s "
-          f"= {rate:,.0f} tokens/s (target {target.spec.name}, batch {args.batch_size})")
+    print(
+        f"files source: {c.documents} documents, {size_mb:.1f} MB, {c.tokens:,} tokens in "
+        f"{c.seconds:.2f}s "
+        f"= {rate:,.0f} tokens/s (target {target.spec.name}, batch {args.batch_size})"
+    )
     return 0
 
 

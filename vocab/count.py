@@ -1,8 +1,8 @@
 """Token counting under the target tokenizer and frequency ranking.
 
-Counting encodes batches of documents with the fast (Rust) tokenizer — parallel across the batch — and
-accumulates ``np.bincount`` per token id. Ranking is by count (descending, ties by id) with the special
-and structural tokens (BOS, EOS, pad, turn markers, newline, space) forced to the top.
+Counting encodes batches of documents with the fast (Rust) tokenizer — parallel across the batch —
+and accumulates ``np.bincount`` per token id. Ranking is by count (descending, ties by id) with the
+special and structural tokens (BOS, EOS, pad, turn markers, newline, space) forced to the top.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def token_counts(tokenizer, texts: list[str], vocab_size: int) -> np.ndarray:
     counts = np.zeros(vocab_size, dtype=np.int64)
     for ids in encode_batch(tokenizer, texts):
         if ids:
-            counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+            counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[
+                :vocab_size
+            ]
     return counts
 
 
@@ -62,7 +64,8 @@ def count_documents(
     heldout_every: int | None = None,
     desc: str = "count",
 ) -> Counts:
-    """Count tokens of ``texts``; with ``heldout_every=k`` every k-th document goes to ``heldout`` instead."""
+    """Count tokens of ``texts``; with ``heldout_every=k`` every k-th document goes to ``heldout``
+    instead."""
     out = Counts(np.zeros(vocab_size, dtype=np.int64))
     held = np.zeros(vocab_size, dtype=np.int64) if heldout_every else None
     bar = tqdm(desc=desc, unit="tok", unit_scale=True, dynamic_ncols=True, leave=False)
@@ -95,8 +98,11 @@ def count_documents(
     return out
 
 
-def count_weighted(items: list[tuple[str, float]], tokenizer, vocab_size: int, scale: float = 1e9) -> Counts:
-    """wordfreq: each item's tokens count ``weight × scale`` times (an expected count per ``scale`` words)."""
+def count_weighted(
+    items: list[tuple[str, float]], tokenizer, vocab_size: int, scale: float = 1e9
+) -> Counts:
+    """wordfreq: each item's tokens count ``weight × scale`` times (an expected count per ``scale``
+    words)."""
     out = Counts(np.zeros(vocab_size, dtype=np.int64))
     acc = np.zeros(vocab_size, dtype=np.float64)
     t0 = time.perf_counter()
@@ -113,16 +119,26 @@ def count_weighted(items: list[tuple[str, float]], tokenizer, vocab_size: int, s
     return out
 
 
-# Punctuation, digits and symbols of running text in every script: word lists (wordfreq) never contain
-# them, and they are among the most frequent tokens of any language, so they rank with the specials.
-_PUNCT = list(".,;:!?'\"()[]{}-–—/\\*&%$#@+=<>|_~`^…") + list("0123456789") + list("。、，！？：；「」『』（）《》【】・～")
+# Punctuation, digits and symbols of running text in every script: word lists (wordfreq) never
+# contain them, and they are among the most frequent tokens of any language, so they rank with the
+# specials.
+_PUNCT = (
+    list(".,;:!?'\"()[]{}-–—/\\*&%$#@+=<>|_~`^…")
+    + list("0123456789")
+    + list("。、，！？：；「」『』（）《》【】・～")
+)
 
 
 def structural_ids(tokenizer, stop_strings: list[str]) -> list[int]:
-    """Special tokens, newline/space/turn-marker tokens, then single-token punctuation and digits (with
-    and without a leading space), in a stable order: ranked first in every language."""
+    """Special tokens, newline/space/turn-marker tokens, then single-token punctuation and digits
+    (with and without a leading space), in a stable order: ranked first in every language."""
     ids: list[int] = []
-    for i in [tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, *tokenizer.all_special_ids]:
+    for i in [
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        *tokenizer.all_special_ids,
+    ]:
         if i is not None and i not in ids:
             ids.append(int(i))
     for text in ["\n", "\n\n", " ", *stop_strings]:
@@ -139,9 +155,9 @@ def structural_ids(tokenizer, stop_strings: list[str]) -> list[int]:
 def rank(counts: np.ndarray, first: list[int], tail_counts: np.ndarray | None = None) -> np.ndarray:
     """Ids by descending count (ties by id) with ``first`` on top.
 
-    Ids never seen follow, ordered by ``tail_counts`` (e.g. the other languages' pooled counts), then by
-    id, so the list covers the whole vocabulary and any size S ≤ |V| can be cut from it. Without
-    ``tail_counts`` unseen ids are left out.
+    Ids never seen follow, ordered by ``tail_counts`` (e.g. the other languages' pooled counts),
+    then by id, so the list covers the whole vocabulary and any size S ≤ |V| can be cut from it.
+    Without ``tail_counts`` unseen ids are left out.
     """
     order = np.lexsort((np.arange(len(counts)), -counts))  # primary: -count, secondary: id
     seen = order[counts[order] > 0]

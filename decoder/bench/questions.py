@@ -1,14 +1,18 @@
-"""The bench's questions: Spec-Bench ``question.jsonl`` lines {question_id, category, language, turns}.
+"""The bench's questions: Spec-Bench ``question.jsonl`` lines {question_id, category, language,
+turns}.
 
-    rows = read_questions(path)                          # every line checked; all problems in one error
-    qs = select_questions(rows, ["vi", "de"], per_cell=1)  # filtered by language / category, capped per cell
+    # every line checked; all problems in one error
+    rows = read_questions(path)
+    # filtered by language / category, capped per cell
+    qs = select_questions(rows, ["vi", "de"], per_cell=1)
 
-Default file: the built-in mini Multi-SpecBench (``decoder/data/mini_multispecbench.jsonl``: 7 languages ×
-7 tasks × 3, plus a mixed-language set). polyspec's held-out prompts (``synth/data/heldout.jsonl``: ``id``,
-``lang``) load too, and the held-out mixed-language questions (``decoder/data/heldout_mixed.jsonl``: a prompt
-in one language asking for an answer in another, written apart from the benchmark's); several files are read as
-one when given comma-separated. The file is read with the project's tolerant JSONL reader (``polyspec.io.read_jsonl``): a
-torn line is skipped and counted, never fatal. Nothing here loads torch, so a bad file fails before any model.
+Default file: the built-in mini Multi-SpecBench (``decoder/data/mini_multispecbench.jsonl``: 7
+languages × 7 tasks × 3, plus a mixed-language set). polyspec's held-out prompts
+(``synth/data/heldout.jsonl``: ``id``, ``lang``) load too, and the held-out mixed-language questions
+(``decoder/data/heldout_mixed.jsonl``: a prompt in one language asking for an answer in another,
+written apart from the benchmark's); several files are read as one when given comma-separated. The
+file is read with the project's tolerant JSONL reader (``polyspec.io.read_jsonl``): a torn line is
+skipped and counted, never fatal. Nothing here loads torch, so a bad file fails before any model.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from polyspec.errors import PolyspecError
 from polyspec.io import read_jsonl
 from polyspec.languages import builtin_codes, is_valid_code
 
-BUILTIN = Path(__file__).resolve().parent.parent / "data" / "mini_multispecbench.jsonl"  # decoder/data/
+# decoder/data/
+BUILTIN = Path(__file__).resolve().parent.parent / "data" / "mini_multispecbench.jsonl"
 
 
 def _problems(q: dict, seen: dict, n: int) -> list[str]:
@@ -37,26 +42,39 @@ def _problems(q: dict, seen: dict, n: int) -> list[str]:
     else:
         seen[qid] = n
     turns = q.get("turns")
-    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+    if (
+        not isinstance(turns, list)
+        or not turns
+        or not all(isinstance(t, str) and t.strip() for t in turns)
+    ):
         out.append("turns must be a non-empty list of non-empty strings")
     for key in ("language", "lang", "prompt_language"):
         code = q.get(key)
-        if code is not None and not (isinstance(code, str) and (code in builtin_codes() or is_valid_code(code))):
-            out.append(f"unknown {key} {code!r} (built in: {', '.join(builtin_codes())}, or an ISO-639-1 code)")
+        if code is not None and not (
+            isinstance(code, str) and (code in builtin_codes() or is_valid_code(code))
+        ):
+            out.append(
+                f"unknown {key} {code!r} (built in: {', '.join(builtin_codes())}, or an ISO-639-1 "
+                "code)"
+            )
     return out
 
 
-def read_questions(path: str | Path | None = None, log: Callable[[str], Any] | None = None) -> list[dict]:
-    """Every question of a Spec-Bench file (default: the built-in one), checked and normalised (``question_id``,
-    ``category`` default ``unknown``, ``language`` default ``lang`` or ``en``). Ids must be present and unique,
-    turns non-empty strings, languages known (``polyspec.languages``); every problem of the file is listed in
-    one PolyspecError. ``log``: where the tolerant reader's note on skipped torn lines goes (default stderr)."""
+def read_questions(
+    path: str | Path | None = None, log: Callable[[str], Any] | None = None
+) -> list[dict]:
+    """Every question of a Spec-Bench file (default: the built-in one), checked and normalised
+    (``question_id``, ``category`` default ``unknown``, ``language`` default ``lang`` or ``en``).
+    Ids must be present and unique, turns non-empty strings, languages known
+    (``polyspec.languages``); every problem of the file is listed in one PolyspecError. ``log``:
+    where the tolerant reader's note on skipped torn lines goes (default stderr)."""
     path = Path(path) if path else BUILTIN
     if not path.is_file():
         raise PolyspecError(f"questions file not found: {path}")
     records = read_jsonl(path, **({"log": log} if log is not None else {}))
     rows = list(records)
-    with open(path, "rb") as f:  # the records' line numbers: the non-blank lines the reader did not skip
+    # the records' line numbers: the non-blank lines the reader did not skip
+    with open(path, "rb") as f:
         bad = set(records.bad_lines)
         numbers = [n for n, raw in enumerate(f, 1) if raw.strip() and n not in bad]
     seen, problems = {}, {}  # problems: what → line numbers
@@ -65,8 +83,13 @@ def read_questions(path: str | Path | None = None, log: Callable[[str], Any] | N
             problems.setdefault(why, []).append(n)
     if problems:
         items = [(lines, why) for why, lines in problems.items()]
-        first = f"{path}:{','.join(map(str, items[0][0]))}: not a Spec-Bench question ({items[0][1]})"
-        rest = "".join(f"; line{'s' if len(ls) > 1 else ''} {', '.join(map(str, ls))}: {why}" for ls, why in items[1:])
+        first = (
+            f"{path}:{','.join(map(str, items[0][0]))}: not a Spec-Bench question ({items[0][1]})"
+        )
+        rest = "".join(
+            f"; line{'s' if len(ls) > 1 else ''} {', '.join(map(str, ls))}: {why}"
+            for ls, why in items[1:]
+        )
         raise PolyspecError(first + rest)
     if not rows:
         raise PolyspecError(f"{path}: no questions in the file")
@@ -77,7 +100,9 @@ def read_questions(path: str | Path | None = None, log: Callable[[str], Any] | N
     return rows
 
 
-def read_question_files(spec: str | Path | None = None, log: Callable[[str], Any] | None = None) -> list[dict]:
+def read_question_files(
+    spec: str | Path | None = None, log: Callable[[str], Any] | None = None
+) -> list[dict]:
     """``read_questions`` of each file of a comma-separated list (``synth/data/heldout.jsonl,
     decoder/data/heldout_mixed.jsonl``), in order; ids must be unique across the files too."""
     if spec is None or isinstance(spec, Path) or "," not in str(spec):
@@ -93,10 +118,15 @@ def read_question_files(spec: str | Path | None = None, log: Callable[[str], Any
     return rows
 
 
-def select_questions(rows: list[dict], langs: list[str] | None = None, per_cell: int | None = None,
-                     categories: list[str] | None = None, source: str | Path = "questions") -> list[dict]:
-    """The questions in ``langs`` (their language, or for mixed questions the prompt's) and ``categories``, at
-    most ``per_cell`` per (language, category), in file order."""
+def select_questions(
+    rows: list[dict],
+    langs: list[str] | None = None,
+    per_cell: int | None = None,
+    categories: list[str] | None = None,
+    source: str | Path = "questions",
+) -> list[dict]:
+    """The questions in ``langs`` (their language, or for mixed questions the prompt's) and
+    ``categories``, at most ``per_cell`` per (language, category), in file order."""
     out, seen = [], {}
     for q in rows:
         if langs and q["language"] not in langs and q.get("prompt_language") not in langs:
@@ -109,12 +139,19 @@ def select_questions(rows: list[dict], langs: list[str] | None = None, per_cell:
             continue
         out.append(q)
     if not out:
-        raise PolyspecError(f"{source}: no questions left for languages {langs} / categories {categories}")
+        raise PolyspecError(
+            f"{source}: no questions left for languages {langs} / categories {categories}"
+        )
     return out
 
 
-def load_questions(path: str | Path | None = None, langs: list[str] | None = None, per_cell: int | None = None,
-                   categories: list[str] | None = None, log: Callable[[str], Any] | None = None) -> list[dict]:
+def load_questions(
+    path: str | Path | None = None,
+    langs: list[str] | None = None,
+    per_cell: int | None = None,
+    categories: list[str] | None = None,
+    log: Callable[[str], Any] | None = None,
+) -> list[dict]:
     """``read_questions`` then ``select_questions``."""
     rows = read_questions(path, log)
     return select_questions(rows, langs, per_cell, categories, Path(path) if path else BUILTIN)

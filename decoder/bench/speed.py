@@ -1,13 +1,16 @@
-"""``python -m decoder.bench.speed`` — decoding speed of every method on the same prompts, in one run.
+"""``python -m decoder.bench.speed`` — decoding speed of every method on the same prompts, in one
+run.
 
-    python -m decoder.bench.speed --bundle runs/default/export/bundle [--langs vi,de,ja] [--max-new-tokens 96]
-                                  [--methods hf-generate,ar,chain,tree,adaspec] [--dtype bfloat16]
+    python -m decoder.bench.speed --bundle runs/default/export/bundle [--langs vi,de,ja]
+                                  [--max-new-tokens 96] [--dtype bfloat16]
+                                  [--methods hf-generate,ar,chain,tree,adaspec]
 
-Prompts are the built-in seed instructions of each language, rendered with the target's prompt format.
-Prints tokens/s, τ and the ratio to the faster of ``ar`` and ``hf-generate`` (both greedy, no stop strings,
-so every method produces the same number of tokens), and checks every output equals ``ar``'s. Methods: the
-registry's decoder methods (``decoder.methods``) and ``hf-generate``. The full evaluation harness (benchmarks,
-presets, transformers' other loops, reports) is ``decoder.bench``.
+Prompts are the built-in seed instructions of each language, rendered with the target's prompt
+format. Prints tokens/s, τ and the ratio to the faster of ``ar`` and ``hf-generate`` (both greedy,
+no stop strings, so every method produces the same number of tokens), and checks every output equals
+``ar``'s. Methods: the registry's decoder methods (``decoder.methods``) and ``hf-generate``. The
+full evaluation harness (benchmarks, presets, transformers' other loops, reports) is
+``decoder.bench``.
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--langs", default="vi,de,ja")
     ap.add_argument("--prompts-per-lang", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--methods", default="hf-generate,ar,chain,tree,adaspec",
-                    help=f"comma-separated, of {', '.join(DECODER_METHODS)}, hf-generate")
+    ap.add_argument(
+        "--methods",
+        default="hf-generate,ar,chain,tree,adaspec",
+        help=f"comma-separated, of {', '.join(DECODER_METHODS)}, hf-generate",
+    )
     ap.add_argument("--gamma", type=int, default=None, help="default: calibration g*, else 4")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
@@ -44,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     methods = parse_methods(args.methods)
     other = [m for m in methods if m not in DECODER_METHODS and m != "hf-generate"]
     if other:
-        raise PolyspecError(f"decoder.bench.speed runs {', '.join(DECODER_METHODS)} and hf-generate; "
-                            f"{', '.join(other)}: use python -m decoder.bench")
+        raise PolyspecError(
+            f"decoder.bench.speed runs {', '.join(DECODER_METHODS)} and hf-generate; "
+            f"{', '.join(other)}: use python -m decoder.bench"
+        )
     need = [m for m in methods if METHODS[m].needs_bundle]
     if need and not args.bundle:
         raise PolyspecError(f"{', '.join(need)} need --bundle (drafters)")
@@ -76,15 +84,31 @@ def main(argv: list[str] | None = None) -> int:
         dt = time.perf_counter() - t0
         tokens = sum(len(o) for o in outs)
         reference = reference or outs
-        results[m] = {"tok_s": tokens / dt, "tau": tokens / forwards if forwards else 1.0, "seconds": dt,
-                      "identical": outs == reference}
+        results[m] = {
+            "tok_s": tokens / dt,
+            "tau": tokens / forwards if forwards else 1.0,
+            "seconds": dt,
+            "identical": outs == reference,
+        }
     base = max((results[m]["tok_s"] for m in BASELINES if m in results), default=None)
     for m, r in results.items():
         r["speedup"] = r["tok_s"] / base if base else None
-        print(f"{m:12s} {r['tok_s']:7.2f} tok/s  τ {r['tau']:.2f}  speedup {r['speedup'] or float('nan'):.2f}×  "
-              f"identical {r['identical']}")
-    print(json.dumps({"prompts": len(prompts), "max_new_tokens": n, "device": str(target.device),
-                      "dtype": str(target.dtype), "results": results}))
+        print(
+            f"{m:12s} {r['tok_s']:7.2f} tok/s  τ {r['tau']:.2f}  speedup "
+            f"{r['speedup'] or float('nan'):.2f}×  "
+            f"identical {r['identical']}"
+        )
+    print(
+        json.dumps(
+            {
+                "prompts": len(prompts),
+                "max_new_tokens": n,
+                "device": str(target.device),
+                "dtype": str(target.dtype),
+                "results": results,
+            }
+        )
+    )
     return 0
 
 

@@ -1,6 +1,6 @@
-"""``calibration.json`` in a bundle: per device and dtype, what ``python -m decoder.calibrate`` measured (g*, the
-flat-verify tree budget, the cost curve). The decoder reads it for its defaults; calibrate writes it. Not part of
-the bundle's checksums (it is per machine)."""
+"""``calibration.json`` in a bundle: per device and dtype, what ``python -m decoder.calibrate``
+measured (g*, the flat-verify tree budget, the cost curve). The decoder reads it for its defaults;
+calibrate writes it. Not part of the bundle's checksums (it is per machine)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ CALIBRATION = "calibration.json"
 
 
 def device_key(device, dtype=None) -> str:
-    """``cpu:<arch>:<threads>t[:<dtype>]`` / ``cuda:<name>[:<dtype>]`` (a bf16 and an fp32 calibration differ)."""
+    """``cpu:<arch>:<threads>t[:<dtype>]`` / ``cuda:<name>[:<dtype>]`` (a bf16 and an fp32
+    calibration differ)."""
     tail = f":{str(dtype).replace('torch.', '')}" if dtype is not None else ""
     if getattr(device, "type", str(device)) == "cuda":
         return f"cuda:{torch.cuda.get_device_name(device)}{tail}"
@@ -24,7 +25,8 @@ def device_key(device, dtype=None) -> str:
 
 
 def save(bundle_root: Path, key: str, result: dict) -> Path:
-    """Store ``result`` under ``key`` in the bundle's calibration.json (other devices' entries are kept)."""
+    """Store ``result`` under ``key`` in the bundle's calibration.json (other devices' entries are
+    kept)."""
     path = Path(bundle_root) / CALIBRATION
     data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     data[key] = result

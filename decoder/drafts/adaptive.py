@@ -1,12 +1,13 @@
 """ADASPEC Alg. 2: choose the drafter language ℓ and vocabulary size s from recent tokens.
 
 The language mask M_lang [|L|·|S|, |V|] (row s·|L| + l marks V_l[:S[s]], lines 6–16) comes from the
-bundle. Every u generated tokens the last w tokens form the context mask (lines 28–33); the overlap with
-each row (lines 36–37) plus the offset z·(|S|−1−s), which favours smaller (cheaper) heads (lines 17–18,
-38), is maximised (line 39) and the row gives ℓ = L[p mod |L|], s = S[p div |L|] (lines 40–41).
+bundle. Every u generated tokens the last w tokens form the context mask (lines 28–33); the overlap
+with each row (lines 36–37) plus the offset z·(|S|−1−s), which favours smaller (cheaper) heads
+(lines 17–18, 38), is maximised (line 39) and the row gives ℓ = L[p mod |L|], s = S[p div |L|]
+(lines 40–41).
 
-Overlap counts *distinct* tokens (the context mask is a set). ``fixed_lang`` / ``fixed_size`` restrict
-the argmax to one language or one size: the ablations of ADASPEC Table 2.
+Overlap counts *distinct* tokens (the context mask is a set). ``fixed_lang`` / ``fixed_size``
+restrict the argmax to one language or one size: the ablations of ADASPEC Table 2.
 """
 
 from __future__ import annotations
@@ -17,8 +18,17 @@ from vocab.masks import size_offsets
 
 
 class LanguageSelector:
-    def __init__(self, mask: torch.Tensor, languages: list[str], sizes: list[int], window: int = 10, step: int = 5,
-                 offset: float = 2.0, fixed_lang: str | None = None, fixed_size: int | None = None):
+    def __init__(
+        self,
+        mask: torch.Tensor,
+        languages: list[str],
+        sizes: list[int],
+        window: int = 10,
+        step: int = 5,
+        offset: float = 2.0,
+        fixed_lang: str | None = None,
+        fixed_size: int | None = None,
+    ):
         L, S = len(languages), len(sizes)
         if mask.shape[0] != L * S:
             raise ValueError(f"language mask has {mask.shape[0]} rows, expected {L}·{S}")
@@ -44,8 +54,8 @@ class LanguageSelector:
         return self.languages[p % L], self.sizes[p // L], scores
 
     def due(self, new_tokens: int) -> bool:
-        """Lines 24–27: run the mechanism once at least u tokens arrived since the last run (a step can
-        emit several tokens, so 'i mod u = 0' becomes 'u or more since last time')."""
+        """Lines 24–27: run the mechanism once at least u tokens arrived since the last run (a step
+        can emit several tokens, so 'i mod u = 0' becomes 'u or more since last time')."""
         self.since += new_tokens
         if self.since >= self.step:
             self.since = 0

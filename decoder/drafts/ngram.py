@@ -1,9 +1,9 @@
 """Training-free draft sources: n-gram tables built from the text itself, no bundle needed.
 
-- ``PromptLookup`` (``pld``): prompt lookup decoding — the longest recent n-gram that occurred earlier proposes
-  what followed it (also the loop-aware chain of ``adaspec`` and ``hybrid``);
-- ``TokenRecycling`` (``ngram-tree``): Token Recycling / UNISPEC confidence tree from an adjacency matrix
-  (``decoder.drafts.tables``);
+- ``PromptLookup`` (``pld``): prompt lookup decoding — the longest recent n-gram that occurred
+  earlier proposes what followed it (also the loop-aware chain of ``adaspec`` and ``hybrid``);
+- ``TokenRecycling`` (``ngram-tree``): Token Recycling / UNISPEC confidence tree from an adjacency
+  matrix (``decoder.drafts.tables``);
 - ``SpectraSource`` (``spectra``): SPECTRA CORE + RETRIEVAL (``decoder.drafts.spectra``).
 """
 
@@ -15,13 +15,14 @@ from polyspec.lookup import earlier_occurrence
 
 
 class PromptLookup(DraftSource):
-    """PLD (transformers' ``prompt_lookup_num_tokens``): the most recent earlier occurrence of the longest
-    suffix n-gram (n = 3..1) proposes the ``gamma`` tokens that followed it.
+    """PLD (transformers' ``prompt_lookup_num_tokens``): the most recent earlier occurrence of the
+    longest suffix n-gram (n = 3..1) proposes the ``gamma`` tokens that followed it.
 
-    ``grow_to`` (the hybrid's lookup; ``pld`` itself stays transformers' method): a loop-aware variant — the copy
-    runs on into its own proposal when the loop's period is shorter than the depth (``prompt_lookup(extend=)``),
-    and after a step that kept the whole chain the next one is twice as deep, up to ``grow_to``; any rejection
-    resets it to ``gamma``. The base model's greedy loops are where PLD's whole chains get kept."""
+    ``grow_to`` (the hybrid's lookup; ``pld`` itself stays transformers' method): a loop-aware
+    variant — the copy runs on into its own proposal when the loop's period is shorter than the
+    depth (``prompt_lookup(extend=)``), and after a step that kept the whole chain the next one is
+    twice as deep, up to ``grow_to``; any rejection resets it to ``gamma``. The base model's greedy
+    loops are where PLD's whole chains get kept."""
 
     name = "pld"
 
@@ -37,7 +38,9 @@ class PromptLookup(DraftSource):
         g, seen = min(self.depth, ctx.max_depth), ctx.tokens[: ctx.pend + 1]
         found = earlier_occurrence(seen, self.max_ngram) if g > 0 else None
         self.match_len = found[1] if found else 0
-        return Proposal.chain(copy_after(seen, found, g, extend=self.grow_to is not None), self.name)
+        return Proposal.chain(
+            copy_after(seen, found, g, extend=self.grow_to is not None), self.name
+        )
 
     def update(self, ctx: DecodeState, v: Verified) -> None:
         if self.grow_to is None:
@@ -48,13 +51,23 @@ class PromptLookup(DraftSource):
 
 
 class TokenRecycling(DraftSource):
-    """Token Recycling / UNISPEC confidence tree from an adjacency matrix refreshed by every verification."""
+    """Token Recycling / UNISPEC confidence tree from an adjacency matrix refreshed by every
+    verification."""
 
     name = "ngram-tree"
     tree_capable = True
 
-    def __init__(self, vocab_size: int, k: int = 8, nodes: int = 12, first_width: int = 8, width: int = 4,
-                 depth: int = 4, threshold: float = 0.02, gamma: int = 4):
+    def __init__(
+        self,
+        vocab_size: int,
+        k: int = 8,
+        nodes: int = 12,
+        first_width: int = 8,
+        width: int = 4,
+        depth: int = 4,
+        threshold: float = 0.02,
+        gamma: int = 4,
+    ):
         self.recycler = RecyclingTable(vocab_size, k)
         self.nodes, self.first_width, self.width, self.depth = nodes, first_width, width, depth
         self.threshold, self.gamma = threshold, gamma
@@ -69,8 +82,14 @@ class TokenRecycling(DraftSource):
                     break
                 out.append(t)
             return Proposal.chain(out, self.name)
-        tok, parent, _ = self.recycler.tree(root, self.nodes, self.first_width, self.width,
-                                            min(self.depth, ctx.max_depth + 1), self.threshold)
+        tok, parent, _ = self.recycler.tree(
+            root,
+            self.nodes,
+            self.first_width,
+            self.width,
+            min(self.depth, ctx.max_depth + 1),
+            self.threshold,
+        )
         return Proposal(tok, parent, [self.name] * len(tok))
 
     def update(self, ctx: DecodeState, v: Verified) -> None:
@@ -89,11 +108,13 @@ class SpectraSource(DraftSource):
 
     @property
     def max_nodes(self) -> int:
-        """Its own budget (``Spectra.propose`` never goes past it), which may exceed the decoder's."""
+        """Its own budget (``Spectra.propose`` never goes past it), which may exceed the
+        decoder's."""
         return self.nodes
 
     def begin(self, ctx: DecodeState) -> None:
-        self.spectra.observe(ctx.tokens[: ctx.prompt_len])  # the prompt is known text (Alg. 1 line 3)
+        # the prompt is known text (Alg. 1 line 3)
+        self.spectra.observe(ctx.tokens[: ctx.prompt_len])
 
     def propose(self, ctx: DecodeState) -> Proposal:
         if ctx.max_depth < 1:
@@ -108,5 +129,6 @@ class SpectraSource(DraftSource):
         top_probs: list[list[float]] = [[] for _ in v.inputs]
         for r, i, p in zip(rows, ids.tolist(), probs.tolist()):
             top_ids[r], top_probs[r] = i, p
-        self.spectra.update(v.inputs, v.parents, top_ids, top_probs, v.path, ctx.tokens[: ctx.pend + 1])
-
+        self.spectra.update(
+            v.inputs, v.parents, top_ids, top_probs, v.path, ctx.tokens[: ctx.pend + 1]
+        )

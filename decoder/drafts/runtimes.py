@@ -1,17 +1,18 @@
-"""Drafters at decode time: EAGLE-style (reads the target's features) and small-LM, with reduced heads.
+"""Drafters at decode time: EAGLE-style (reads the target's features) and small-LM, with reduced
+heads.
 
 Both keep their own KV cache and follow one protocol, so chain, tree and ADASPEC drive them alike:
 
-- ``sync(tokens, feats, pending)`` catches up on every verified position the drafter has not seen yet
-  (a drafter switched in by ADASPEC Alg. 2 line 43 catches up in one forward) and returns the hidden
-  state whose head logits propose the token after ``pending``;
-- ``extend(tokens, parent_hidden, positions, mask)`` runs draft tokens (one for chain, a tree level for
-  tree) and returns their hidden states;
+- ``sync(tokens, feats, pending)`` catches up on every verified position the drafter has not seen
+  yet (a drafter switched in by ADASPEC Alg. 2 line 43 catches up in one forward) and returns the
+  hidden state whose head logits propose the token after ``pending``;
+- ``extend(tokens, parent_hidden, positions, mask)`` runs draft tokens (one for chain, a tree level
+  for tree) and returns their hidden states;
 - ``rollback()`` drops every draft entry again (only verified positions stay cached).
 
-Reduced heads (ADASPEC's "vocabulary simplification"; ADASPEC Alg. 2 lines 5/44): for each language the
-rows of the drafter's head for its ranked ids are gathered once up to the largest size S; size s is the
-view ``rows[:s]`` of that block, so switching size or language reallocates nothing.
+Reduced heads (ADASPEC's "vocabulary simplification"; ADASPEC Alg. 2 lines 5/44): for each language
+the rows of the drafter's head for its ranked ids are gathered once up to the largest size S; size s
+is the view ``rows[:s]`` of that block, so switching size or language reallocates nothing.
 """
 
 from __future__ import annotations
@@ -56,13 +57,22 @@ class Head:
 
 
 class HeadBank:
-    """Per-language row blocks of one head matrix; ``head(lang, s)`` is a view, ``s=None`` the full head.
+    """Per-language row blocks of one head matrix; ``head(lang, s)`` is a view, ``s=None`` the full
+    head.
 
-    An EAGLE-3 drafter owns a head over its draft vocabulary only (rows already in rank order): its bank
-    has that one block (``draft_ids``), and sizes above it (or ``full``) use the whole block."""
+    An EAGLE-3 drafter owns a head over its draft vocabulary only (rows already in rank order): its
+    bank has that one block (``draft_ids``), and sizes above it (or ``full``) use the whole
+    block."""
 
-    def __init__(self, weight: torch.Tensor, ranked: dict[str, torch.Tensor], max_size: int, softcap=None,
-                 draft_ids: tuple[str, torch.Tensor] | None = None, pre=None):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        ranked: dict[str, torch.Tensor],
+        max_size: int,
+        softcap=None,
+        draft_ids: tuple[str, torch.Tensor] | None = None,
+        pre=None,
+    ):
         self.full, self.blocks = None, {}
         if draft_ids is not None:
             lang, ids = draft_ids
@@ -74,13 +84,17 @@ class HeadBank:
             self.blocks[lang] = Head(weight.index_select(0, ids).contiguous(), ids, softcap)
 
     def head(self, lang: str, size: int | None, prompt_ids: list[int] | None = None) -> Head:
-        """``prompt_ids``: a request's prompt — its ids that rank below ``size`` replace the lowest-ranked others
-        (``vocab.files.with_prompt_ids``: still at most ``size`` rows; the ranked block stays a view, the added rows
-        are gathered once per request). Not for EAGLE-3 heads, which have rows for their draft vocabulary only."""
+        """``prompt_ids``: a request's prompt — its ids that rank below ``size`` replace the
+        lowest-ranked others (``vocab.files.with_prompt_ids``: still at most ``size`` rows; the
+        ranked block stays a view, the added rows are gathered once per request). Not for EAGLE-3
+        heads, which have rows for their draft vocabulary only."""
         if size is None and self.full is not None:
             return self.full
         if lang not in self.blocks:
-            raise PolyspecError(f"this drafter's head has no rows for {lang!r} (EAGLE-3 heads cover their own language)")
+            raise PolyspecError(
+                f"this drafter's head has no rows for {lang!r} (EAGLE-3 heads cover their own "
+                "language)"
+            )
         b = self.blocks[lang]
         size = b.size if size is None else min(size, b.size)
         if prompt_ids and self.full is not None:
@@ -89,7 +103,9 @@ class HeadBank:
             ids, added = with_prompt_ids(b.ids[:size].cpu().numpy(), size, prompt_ids)
             if added:
                 k, ids = len(ids) - added, torch.as_tensor(ids, device=b.ids.device)
-                return Head(b.weight[:k], ids, b.softcap, b.pre, self.full.weight.index_select(0, ids[k:]))
+                return Head(
+                    b.weight[:k], ids, b.softcap, b.pre, self.full.weight.index_select(0, ids[k:])
+                )
         return Head(b.weight[:size], b.ids[:size], b.softcap, b.pre)
 
 
@@ -113,7 +129,8 @@ class EagleRuntime:
 
     @property
     def hinted(self) -> bool:
-        """Entries read the prompt-lookup hint of their token prefix (``eagle.lookup_hint``, ``polyspec.lookup``)."""
+        """Entries read the prompt-lookup hint of their token prefix (``eagle.lookup_hint``,
+        ``polyspec.lookup``)."""
         return bool(getattr(self.drafter, "lookup_hint", False))
 
     @torch.inference_mode()
@@ -122,34 +139,57 @@ class EagleRuntime:
             p = torch.arange(self.done + 1, pending + 1, device=feats.device)
             x = torch.as_tensor(tokens[self.done + 1 : pending + 1], device=feats.device)
             hints = None
-            if self.hinted:  # entry q reads the hint of tokens[..q]: a few entries one scan each, a prompt in one pass
+            # entry q reads the hint of tokens[..q]: a few entries one scan each, a prompt in one
+            # pass
+            if self.hinted:
                 if pending - self.done <= 8:
-                    hints = entry_hints(self.embed, [tokens[: q + 1] for q in range(self.done + 1, pending + 1)], feats.device)
+                    hints = entry_hints(
+                        self.embed,
+                        [tokens[: q + 1] for q in range(self.done + 1, pending + 1)],
+                        feats.device,
+                    )
                 else:
-                    ids, n = (torch.tensor([v[self.done + 1 : pending + 1]], device=feats.device)
-                              for v in lookup_hints(tokens[: pending + 1]))
+                    ids, n = (
+                        torch.tensor([v[self.done + 1 : pending + 1]], device=feats.device)
+                        for v in lookup_hints(tokens[: pending + 1])
+                    )
                     hints = hint_inputs(self.embed, ids, n)
             h = self._run(x, feats[p - 1], p.view(1, -1), None, hints)
             self.done, self.last = pending, h[-1]
         return self.last
 
     @torch.inference_mode()
-    def extend(self, tokens: torch.Tensor, parent_hidden: torch.Tensor, positions: torch.Tensor, mask=None,
-               prefixes: list[list[int]] | None = None):
-        """``prefixes``: for a hinted drafter, each draft entry's token prefix (verified tokens, the draft's
-        ancestors, the draft itself)."""
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        parent_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        mask=None,
+        prefixes: list[list[int]] | None = None,
+    ):
+        """``prefixes``: for a hinted drafter, each draft entry's token prefix (verified tokens, the
+        draft's ancestors, the draft itself)."""
         hints = None
         if self.hinted:
             if prefixes is None:
-                raise PolyspecError("this drafter reads prompt-lookup hints: extend() needs each draft's prefix")
+                raise PolyspecError(
+                    "this drafter reads prompt-lookup hints: extend() needs each draft's prefix"
+                )
             hints = entry_hints(self.embed, prefixes, tokens.device)
         return self._run(tokens, parent_hidden, positions.view(1, -1), mask, hints)
 
     def _run(self, tokens, feats, positions, mask, hints=None):
         emb = self.embed(tokens.view(1, -1))
         kw = {} if hints is None else {"hints": hints}
-        out, self.cache = self.drafter(emb, feats.view(1, -1, feats.shape[-1]), position_ids=positions,
-                                       attention_mask=mask, past_key_values=self.cache, use_cache=True, **kw)
+        out, self.cache = self.drafter(
+            emb,
+            feats.view(1, -1, feats.shape[-1]),
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+            **kw,
+        )
         return out[0]
 
     def rollback(self) -> None:
@@ -181,18 +221,33 @@ class SmallLMRuntime:
         if self.done < pending:
             dev = self.head_weight.device
             p = torch.arange(self.done + 1, pending + 1, device=dev)
-            h = self._run(torch.as_tensor(tokens[self.done + 1 : pending + 1], device=dev), p.view(1, -1), None)
+            h = self._run(
+                torch.as_tensor(tokens[self.done + 1 : pending + 1], device=dev),
+                p.view(1, -1),
+                None,
+            )
             self.done, self.last = pending, h[-1]
         return self.last
 
     @torch.inference_mode()
-    def extend(self, tokens: torch.Tensor, parent_hidden: torch.Tensor, positions: torch.Tensor, mask=None,
-               prefixes: list[list[int]] | None = None):
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        parent_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        mask=None,
+        prefixes: list[list[int]] | None = None,
+    ):
         return self._run(tokens, positions.view(1, -1), mask)
 
     def _run(self, tokens, positions, mask):
-        out = self.base(input_ids=tokens.view(1, -1), position_ids=positions, attention_mask=mask,
-                        past_key_values=self.cache, use_cache=True)
+        out = self.base(
+            input_ids=tokens.view(1, -1),
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         return out.last_hidden_state[0]
 
     def rollback(self) -> None:
@@ -202,12 +257,15 @@ class SmallLMRuntime:
 
 
 def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
-    """Load every drafter of a bundle (safetensors, via ``polyspec.drafter_models.load_drafter``) and its head bank."""
+    """Load every drafter of a bundle (safetensors, via ``polyspec.drafter_models.load_drafter``)
+    and its head bank."""
     from polyspec.drafter_models import load_drafter
     from polyspec.packed import pack_linears
 
     max_size = max(bundle.vocab_sizes)
-    ranked = {lang: torch.as_tensor(bundle.ranked(lang).ranked_ids).long() for lang in bundle.languages}
+    ranked = {
+        lang: torch.as_tensor(bundle.ranked(lang).ranked_ids).long() for lang in bundle.languages
+    }
     runtimes, banks = {}, {}
     softcap = getattr(target.model.config, "final_logit_softcapping", None)
     dtype = target.model.get_output_embeddings().weight.dtype
@@ -215,14 +273,26 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
     for lang in bundle.languages:
         model, _ = load_drafter(bundle.drafter_dir(lang), device=device)
         model.to(dtype).requires_grad_(False)
-        pack_linears(model)  # CPU bf16/fp32: oneDNN-prepacked weights, as the target's (polyspec.packed)
+        # CPU bf16/fp32: oneDNN-prepacked weights, as the target's (polyspec.packed)
+        pack_linears(model)
         kind = DrafterKind.of(model)
         archs.add(kind)
         if kind is DrafterKind.EAGLE3:  # own head over its draft vocabulary
             rt = EagleRuntime(model, target.model.get_input_embeddings(), model.lm_head.weight)
-            banks[lang] = HeadBank(model.lm_head.weight.detach(), {}, 0, draft_ids=(lang, model.draft_ids), pre=model.norm)
+            banks[lang] = HeadBank(
+                model.lm_head.weight.detach(),
+                {},
+                0,
+                draft_ids=(lang, model.draft_ids),
+                pre=model.norm,
+            )
         elif bundle.manifest["drafter_type"] == "eagle":
-            rt = EagleRuntime(model, target.model.get_input_embeddings(), target.model.get_output_embeddings().weight, softcap)
+            rt = EagleRuntime(
+                model,
+                target.model.get_input_embeddings(),
+                target.model.get_output_embeddings().weight,
+                softcap,
+            )
             if shared_bank is None:  # the frozen target head is the same for every language
                 shared_bank = HeadBank(rt.head_weight.detach(), ranked, max_size, softcap)
             banks[lang] = shared_bank
@@ -231,11 +301,18 @@ def build_runtimes(bundle, target, device) -> tuple[dict, dict[str, HeadBank]]:
             banks[lang] = HeadBank(rt.head_weight.detach(), ranked, max_size)
         runtimes[lang] = rt
     if len(archs) != 1:
-        raise PolyspecError(f"bundle {bundle.root} mixes drafter forms {sorted(k.value for k in archs)}; one form per bundle")
+        raise PolyspecError(
+            f"bundle {bundle.root} mixes drafter forms {sorted(k.value for k in archs)}; one form "
+            "per bundle"
+        )
     return runtimes, banks
 
 
 def aux_layers(runtimes: dict) -> list[int] | None:
     """The target layers EAGLE-3 drafters read (None for EAGLE-1 and small-LM drafters)."""
     first = next(iter(runtimes.values()))
-    return list(first.drafter.aux_layers) if DrafterKind.of(getattr(first, "drafter", None)) is DrafterKind.EAGLE3 else None
+    return (
+        list(first.drafter.aux_layers)
+        if DrafterKind.of(getattr(first, "drafter", None)) is DrafterKind.EAGLE3
+        else None
+    )

@@ -1,12 +1,14 @@
-"""The vLLM check's summaries, draft length and tables: each run against plain (:func:`summarize_run`),
-the draft length per drafter (:func:`choose_length`), ``<out>/vllm.json`` and ``<out>/vllm.md`` (:func:`write`,
-:func:`markdown`), and what was measured written into an export's ``engines.json`` (:func:`write_engines`).
+"""The vLLM check's summaries, draft length and tables: each run against plain
+(:func:`summarize_run`), the draft length per drafter (:func:`choose_length`), ``<out>/vllm.json``
+and ``<out>/vllm.md`` (:func:`write`, :func:`markdown`), and what was measured written into an
+export's ``engines.json`` (:func:`write_engines`).
 
-**Draft length.** Per drafter, from its batch-1 runs: each step's cost in plain forwards, (seconds − the prompts'
-prefill) / drafts ÷ plain's seconds per token, fitted as 1 + a + c·k (``engines.draft_length.fit_step_cost`` with a
-flat verify curve: the sweep measures the whole step); vLLM's α from the longest run; the predicted speedup
-E(k) / (1 + a + c·k) for k ≤ 8 and the measured ones → ``draft_n`` (``engines.draft_length.choose``; a chosen length
-not run yet is run too). Written into ``--engines`` (``engines.json``: ``draft_n.vllm`` and the serve command).
+**Draft length.** Per drafter, from its batch-1 runs: each step's cost in plain forwards, (seconds −
+the prompts' prefill) / drafts ÷ plain's seconds per token, fitted as 1 + a + c·k
+(``engines.draft_length.fit_step_cost`` with a flat verify curve: the sweep measures the whole
+step); vLLM's α from the longest run; the predicted speedup E(k) / (1 + a + c·k) for k ≤ 8 and the
+measured ones → ``draft_n`` (``engines.draft_length.choose``; a chosen length not run yet is run
+too). Written into ``--engines`` (``engines.json``: ``draft_n.vllm`` and the serve command).
 """
 
 from __future__ import annotations
@@ -18,42 +20,65 @@ from polyspec.draft_length import TOLERANCE, shortest_within
 from polyspec.errors import PolyspecError
 from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none
 
-FLAT = {1: 1.0, 2: 1.0}  # the verify curve as the fit sees it: the sweep's step costs already hold verification
+# the verify curve as the fit sees it: the sweep's step costs already hold verification
+FLAT = {1: 1.0, 2: 1.0}
 # What the report's numbers mean (its "definitions").
 DEFINITIONS = {
     "tok/s": "generated tokens / seconds of vLLM's generate calls (warm-up call excluded)",
     "speedup": "tok/s / plain's tok/s at the same batch size, same prompts",
-    "alpha_i": "accepted_per_pos[i] / drafts: the share of verification steps that kept the first i drafts",
+    "alpha_i": "accepted_per_pos[i] / drafts: the share of verification steps that kept the first "
+    "i drafts",
     "tokens_per_step": "1 + accepted / drafts (vLLM's mean acceptance length)",
-    "tau": "tokens / (drafts + prompts): tokens per target forward, the prefill counted as one (not for ngram: "
-           "vLLM counts only its steps that found a match)",
+    "tau": "tokens / (drafts + prompts): tokens per target forward, the prefill counted as one "
+    "(not for ngram: "
+    "vLLM counts only its steps that found a match)",
     "identical": "token ids equal to plain's at the same batch size",
-    "margin": "plain's logprob of its token − of the mode's token at the first divergence (top 5 probed)",
-    "draft_n": "engines.draft_length.choose: E(k) / (1 + a + c·k) with vLLM's α and the step cost fitted "
-               "from the batch-1 sweep, overruled by a measured speedup > 5 % better"}
+    "margin": "plain's logprob of its token − of the mode's token at the first divergence (top 5 "
+    "probed)",
+    "draft_n": "engines.draft_length.choose: E(k) / (1 + a + c·k) with vLLM's α and the step cost "
+    "fitted "
+    "from the batch-1 sweep, overruled by a measured speedup > 5 % better",
+}
 
 
-# -------------------------------------------------------------------------------------------- summaries
+# ---------------------------------------------------------------------------------------- summaries
 
 
 def summarize_run(run: dict, plain: dict, prompts: int) -> dict:
     s = run["spec"]
-    out = {"tokens": run["tokens"], "seconds": round(run["seconds"], 3), "tok_s": round_or_none(run["tok_s"], 2),
-           "speedup": round_or_none(run["tok_s"] / plain["tok_s"], 4) if run["tok_s"] and plain["tok_s"] else None,
-           "drafts": s["drafts"], "draft_tokens": s["draft_tokens"], "accepted": s["accepted"]}
+    out = {
+        "tokens": run["tokens"],
+        "seconds": round(run["seconds"], 3),
+        "tok_s": round_or_none(run["tok_s"], 2),
+        "speedup": round_or_none(run["tok_s"] / plain["tok_s"], 4)
+        if run["tok_s"] and plain["tok_s"]
+        else None,
+        "drafts": s["drafts"],
+        "draft_tokens": s["draft_tokens"],
+        "accepted": s["accepted"],
+    }
     if s["drafts"]:
         out["alpha"] = [round(a / s["drafts"], 4) for a in s["accepted_per_pos"]]
         out["tokens_per_step"] = round(1 + s["accepted"] / s["drafts"], 4)
-        out["acceptance"] = round(s["accepted"] / s["draft_tokens"], 4) if s["draft_tokens"] else None
-        out["tau"] = round(run["tokens"] / (s["drafts"] + prompts), 4)  # tokens / target forwards, prefill = 1
+        out["acceptance"] = (
+            round(s["accepted"] / s["draft_tokens"], 4) if s["draft_tokens"] else None
+        )
+        # tokens / target forwards, prefill = 1
+        out["tau"] = round(run["tokens"] / (s["drafts"] + prompts), 4)
     return out
 
 
-def choose_length(mode_runs: dict[int, dict], plain: dict, prefill_s: float, prompts: int, k_max: int) -> dict | None:
-    """``mode_runs``: draft length → batch-1 run of one drafter. The step cost fit, vLLM's α (the longest run's), the
-    predicted and measured speedups, and the chosen ``draft_n`` (engines.draft_length)."""
-    runs = {k: {"decode_s": r["seconds"] - prefill_s, "steps": r["spec"]["drafts"], "mean_draft": k}
-            for k, r in mode_runs.items() if r["spec"]["drafts"]}
+def choose_length(
+    mode_runs: dict[int, dict], plain: dict, prefill_s: float, prompts: int, k_max: int
+) -> dict | None:
+    """``mode_runs``: draft length → batch-1 run of one drafter. The step cost fit, vLLM's α (the
+    longest run's), the predicted and measured speedups, and the chosen ``draft_n``
+    (engines.draft_length)."""
+    runs = {
+        k: {"decode_s": r["seconds"] - prefill_s, "steps": r["spec"]["drafts"], "mean_draft": k}
+        for k, r in mode_runs.items()
+        if r["spec"]["drafts"]
+    }
     if not runs or not plain["tok_s"]:
         return None
     plain_step = (plain["seconds"] - prefill_s) / max(plain["tokens"] - prompts, 1)
@@ -62,10 +87,19 @@ def choose_length(mode_runs: dict[int, dict], plain: dict, prefill_s: float, pro
     alpha = [a / longest["drafts"] for a in longest["accepted_per_pos"]]
     measured = {k: r["tok_s"] / plain["tok_s"] for k, r in mode_runs.items() if r["tok_s"]}
     pick = draft_length.choose(alpha, FLAT, fit["a"], fit["c"], k_max=k_max, measured=measured)
-    return {**pick, "alpha": [round(a, 4) for a in alpha], "alpha_from": f"vLLM, draft length {max(runs)}",
-            "step_cost": {"a": round(fit["a"], 4), "c": round(fit["c"], 4),
-                          "points": [{k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()}
-                                     for p in fit["points"]]}}
+    return {
+        **pick,
+        "alpha": [round(a, 4) for a in alpha],
+        "alpha_from": f"vLLM, draft length {max(runs)}",
+        "step_cost": {
+            "a": round(fit["a"], 4),
+            "c": round(fit["c"], 4),
+            "points": [
+                {k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()}
+                for p in fit["points"]
+            ],
+        },
+    }
 
 
 def best_measured(speedups: dict[int, float], tolerance: float = TOLERANCE) -> int | None:
@@ -77,11 +111,12 @@ def round_or_none(x: float | None, nd: int) -> float | None:
     return None if x is None else round(x, nd)
 
 
-# ----------------------------------------------------------------------------------------- engines.json
+# ------------------------------------------------------------------------------------- engines.json
 
 
 def polyspec_alpha(report: dict, engines_json: Path | None) -> None:
-    """Each drafter's held-out α as polyspec scored it (``engines.json``) beside vLLM's, in its draft-length entry."""
+    """Each drafter's held-out α as polyspec scored it (``engines.json``) beside vLLM's, in its
+    draft-length entry."""
     rec = read_json_or_none(engines_json) if engines_json else None
     for name, d in report["draft_length"].items():
         alpha, source = draft_length.drafter_alpha_from(rec, name, str(engines_json))
@@ -89,27 +124,36 @@ def polyspec_alpha(report: dict, engines_json: Path | None) -> None:
 
 
 def write_engines(engines_json: Path, report: dict, out: Path) -> None:
-    """What vLLM was measured to do into an export's ``engines.json``: each drafter's chosen ``draft_n`` (and the serve
-    command's), the measured speedups, or why vLLM serves no EAGLE-3 drafter for this target."""
+    """What vLLM was measured to do into an export's ``engines.json``: each drafter's chosen
+    ``draft_n`` (and the serve command's), the measured speedups, or why vLLM serves no EAGLE-3
+    drafter for this target."""
     rec = read_json_or_none(engines_json)
     if rec is None:
         raise PolyspecError(f"{engines_json} not found: --engines names an export's engines.json")
     lengths = {k: d for k, d in report["draft_length"].items() if k in rec.get("drafters", {})}
     draft_length.set_draft_lengths(rec, lengths, "vllm")
     table = rec.setdefault("engines", {}).setdefault("vllm", {"format": "speculators"})
-    table["tested_here"] = (f"make check-vllm: vLLM {report['vllm']['version']} on {report['machine']['host']}, "
-                            f"{report['settings']['dtype']} → {out / 'vllm.md'}")
+    table["tested_here"] = (
+        f"make check-vllm: vLLM {report['vllm']['version']} on {report['machine']['host']}, "
+        f"{report['settings']['dtype']} → {out / 'vllm.md'}"
+    )
     ngram = next((m["by_batch"] for m in report["modes"] if m["mode"] == "ngram"), {})
-    table["measured"] = {**{name: {"draft_n": d["draft_n"], "speedup": d["measured_speedup"].get(d["draft_n"])}
-                            for name, d in lengths.items()},
-                         "ngram": {b: r.get("speedup") for b, r in ngram.items()}}
+    table["measured"] = {
+        **{
+            name: {"draft_n": d["draft_n"], "speedup": d["measured_speedup"].get(d["draft_n"])}
+            for name, d in lengths.items()
+        },
+        "ngram": {b: r.get("speedup") for b, r in ngram.items()},
+    }
     if not report["vllm"].get("eagle3_for_target", True):
         table["loads"] = []
-        table["why"] = next(iter((report.get("refused") or {}).values()), "no EAGLE-3 for this target in vLLM")
+        table["why"] = next(
+            iter((report.get("refused") or {}).values()), "no EAGLE-3 for this target in vLLM"
+        )
     atomic_write_json(engines_json, rec)
 
 
-# ----------------------------------------------------------------------------------------------- report
+# ------------------------------------------------------------------------------------------- report
 
 
 def _f(x, fmt: str = "{:.2f}", none: str = "—") -> str:
@@ -119,15 +163,29 @@ def _f(x, fmt: str = "{:.2f}", none: str = "—") -> str:
 def markdown(report: dict) -> str:
     st, m = report["settings"], report["machine"]
     batches = st["batches"]
-    lines = [f"# vLLM: plain vs EAGLE-3 vs n-gram — {report['target']['name']} ({report['target']['architecture']}, "
-             f"{st['dtype']})", "",
-             f"vLLM {report['vllm']['version']} on {m['host']}, {m['threads']} thread(s); greedy, {st['n']} new tokens, "
-             f"{sum(st['prompts'].values())} held-out prompts ({', '.join(f'{k} {v}' for k, v in st['prompts'].items())}); "
-             f"batch {', '.join(map(str, batches))} (prompts in groups of that size); ngram k {st['ngram']['k']}, "
-             f"n {st['ngram']['n_max']}..1; enforce_eager {st['enforce_eager']}. Load average {m['loadavg_1m_start']} → "
-             f"{m.get('loadavg_1m_end', '?')}."
-             + (f" Plain again at the end: {_f(report['plain_again']['drift'], '{:.2f}')}× its first tok/s, "
-                f"{report['plain_again']['identical']} identical." if report.get("plain_again") else ""), ""]
+    lines = [
+        f"# vLLM: plain vs EAGLE-3 vs n-gram — {report['target']['name']} "
+        f"({report['target']['architecture']}, "
+        f"{st['dtype']})",
+        "",
+        f"vLLM {report['vllm']['version']} on {m['host']}, {m['threads']} thread(s); greedy, "
+        f"{st['n']} new tokens, "
+        f"{sum(st['prompts'].values())} held-out prompts "
+        f"({', '.join(f'{k} {v}' for k, v in st['prompts'].items())}); "
+        f"batch {', '.join(map(str, batches))} (prompts in groups of that size); ngram k "
+        f"{st['ngram']['k']}, "
+        f"n {st['ngram']['n_max']}..1; enforce_eager {st['enforce_eager']}. Load average "
+        f"{m['loadavg_1m_start']} → "
+        f"{m.get('loadavg_1m_end', '?')}."
+        + (
+            f" Plain again at the end: {_f(report['plain_again']['drift'], '{:.2f}')}× its first "
+            "tok/s, "
+            f"{report['plain_again']['identical']} identical."
+            if report.get("plain_again")
+            else ""
+        ),
+        "",
+    ]
     for name, msg in (report.get("refused") or {}).items():
         lines += [f"**vLLM refused drafter {name}:** `{msg}`", ""]
     for name, msg in (report.get("failed") or {}).items():
@@ -137,33 +195,55 @@ def markdown(report: dict) -> str:
         head += [f"b{b} tok/s (×)", f"b{b} same"]
     head += ["tokens/step", "τ", "α₁…α_k (vLLM)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines.append("| plain | — | " + " | ".join(f"{_f(report['plain'][b]['tok_s'], '{:.1f}')} | —" for b in batches)
-                 + " | 1 | 1 | — |")
+    lines.append(
+        "| plain | — | "
+        + " | ".join(f"{_f(report['plain'][b]['tok_s'], '{:.1f}')} | —" for b in batches)
+        + " | 1 | 1 | — |"
+    )
     for e in report["modes"]:
         cells = [e["mode"], e["drafter"] or "—"]
         for b in batches:
             r = e["by_batch"].get(b) or e["by_batch"].get(str(b)) or {}
             same = f"{r.get('identical')}/{r.get('prompts')}"
-            worst = [c.get("margin") for c in (r.get("divergences") or {}).values() if c.get("margin") is not None]
+            worst = [
+                c.get("margin")
+                for c in (r.get("divergences") or {}).values()
+                if c.get("margin") is not None
+            ]
             if worst:
                 same += f" (margin ≤ {max(worst):.2f})"
             cells += [f"{_f(r.get('tok_s'), '{:.1f}')} ({_f(r.get('speedup'), '{:.2f}×')})", same]
         r1 = e["by_batch"].get(batches[0]) or e["by_batch"].get(str(batches[0])) or {}
-        cells += [_f(r1.get("tokens_per_step")), _f(r1.get("tau")),
-                  ", ".join(f"{a:.2f}" for a in r1.get("alpha") or []) or "—"]
+        cells += [
+            _f(r1.get("tokens_per_step")),
+            _f(r1.get("tau")),
+            ", ".join(f"{a:.2f}" for a in r1.get("alpha") or []) or "—",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     for name, d in (report.get("draft_length") or {}).items():
         ks = list(d["predicted_speedup"])
         big = list(d.get("best_measured_at_batch", {}).items())
-        lines += ["", f"## Draft length for {name}: {d['draft_n']} ({d['chosen_by']})", "",
-                  f"α {', '.join(f'{x:.2f}' for x in d['alpha'])} ({d['alpha_from']}); polyspec's held-out α "
-                  + (", ".join(f"{x:.2f}" for x in d["polyspec_alpha"]) if d.get("polyspec_alpha") else "not recorded")
-                  + f"; a step costs 1 + "
-                  f"{d['step_cost']['a']:.2f} + {d['step_cost']['c']:.2f}·k plain forwards (fitted from the batch-1 "
-                  "sweep)." + (f" Best measured at batch {big[0][0]}: {big[0][1]}." if big else ""), "",
-                  "| k | " + " | ".join(str(k) for k in ks) + " |", "|---|" + "---|" * len(ks),
-                  "| predicted × | " + " | ".join(f"{d['predicted_speedup'][k]:.2f}" for k in ks) + " |",
-                  "| measured × | " + " | ".join(_f(d["measured_speedup"].get(k)) for k in ks) + " |"]
+        lines += [
+            "",
+            f"## Draft length for {name}: {d['draft_n']} ({d['chosen_by']})",
+            "",
+            f"α {', '.join(f'{x:.2f}' for x in d['alpha'])} ({d['alpha_from']}); polyspec's "
+            "held-out α "
+            + (
+                ", ".join(f"{x:.2f}" for x in d["polyspec_alpha"])
+                if d.get("polyspec_alpha")
+                else "not recorded"
+            )
+            + f"; a step costs 1 + "
+            f"{d['step_cost']['a']:.2f} + {d['step_cost']['c']:.2f}·k plain forwards (fitted from "
+            "the batch-1 "
+            "sweep)." + (f" Best measured at batch {big[0][0]}: {big[0][1]}." if big else ""),
+            "",
+            "| k | " + " | ".join(str(k) for k in ks) + " |",
+            "|---|" + "---|" * len(ks),
+            "| predicted × | " + " | ".join(f"{d['predicted_speedup'][k]:.2f}" for k in ks) + " |",
+            "| measured × | " + " | ".join(_f(d["measured_speedup"].get(k)) for k in ks) + " |",
+        ]
     lines += ["", "## Definitions", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
     return "\n".join(lines) + "\n"
 

@@ -1,34 +1,40 @@
-"""The vLLM check's runs (``python -m engines.vllm``, ``make check-vllm``): polyspec's drafters served by vLLM's
-offline ``LLM``, one engine per mode, on the held-out prompts.
+"""The vLLM check's runs (``python -m engines.vllm``, ``make check-vllm``): polyspec's drafters
+served by vLLM's offline ``LLM``, one engine per mode, on the held-out prompts.
 
-**What runs.** One vLLM engine per mode (:mod:`polyspec.vllm_process`: vLLM's environment, ``make setup-vllm``),
-greedy, on the held-out prompts (``synth/data/heldout.jsonl``, first turn, rendered and tokenized by polyspec as
-every engine gets them: vLLM receives the token ids):
+**What runs.** One vLLM engine per mode (:mod:`polyspec.vllm_process`: vLLM's environment,
+``make setup-vllm``), greedy, on the held-out prompts (``synth/data/heldout.jsonl``, first turn,
+rendered and tokenized by polyspec as every engine gets them: vLLM receives the token ids):
 
-- ``plain``: the target alone. Its engine stays up for the whole bench: it runs first, again at batch 1 after
-  every other mode (``plain_again``: the drift of the machine over the bench), and answers the margin probes.
-- ``ngram``: vLLM's prompt lookup (``method: ngram``, ``--ngram-k`` drafts, n-grams of ``--ngram-n`` down to 1).
-- ``eagle3@k``: each speculators-format EAGLE-3 folder (``--drafters``: an engines export's ``speculators/``, the
-  folders themselves, or a bundle, exported first) at every draft length of ``--sweep``: a language's drafter on
-  that language's prompts, the multilingual one on each of its languages.
-- ``draft@k``: each small-LM drafter of ``--draft-models`` (``python -m export --format hf-assistant``'s folders)
-  as vLLM's ``draft_model`` method.
+- ``plain``: the target alone. Its engine stays up for the whole bench: it runs first, again at
+  batch 1 after every other mode (``plain_again``: the drift of the machine over the bench), and
+  answers the margin probes.
+- ``ngram``: vLLM's prompt lookup (``method: ngram``, ``--ngram-k`` drafts, n-grams of ``--ngram-n``
+  down to 1).
+- ``eagle3@k``: each speculators-format EAGLE-3 folder (``--drafters``: an engines export's
+  ``speculators/``, the folders themselves, or a bundle, exported first) at every draft length of
+  ``--sweep``: a language's drafter on that language's prompts, the multilingual one on each of its
+  languages.
+- ``draft@k``: each small-LM drafter of ``--draft-models``
+  (``python -m export --format hf-assistant``'s folders) as vLLM's ``draft_model`` method.
 
-Every mode runs at each batch size of ``--batch``: the prompts in groups of that size, one ``generate`` call per group
-(batch 1: one prompt at a time). A mode vLLM refuses (an EAGLE-3 drafter for a target whose vLLM model has no
-EAGLE-3 support: Gemma-3 in vLLM 0.32) is recorded with vLLM's own error line and the bench goes on.
+Every mode runs at each batch size of ``--batch``: the prompts in groups of that size, one
+``generate`` call per group (batch 1: one prompt at a time). A mode vLLM refuses (an EAGLE-3 drafter
+for a target whose vLLM model has no EAGLE-3 support: Gemma-3 in vLLM 0.32) is recorded with vLLM's
+own error line and the bench goes on.
 
-**What is measured.** tok/s = generated tokens / seconds of vLLM's ``generate`` calls (after one warm-up call);
-speedup = a mode's tok/s / plain's at the same batch size. vLLM's own counters (``disable_log_stats=False``):
-``drafts`` (verification steps that carried drafts), ``draft_tokens``, ``accepted`` and ``accepted_per_pos``;
-α_i = accepted_per_pos[i] / drafts (the share of steps whose first i drafts were kept, polyspec's α_i), tokens per
-step = 1 + accepted / drafts (vLLM's mean acceptance length). ``identical``: a mode's token ids equal plain's at
-the same batch size; the first divergent position's ``margin`` = plain's logprob of its own token − of the mode's
-token there (the plain engine asked for its top 5 after the common prefix): in bf16 a verification of k + 1 tokens
-rounds otherwise than a one-token decode, so near-ties flip (fp32: identity is required, exit status 1 otherwise).
+**What is measured.** tok/s = generated tokens / seconds of vLLM's ``generate`` calls (after one
+warm-up call); speedup = a mode's tok/s / plain's at the same batch size. vLLM's own counters
+(``disable_log_stats=False``): ``drafts`` (verification steps that carried drafts),
+``draft_tokens``, ``accepted`` and ``accepted_per_pos``; α_i = accepted_per_pos[i] / drafts (the
+share of steps whose first i drafts were kept, polyspec's α_i), tokens per step = 1 + accepted /
+drafts (vLLM's mean acceptance length). ``identical``: a mode's token ids equal plain's at the same
+batch size; the first divergent position's ``margin`` = plain's logprob of its own token − of the
+mode's token there (the plain engine asked for its top 5 after the common prefix): in bf16 a
+verification of k + 1 tokens rounds otherwise than a one-token decode, so near-ties flip (fp32:
+identity is required, exit status 1 otherwise).
 
-The bench writes ``<out>/vllm.json``, ``<out>/vllm.md`` (:mod:`engines.vllm.report`) and each engine's log under
-``<out>/logs/``.
+The bench writes ``<out>/vllm.json``, ``<out>/vllm.md`` (:mod:`engines.vllm.report`) and each
+engine's log under ``<out>/logs/``.
 """
 
 from __future__ import annotations
@@ -58,9 +64,12 @@ from polyspec.io import read_json_or_none
 from polyspec.vllm_process import VLLMProcess, vllm_python
 
 TOP_LOGPROBS = 5
-SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-                 "accepted": "vllm:spec_decode_num_accepted_tokens",
-                 "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos"}
+SPEC_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted": "vllm:spec_decode_num_accepted_tokens",
+    "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
+}
 
 
 @dataclass
@@ -72,7 +81,8 @@ class Settings:
     dtype: str = "float32"
     ngram_k: int = 3
     ngram_n: int = 3
-    eager: bool = False  # vLLM's enforce_eager: no torch.compile (start-up ~30 s instead of ~2 min; slower steps)
+    # vLLM's enforce_eager: no torch.compile (start-up ~30 s instead of ~2 min; slower steps)
+    eager: bool = False
     k_max: int = 8  # longest draft length the choice considers
 
 
@@ -85,11 +95,12 @@ class Mode:
     runs: dict[int, dict] = field(default_factory=dict)  # batch size → run
 
 
-# ---------------------------------------------------------------------------------------------- running
+# ------------------------------------------------------------------------------------------ running
 
 
 def prompt_rows(target, langs: list[str], k: int) -> list[dict]:
-    """The first ``k`` held-out prompts of each language as the engines get them: polyspec's rendering and ids."""
+    """The first ``k`` held-out prompts of each language as the engines get them: polyspec's
+    rendering and ids."""
     from polyspec.prompts import encode, render
 
     fmt = target.spec.prompt_format
@@ -97,8 +108,14 @@ def prompt_rows(target, langs: list[str], k: int) -> list[dict]:
     for lang in langs:
         for q in heldout_prompts(lang, k):
             text = render(fmt, target.tokenizer, [{"role": "user", "content": q["turns"][0]}])
-            rows.append({"id": q["id"], "lang": lang, "category": q["category"],
-                         "ids": encode(fmt, target.tokenizer, text)})
+            rows.append(
+                {
+                    "id": q["id"],
+                    "lang": lang,
+                    "category": q["category"],
+                    "ids": encode(fmt, target.tokenizer, text),
+                }
+            )
     return rows
 
 
@@ -109,14 +126,20 @@ def spec_counters(metrics: dict) -> dict:
 
 
 def counter_delta(after: dict, before: dict) -> dict:
-    pos = [a - (before["accepted_per_pos"][i] if i < len(before["accepted_per_pos"]) else 0)
-           for i, a in enumerate(after["accepted_per_pos"])]
-    return {**{k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}, "accepted_per_pos": pos}
+    pos = [
+        a - (before["accepted_per_pos"][i] if i < len(before["accepted_per_pos"]) else 0)
+        for i, a in enumerate(after["accepted_per_pos"])
+    ]
+    return {
+        **{k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")},
+        "accepted_per_pos": pos,
+    }
 
 
 def run_pass(engine: VLLMProcess, rows: list[dict], params: dict, batch: int) -> dict:
-    """All ``rows`` through ``engine``, each language's in groups of ``batch`` (one ``generate`` call a group):
-    outputs by prompt id, tokens and seconds (also per language), vLLM's speculative counters over the pass."""
+    """All ``rows`` through ``engine``, each language's in groups of ``batch`` (one ``generate``
+    call a group): outputs by prompt id, tokens and seconds (also per language), vLLM's speculative
+    counters over the pass."""
     before = spec_counters(engine.metrics())
     outputs, seconds = {}, {}
     for lang in dict.fromkeys(r["lang"] for r in rows):
@@ -127,30 +150,49 @@ def run_pass(engine: VLLMProcess, rows: list[dict], params: dict, batch: int) ->
             got, sec = engine.generate([r["ids"] for r in group], [params] * len(group))
             seconds[lang] += sec
             outputs.update({r["id"]: o["token_ids"] for r, o in zip(group, got)})
-    return _totals({"outputs": outputs, "seconds_by_lang": seconds,
-                    "spec": counter_delta(spec_counters(engine.metrics()), before)}, rows)
+    return _totals(
+        {
+            "outputs": outputs,
+            "seconds_by_lang": seconds,
+            "spec": counter_delta(spec_counters(engine.metrics()), before),
+        },
+        rows,
+    )
 
 
 def _totals(run: dict, rows: list[dict]) -> dict:
     tokens = sum(len(run["outputs"][r["id"]]) for r in rows)
     seconds = sum(run["seconds_by_lang"].values())
-    return {**run, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds if seconds else None}
+    return {
+        **run,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tok_s": tokens / seconds if seconds else None,
+    }
 
 
-def run_mode(engine: VLLMProcess, rows: list[dict], params: dict, batches: tuple[int, ...]) -> dict[int, dict]:
-    engine.generate([rows[0]["ids"]], [{**params, "max_tokens": 8}])  # warm-up: first-call costs stay out
+def run_mode(
+    engine: VLLMProcess, rows: list[dict], params: dict, batches: tuple[int, ...]
+) -> dict[int, dict]:
+    # warm-up: first-call costs stay out
+    engine.generate([rows[0]["ids"]], [{**params, "max_tokens": 8}])
     return {b: run_pass(engine, rows, params, b) for b in batches}
 
 
 def prefill_seconds(engine: VLLMProcess, rows: list[dict], params: dict) -> float:
-    """Seconds of one-token generations of every prompt, one at a time: the prompts' prefill in a batch-1 pass."""
+    """Seconds of one-token generations of every prompt, one at a time: the prompts' prefill in a
+    batch-1 pass."""
     return sum(engine.generate([r["ids"]], [{**params, "max_tokens": 1}])[1] for r in rows)
 
 
-def margin_at(engine: VLLMProcess, prompt: list[int], prefix: list[int], own: int, other: int) -> dict:
-    """Plain's logprob of its own token − of ``other`` after ``prompt + prefix`` (``other`` outside its top 5:
-    at least own − the 5th)."""
-    got, _ = engine.generate([prompt + prefix], [{"temperature": 0, "max_tokens": 1, "logprobs": TOP_LOGPROBS}])
+def margin_at(
+    engine: VLLMProcess, prompt: list[int], prefix: list[int], own: int, other: int
+) -> dict:
+    """Plain's logprob of its own token − of ``other`` after ``prompt + prefix`` (``other`` outside
+    its top 5: at least own − the 5th)."""
+    got, _ = engine.generate(
+        [prompt + prefix], [{"temperature": 0, "max_tokens": 1, "logprobs": TOP_LOGPROBS}]
+    )
     lps = dict((int(t), lp) for t, lp in (got[0]["logprobs"] or [[]])[0])
     if own not in lps:
         return {"margin": None, "note": "plain's own token is not in its top logprobs"}
@@ -166,31 +208,75 @@ def compare(plain: dict[str, list[int]], got: dict[str, list[int]]) -> dict[str,
         ref = plain[pid]
         i = next((j for j, (a, b) in enumerate(zip(ref, toks)) if a != b), min(len(ref), len(toks)))
         same = toks == ref
-        out[pid] = {"identical": same} if same else {
-            "identical": False, "at": i, "plain": ref[i] if i < len(ref) else None,
-            "mode": toks[i] if i < len(toks) else None}
+        out[pid] = (
+            {"identical": same}
+            if same
+            else {
+                "identical": False,
+                "at": i,
+                "plain": ref[i] if i < len(ref) else None,
+                "mode": toks[i] if i < len(toks) else None,
+            }
+        )
     return out
 
 
-# ------------------------------------------------------------------------------------------------ bench
+# -------------------------------------------------------------------------------------------- bench
 
 
 def engine_args(model: str, s: Settings, max_len: int) -> dict:
-    return {"model": model, "dtype": s.dtype, "seed": 0, "max_model_len": max_len, "max_num_seqs": max(s.batches),
-            "disable_log_stats": False, "enforce_eager": s.eager}
+    return {
+        "model": model,
+        "dtype": s.dtype,
+        "seed": 0,
+        "max_model_len": max_len,
+        "max_num_seqs": max(s.batches),
+        "disable_log_stats": False,
+        "enforce_eager": s.eager,
+    }
 
 
-def spec_modes(folders: dict[str, Path], plan: list[tuple[str | None, str]], draft_models: dict[str, Path],
-               s: Settings, langs: list[str]) -> list[Mode]:
-    modes = [Mode("ngram", None, langs, {"method": "ngram", "num_speculative_tokens": s.ngram_k,
-                                         "prompt_lookup_max": s.ngram_n, "prompt_lookup_min": 1})]
+def spec_modes(
+    folders: dict[str, Path],
+    plan: list[tuple[str | None, str]],
+    draft_models: dict[str, Path],
+    s: Settings,
+    langs: list[str],
+) -> list[Mode]:
+    modes = [
+        Mode(
+            "ngram",
+            None,
+            langs,
+            {
+                "method": "ngram",
+                "num_speculative_tokens": s.ngram_k,
+                "prompt_lookup_max": s.ngram_n,
+                "prompt_lookup_min": 1,
+            },
+        )
+    ]
     for name, folder in folders.items():
         own = [lang for d, lang in plan if d == name]
-        modes += [Mode(f"eagle3@{k}", name, own, {"method": "eagle3", "model": str(folder), "num_speculative_tokens": k})
-                  for k in s.sweep]
+        modes += [
+            Mode(
+                f"eagle3@{k}",
+                name,
+                own,
+                {"method": "eagle3", "model": str(folder), "num_speculative_tokens": k},
+            )
+            for k in s.sweep
+        ]
     for name, folder in draft_models.items():
-        modes += [Mode(f"draft@{k}", name, [name] if name in langs else langs,
-                       {"method": "draft_model", "model": str(folder), "num_speculative_tokens": k}) for k in s.sweep]
+        modes += [
+            Mode(
+                f"draft@{k}",
+                name,
+                [name] if name in langs else langs,
+                {"method": "draft_model", "model": str(folder), "num_speculative_tokens": k},
+            )
+            for k in s.sweep
+        ]
     return modes
 
 
@@ -207,8 +293,10 @@ class Context:
     python: str
     out: Path
     eagle3: bool  # this vLLM serves EAGLE-3 drafts for the target's architecture
-    refused: dict[str, str] = field(default_factory=dict)  # drafter key → why vLLM serves none for this target
-    failed: dict[str, str] = field(default_factory=dict)  # mode → vLLM's error line (it failed every try)
+    # drafter key → why vLLM serves none for this target
+    refused: dict[str, str] = field(default_factory=dict)
+    # mode → vLLM's error line (it failed every try)
+    failed: dict[str, str] = field(default_factory=dict)
     plain: dict[int, dict] = field(default_factory=dict)
     prefill: dict[str, float] = field(default_factory=dict)
     load_start: tuple = ()
@@ -217,9 +305,16 @@ class Context:
         return [r for r in self.rows if r["lang"] in langs]
 
 
-def bench(target_name: str, out: str | Path, drafters: str | Path | None = None, langs: list[str] | None = None,
-          s: Settings | None = None, engines_json: Path | None = None, draft_models: str | Path | None = None,
-          log=print) -> dict:
+def bench(
+    target_name: str,
+    out: str | Path,
+    drafters: str | Path | None = None,
+    langs: list[str] | None = None,
+    s: Settings | None = None,
+    engines_json: Path | None = None,
+    draft_models: str | Path | None = None,
+    log=print,
+) -> dict:
     from polyspec.targets import load_target, model_path
 
     s, out = s or Settings(), Path(out)
@@ -231,32 +326,59 @@ def bench(target_name: str, out: str | Path, drafters: str | Path | None = None,
     for folder in folders.values():  # a broken export: one line now, not after minutes of engines
         check_speculators(folder, target.vocab_size)
     eagle3 = probe_target(target, target_name, python, out)
-    # a draft model named for a language with held-out prompts runs on them; any other name on every language here
-    all_langs = list(dict.fromkeys([lang for _, lang in plan] + [n for n in smalls if langs is None and load_heldout(n)]))
+    # a draft model named for a language with held-out prompts runs on them; any other name on every
+    # language here
+    all_langs = list(
+        dict.fromkeys(
+            [lang for _, lang in plan] + [n for n in smalls if langs is None and load_heldout(n)]
+        )
+    )
     rows = prompt_rows(target, all_langs, s.prompts)
     max_len = max(len(r["ids"]) for r in rows) + s.n + max(s.sweep + (s.ngram_k,)) + 8
     path = model_path(target.spec)
-    ctx = Context(target, path, s, rows, {"temperature": 0, "max_tokens": s.n,
-                                          "stop": list(target.spec.prompt_format.stop) or None},
-                  engine_args(path, s, max_len), python, out, eagle3, load_start=os.getloadavg())
+    ctx = Context(
+        target,
+        path,
+        s,
+        rows,
+        {"temperature": 0, "max_tokens": s.n, "stop": list(target.spec.prompt_format.stop) or None},
+        engine_args(path, s, max_len),
+        python,
+        out,
+        eagle3,
+        load_start=os.getloadavg(),
+    )
     if folders and not eagle3:
-        why = (f"vLLM's {target.config.architectures[0]} does not implement SupportsEagle3: vLLM serves no EAGLE-3 "
-               "drafter for this target")
+        why = (
+            f"vLLM's {target.config.architectures[0]} does not implement SupportsEagle3: vLLM "
+            "serves no EAGLE-3 "
+            "drafter for this target"
+        )
         ctx.refused = {name: why for name in folders}
         log(f"[vllm] {why}: plain, ngram and draft models only")
     modes = spec_modes(folders, plan, smalls, s, all_langs)
     t_start = time.perf_counter()
-    log(f"[vllm] {sum(_key(m) not in ctx.refused for m in modes) + 1} engines × batch {', '.join(map(str, s.batches))} on {len(rows)} prompts "
-        f"({', '.join(all_langs)}), {s.dtype}, {s.n} new tokens; vLLM's Python: {python}")
+    log(
+        f"[vllm] {sum(_key(m) not in ctx.refused for m in modes) + 1} engines × batch "
+        f"{', '.join(map(str, s.batches))} on {len(rows)} prompts "
+        f"({', '.join(all_langs)}), {s.dtype}, {s.n} new tokens; vLLM's Python: {python}"
+    )
     with VLLMProcess(ctx.base, log=out / "logs" / "plain.log", python=python) as plain_engine:
         log(f"[vllm] plain: vLLM {plain_engine.version} up in {plain_engine.load_seconds:.0f} s")
         ctx.plain = run_mode(plain_engine, rows, ctx.params, s.batches)
-        ctx.prefill = {lang: prefill_seconds(plain_engine, ctx.rows_of([lang]), ctx.params) for lang in all_langs}
+        ctx.prefill = {
+            lang: prefill_seconds(plain_engine, ctx.rows_of([lang]), ctx.params)
+            for lang in all_langs
+        }
         for mode in modes:
             run_spec(ctx, mode, log)
         report = _assemble(ctx, modes, plain_engine)
-        extra = [_mode_at(m, d["draft_n"]) for key, d in report["draft_length"].items()
-                 for m in [_sweep(modes)[key][0]] if d["draft_n"] not in {_k(x) for x in _sweep(modes)[key]}]
+        extra = [
+            _mode_at(m, d["draft_n"])
+            for key, d in report["draft_length"].items()
+            for m in [_sweep(modes)[key][0]]
+            if d["draft_n"] not in {_k(x) for x in _sweep(modes)[key]}
+        ]
         for mode in extra:  # a chosen length not run yet: run it too, so the choice is measured
             run_spec(ctx, mode, log)
             modes.append(mode)
@@ -264,10 +386,15 @@ def bench(target_name: str, out: str | Path, drafters: str | Path | None = None,
             report = _assemble(ctx, modes, plain_engine)
         again = run_pass(plain_engine, rows, ctx.params, 1)
         first = ctx.plain.get(1)
-        report["plain_again"] = {"tok_s": round_or_none(again["tok_s"], 2),
-                                 "drift": round_or_none(again["tok_s"] / first["tok_s"], 4) if first and first["tok_s"] else None,
-                                 "identical": sum(again["outputs"][p] == first["outputs"][p] for p in again["outputs"])
-                                 if first else None}
+        report["plain_again"] = {
+            "tok_s": round_or_none(again["tok_s"], 2),
+            "drift": round_or_none(again["tok_s"] / first["tok_s"], 4)
+            if first and first["tok_s"]
+            else None,
+            "identical": sum(again["outputs"][p] == first["outputs"][p] for p in again["outputs"])
+            if first
+            else None,
+        }
     report["machine"]["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     report["seconds"] = round(time.perf_counter() - t_start, 1)
     polyspec_alpha(report, engines_json)
@@ -278,40 +405,57 @@ def bench(target_name: str, out: str | Path, drafters: str | Path | None = None,
 
 
 def probe_target(target, name: str, python: str, out: Path) -> bool:
-    """Whether vLLM serves EAGLE-3 drafts for the target's architecture (asked without loading a model); a target
-    vLLM has no model class for is a one-line error."""
+    """Whether vLLM serves EAGLE-3 drafts for the target's architecture (asked without loading a
+    model); a target vLLM has no model class for is a one-line error."""
     arch = (getattr(target.config, "architectures", None) or ["?"])[0]
     with VLLMProcess(None, python=python, log=out / "logs" / "probe.log") as p:
         got = p.probe([arch])
     if not got["architectures"][arch]["known"]:
-        raise PolyspecError(f"vLLM {got['vllm']} has no model class for {arch} ({name}): it cannot serve this target")
+        raise PolyspecError(
+            f"vLLM {got['vllm']} has no model class for {arch} ({name}): it cannot serve this "
+            "target"
+        )
     return got["architectures"][arch]["eagle3"]
 
 
 def run_spec(ctx: Context, mode: Mode, log, tries: int = 2) -> None:
-    """One speculative mode's engine: its runs into ``mode.runs``. An engine that fails is started again (vLLM's
-    start-up can fail on its own torch.compile cache: a stack overflow recompiling after a cache load failure, seen
-    here); failing ``tries`` times, vLLM's error line goes into ``ctx.failed`` and the bench goes on. Drafters the probe
-    found unservable (``ctx.refused``) are skipped."""
+    """One speculative mode's engine: its runs into ``mode.runs``. An engine that fails is started
+    again (vLLM's start-up can fail on its own torch.compile cache: a stack overflow recompiling
+    after a cache load failure, seen here); failing ``tries`` times, vLLM's error line goes into
+    ``ctx.failed`` and the bench goes on. Drafters the probe found unservable (``ctx.refused``) are
+    skipped."""
     if _key(mode) in ctx.refused:
         return
     cfg = {**ctx.base, "speculative_config": mode.speculative_config}
     stem = f"{mode.drafter or 'target'}-{mode.name.replace('@', '-')}"
     for attempt in range(1, tries + 1):
         try:
-            with VLLMProcess(cfg, log=ctx.out / "logs" / f"{stem}-{attempt}.log", python=ctx.python) as eng:
-                log(f"[vllm] {mode.name} ({mode.drafter or 'no drafter'}): up in {eng.load_seconds:.0f} s")
+            with VLLMProcess(
+                cfg, log=ctx.out / "logs" / f"{stem}-{attempt}.log", python=ctx.python
+            ) as eng:
+                log(
+                    f"[vllm] {mode.name} ({mode.drafter or 'no drafter'}): up in "
+                    f"{eng.load_seconds:.0f} s"
+                )
                 mode.runs = run_mode(eng, ctx.rows_of(mode.langs), ctx.params, ctx.s.batches)
             break
         except PolyspecError as e:
             msg = str(e).removeprefix("vLLM failed: ")
-            log(f"[vllm] {mode.name} ({mode.drafter or 'no drafter'}) failed, try {attempt} of {tries}: {msg}")
+            log(
+                f"[vllm] {mode.name} ({mode.drafter or 'no drafter'}) failed, try {attempt} of "
+                f"{tries}: {msg}"
+            )
             if attempt == tries:
                 ctx.failed[f"{_key(mode)}: {mode.name}" if mode.drafter else mode.name] = msg
                 return
-    log(f"[vllm] {mode.name} ({mode.drafter or '-'}): " + ", ".join(
-        f"batch {b} {r['tok_s']:.1f} tok/s ({r['tok_s'] / _subset(ctx.plain[b], ctx.rows_of(mode.langs))['tok_s']:.2f}×)"
-        for b, r in mode.runs.items()))
+    log(
+        f"[vllm] {mode.name} ({mode.drafter or '-'}): "
+        + ", ".join(
+            f"batch {b} {r['tok_s']:.1f} tok/s "
+            f"({r['tok_s'] / _subset(ctx.plain[b], ctx.rows_of(mode.langs))['tok_s']:.2f}×)"
+            for b, r in mode.runs.items()
+        )
+    )
 
 
 def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dict:
@@ -322,44 +466,99 @@ def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dic
         if not mode.runs:
             continue
         mine = ctx.rows_of(mode.langs)
-        e = {"mode": mode.name, "drafter": mode.drafter, "langs": mode.langs, "speculative_config": mode.speculative_config,
-             "by_batch": {}}
+        e = {
+            "mode": mode.name,
+            "drafter": mode.drafter,
+            "langs": mode.langs,
+            "speculative_config": mode.speculative_config,
+            "by_batch": {},
+        }
         for b, run in mode.runs.items():
             ref = _subset(ctx.plain[b], mine)
             same = compare(ref["outputs"], run["outputs"])
             for pid, c in same.items():
                 if not c["identical"] and c["plain"] is not None and c["mode"] is not None:
                     r = next(x for x in mine if x["id"] == pid)
-                    c.update(margin_at(plain_engine, r["ids"], ref["outputs"][pid][: c["at"]], c["plain"], c["mode"]))
-            e["by_batch"][b] = {**summarize_run(run, ref, len(mine)),
-                                "identical": sum(c["identical"] for c in same.values()), "prompts": len(same),
-                                "divergences": {p: c for p, c in same.items() if not c["identical"]}}
-            if mode.name == "ngram":  # its steps without a match carry no draft and vLLM does not count them
+                    c.update(
+                        margin_at(
+                            plain_engine,
+                            r["ids"],
+                            ref["outputs"][pid][: c["at"]],
+                            c["plain"],
+                            c["mode"],
+                        )
+                    )
+            e["by_batch"][b] = {
+                **summarize_run(run, ref, len(mine)),
+                "identical": sum(c["identical"] for c in same.values()),
+                "prompts": len(same),
+                "divergences": {p: c for p, c in same.items() if not c["identical"]},
+            }
+            # its steps without a match carry no draft and vLLM does not count them
+            if mode.name == "ngram":
                 e["by_batch"][b].pop("tau", None)
         entries.append(e)
     lengths = {}
     low, big = min(s.batches), max(s.batches)
     for key, mine in _sweep(modes).items():
         sub = ctx.rows_of(mine[0].langs)
-        pick = choose_length({_k(m): m.runs[low] for m in mine}, _subset(ctx.plain[low], sub),
-                             sum(ctx.prefill[lang] for lang in mine[0].langs), len(sub), s.k_max)
+        pick = choose_length(
+            {_k(m): m.runs[low] for m in mine},
+            _subset(ctx.plain[low], sub),
+            sum(ctx.prefill[lang] for lang in mine[0].langs),
+            len(sub),
+            s.k_max,
+        )
         if pick:
             ref = _subset(ctx.plain[big], sub)
-            pick["best_measured_at_batch"] = {big: best_measured({_k(m): m.runs[big]["tok_s"] / ref["tok_s"]
-                                                                  for m in mine if m.runs[big]["tok_s"]})}
+            pick["best_measured_at_batch"] = {
+                big: best_measured(
+                    {
+                        _k(m): m.runs[big]["tok_s"] / ref["tok_s"]
+                        for m in mine
+                        if m.runs[big]["tok_s"]
+                    }
+                )
+            }
             lengths[key] = pick
     return {
-        "vllm": {"version": plain_engine.version, "python": ctx.python, "eagle3_for_target": ctx.eagle3},
-        "machine": {"host": host_kind(), "threads": int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0))),
-                    "loadavg_1m_start": round(ctx.load_start[0], 2)},
-        "target": {"name": ctx.target.spec.name, "path": ctx.path,
-                   "architecture": (getattr(ctx.target.config, "architectures", None) or ["?"])[0]},
-        "settings": {"n": s.n, "prompts_per_lang": s.prompts, "batches": list(s.batches), "dtype": s.dtype,
-                     "prompts": {lang: len(ctx.rows_of([lang])) for lang in dict.fromkeys(r["lang"] for r in ctx.rows)},
-                     "sweep": list(s.sweep), "ngram": {"k": s.ngram_k, "n_max": s.ngram_n, "n_min": 1},
-                     "enforce_eager": s.eager, "temperature": 0},
-        "plain": {b: {"tok_s": round_or_none(r["tok_s"], 2), "tokens": r["tokens"], "seconds": round(r["seconds"], 3)}
-                  for b, r in ctx.plain.items()},
+        "vllm": {
+            "version": plain_engine.version,
+            "python": ctx.python,
+            "eagle3_for_target": ctx.eagle3,
+        },
+        "machine": {
+            "host": host_kind(),
+            "threads": int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0))),
+            "loadavg_1m_start": round(ctx.load_start[0], 2),
+        },
+        "target": {
+            "name": ctx.target.spec.name,
+            "path": ctx.path,
+            "architecture": (getattr(ctx.target.config, "architectures", None) or ["?"])[0],
+        },
+        "settings": {
+            "n": s.n,
+            "prompts_per_lang": s.prompts,
+            "batches": list(s.batches),
+            "dtype": s.dtype,
+            "prompts": {
+                lang: len(ctx.rows_of([lang]))
+                for lang in dict.fromkeys(r["lang"] for r in ctx.rows)
+            },
+            "sweep": list(s.sweep),
+            "ngram": {"k": s.ngram_k, "n_max": s.ngram_n, "n_min": 1},
+            "enforce_eager": s.eager,
+            "temperature": 0,
+        },
+        "plain": {
+            b: {
+                "tok_s": round_or_none(r["tok_s"], 2),
+                "tokens": r["tokens"],
+                "seconds": round(r["seconds"], 3),
+            }
+            for b, r in ctx.plain.items()
+        },
         "prefill_seconds": {lang: round(x, 3) for lang, x in ctx.prefill.items()},
         "modes": entries,
         "refused": ctx.refused or None,
@@ -370,10 +569,13 @@ def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dic
 
 
 def _subset(run: dict, rows: list[dict]) -> dict:
-    """A plain run restricted to ``rows``' languages (a drafter's): their outputs, tokens and seconds."""
+    """A plain run restricted to ``rows``' languages (a drafter's): their outputs, tokens and
+    seconds."""
     langs = {r["lang"] for r in rows}
-    part = {"outputs": {r["id"]: run["outputs"][r["id"]] for r in rows},
-            "seconds_by_lang": {k: v for k, v in run["seconds_by_lang"].items() if k in langs}}
+    part = {
+        "outputs": {r["id"]: run["outputs"][r["id"]] for r in rows},
+        "seconds_by_lang": {k: v for k, v in run["seconds_by_lang"].items() if k in langs},
+    }
     return _totals(part, rows)
 
 
@@ -382,7 +584,8 @@ def _k(mode: Mode) -> int:
 
 
 def _sweep(modes: list[Mode]) -> dict[str, list[Mode]]:
-    """The drafters' modes that ran, by drafter: ``<name>`` (EAGLE-3) or ``<name> (draft_model)``."""
+    """The drafters' modes that ran, by drafter: ``<name>`` (EAGLE-3) or
+    ``<name> (draft_model)``."""
     out: dict[str, list[Mode]] = {}
     for m in modes:
         if m.drafter and m.runs:
@@ -395,18 +598,30 @@ def _key(m: Mode) -> str:
 
 
 def _mode_at(m: Mode, k: int) -> Mode:
-    return Mode(f"{m.name.split('@')[0]}@{k}", m.drafter, m.langs, {**m.speculative_config, "num_speculative_tokens": k})
+    return Mode(
+        f"{m.name.split('@')[0]}@{k}",
+        m.drafter,
+        m.langs,
+        {**m.speculative_config, "num_speculative_tokens": k},
+    )
 
 
 def _draft_model_folders(path: str | Path | None) -> dict[str, Path]:
-    """``--draft-models``: transformers model folders by name (``<path>/<name>/config.json``, or ``path`` itself)."""
+    """``--draft-models``: transformers model folders by name (``<path>/<name>/config.json``, or
+    ``path`` itself)."""
     if path is None:
         return {}
     path = Path(path)
     if (path / "config.json").is_file():
         return {(read_json_or_none(path / "polyspec.json") or {}).get("lang") or path.name: path}
-    found = {p.name: p for p in sorted(path.iterdir()) if (p / "config.json").is_file()} if path.is_dir() else {}
+    found = (
+        {p.name: p for p in sorted(path.iterdir()) if (p / "config.json").is_file()}
+        if path.is_dir()
+        else {}
+    )
     if not found:
-        raise PolyspecError(f"{path} holds no model folder (<name>/config.json); write them with python -m export "
-                            "--format hf-assistant")
+        raise PolyspecError(
+            f"{path} holds no model folder (<name>/config.json); write them with python -m export "
+            "--format hf-assistant"
+        )
     return found

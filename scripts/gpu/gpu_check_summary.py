@@ -1,5 +1,6 @@
-"""Collect what scripts/gpu/gpu-check.sh's steps left in its work folder into one JSON (rewritten after every step, so a
-step that is cut off or fails loses none of the others' figures). Standard library only.
+"""Collect what scripts/gpu/gpu-check.sh's steps left in its work folder into one JSON (rewritten
+after every step, so a step that is cut off or fails loses none of the others' figures). Standard
+library only.
 
     python scripts/gpu/gpu_check_summary.py --work /tmp/gpu-check --out $OUT/gpu-check.json
 """
@@ -42,15 +43,19 @@ def pytest_results(xml: Path) -> dict | None:
 
 
 def answer_stats(folder: Path) -> dict:
-    """Per method: answers identical to ``ar``'s, and (spide-parallel) its drafting beside the verifications summed —
-    hits, drops, seconds drafted beside and seconds of that hidden behind the target (decoder.bench.parallel_stats)."""
+    """Per method: answers identical to ``ar``'s, and (spide-parallel) its drafting beside the
+    verifications summed — hits, drops, seconds drafted beside and seconds of that hidden behind the
+    target (decoder.bench.parallel_stats)."""
     out = {}
     for f in sorted(folder.glob("*.jsonl")):
         rows = [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
         stats = {"answers": len(rows), "identical": sum(bool(r.get("identical")) for r in rows)}
         par = [r["parallel"] for r in rows if r.get("parallel")]
         if par:
-            stats["parallel"] = {k: round(sum(p[k] for p in par), 6) for k in ("hits", "drops", "spec_s", "overlap_s")}
+            stats["parallel"] = {
+                k: round(sum(p[k] for p in par), 6)
+                for k in ("hits", "drops", "spec_s", "overlap_s")
+            }
         out[f.stem] = stats
     return out
 
@@ -62,33 +67,54 @@ def smoke_results(run: Path) -> dict | None:
     out: dict = {"stages_done": stages, "stage_seconds_total": round(sum(stages.values()), 1)}
     distill = read_json(run / "synth" / "en-distill" / "stats.json")
     if distill:  # self-distillation with EAGLE-3 feature capture
-        out["distill"] = {k: distill.get(k) for k in ("tokens", "seconds", "tokens_per_second", "feature_bytes")}
+        out["distill"] = {
+            k: distill.get(k) for k in ("tokens", "seconds", "tokens_per_second", "feature_bytes")
+        }
     train = {}
-    for stage, f in (("pretrain", run / "train" / "en" / "pretrain" / "metrics.jsonl"),
-                     ("finetune", run / "train" / "en" / "finetune" / "metrics.jsonl")):
-        rows = [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()] if f.is_file() else []
+    for stage, f in (
+        ("pretrain", run / "train" / "en" / "pretrain" / "metrics.jsonl"),
+        ("finetune", run / "train" / "en" / "finetune" / "metrics.jsonl"),
+    ):
+        rows = (
+            [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
+            if f.is_file()
+            else []
+        )
         steps = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
         end = next((r for r in rows if r.get("event") == "end"), {})
         if rows:
-            train[stage] = {"train_tokens_per_s": end.get("train_tokens_per_s"), "seconds": end.get("seconds"),
-                            "step_tokens_per_s": steps}
+            train[stage] = {
+                "train_tokens_per_s": end.get("train_tokens_per_s"),
+                "seconds": end.get("seconds"),
+                "step_tokens_per_s": steps,
+            }
     if train:
         out["train"] = train
     report = read_json(run / "eval" / "report.json")
     if report:
-        out["eval"] = {"device": report.get("device"), "dtype": report.get("dtype"), "failed": report.get("failed"),
-                       "methods": {m: d["overall"] for m, d in report["methods"].items()},
-                       "answers": answer_stats(run / "eval" / "answers")}
+        out["eval"] = {
+            "device": report.get("device"),
+            "dtype": report.get("dtype"),
+            "failed": report.get("failed"),
+            "methods": {m: d["overall"] for m, d in report["methods"].items()},
+            "answers": answer_stats(run / "eval" / "answers"),
+        }
     calib = read_json(run / "export" / "bundle" / "calibration.json")
     if calib:
-        out["calibration"] = {k: {f: v.get(f) for f in ("g_star", "tree_budget", "forward1_s", "cost_curve")}
-                              for k, v in calib.items()}
+        out["calibration"] = {
+            k: {f: v.get(f) for f in ("g_star", "tree_budget", "forward1_s", "cost_curve")}
+            for k, v in calib.items()
+        }
     engines = read_json(run / "export" / "engines" / "engines.json")
     if engines:
         spec = run / "export" / "engines" / "speculators"
-        out["engines"] = {"drafters": {n: {k: d.get(k) for k in ("form", "draft_vocab_size", "aux_layers", "heldout_tau")}
-                                       for n, d in engines.get("drafters", {}).items()},
-                          "speculators_configs": sorted(p.parent.name for p in spec.glob("*/config.json"))}
+        out["engines"] = {
+            "drafters": {
+                n: {k: d.get(k) for k in ("form", "draft_vocab_size", "aux_layers", "heldout_tau")}
+                for n, d in engines.get("drafters", {}).items()
+            },
+            "speculators_configs": sorted(p.parent.name for p in spec.glob("*/config.json")),
+        }
     scores = read_json(run / "export" / "engines" / "scores.json")
     if scores:
         out["engine_scores"] = scores
@@ -101,8 +127,11 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     work = Path(args.work)
-    steps = [json.loads(x) for x in (work / "steps.jsonl").read_text().splitlines() if x.strip()] \
-        if (work / "steps.jsonl").is_file() else []
+    steps = (
+        [json.loads(x) for x in (work / "steps.jsonl").read_text().splitlines() if x.strip()]
+        if (work / "steps.jsonl").is_file()
+        else []
+    )
     summary = {
         "steps": steps,
         "ok": bool(steps) and all(s["rc"] == 0 for s in steps),

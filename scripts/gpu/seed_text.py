@@ -1,6 +1,7 @@
-"""Write the built-in languages' human-written text (system prompt, few-shot instructions and responses) as
-``configs/vocab/seed-text/<lang>.jsonl`` ({"text": …} per line): a local corpus for the ``files`` vocab source
-(profile gpu-smoke), so a vocabulary can be counted offline without wordfreq or network corpora.
+"""Write the built-in languages' human-written text (system prompt, few-shot instructions and
+responses) as ``configs/vocab/seed-text/<lang>.jsonl`` ({"text": …} per line): a local corpus for
+the ``files`` vocab source (profile gpu-smoke), so a vocabulary can be counted offline without
+wordfreq or network corpora.
 
     python scripts/gpu/seed_text.py            (rerun after editing configs/languages/*.yaml)
 """
@@ -26,7 +27,9 @@ def main() -> int:
     out = configs_dir() / "vocab" / "seed-text"
     out.mkdir(parents=True, exist_ok=True)
     for code in builtin_codes():
-        lines = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in seed_texts(code))
+        lines = "".join(
+            json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in seed_texts(code)
+        )
         (out / f"{code}.jsonl").write_text(lines, encoding="utf-8")
     print(f"seed text of {len(builtin_codes())} languages in {out}")
     return 0

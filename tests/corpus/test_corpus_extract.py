@@ -1,4 +1,5 @@
-"""corpus.extract: the paragraphs of HTML help pages, man pages, plain text/rst and Mallard pages."""
+"""corpus.extract: the paragraphs of HTML help pages, man pages, plain text/rst and Mallard
+pages."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from corpus.extract import blocks, guess_format, html_blocks, read_text, roff_blocks, text_blocks
 from polyspec.errors import PolyspecError
 
-# A LibreOffice help page as Debian's libreoffice-help-de ships it, with its page chrome around the text.
+# A LibreOffice help page as Debian's libreoffice-help-de ships it, with its page chrome around the
+# text.
 HELP_PAGE = """<!DOCTYPE html>
 <html lang="de"><head><meta charset="utf-8"><title>Formatvorlagen</title>
 <link rel="stylesheet" href="../../normalize.css">
@@ -73,13 +75,18 @@ def test_html_ids_that_name_content_are_not_chrome():
         ("<p>a<b>b</i></div></p></p>c", ["ab", "c"]),  # stray end tags
         ("<div class=toc><p>x<p>y", []),  # a skipped element never closed
         ("<ul class=menu><li>x</ul><p>after", ["after"]),  # unclosed <li> closes with its list
-        ("<li class=nav-item>Home<li>Inhalt</li>", ["Inhalt"]),  # implied </li> ends the skipped item
+        # implied </li> ends the skipped item
+        ("<li class=nav-item>Home<li>Inhalt</li>", ["Inhalt"]),
         ('<p class="menu">Menü<div>Inhalt</div>', ["Inhalt"]),  # a block start closes an open <p>
-        ("<img src=x><hr><meta charset=utf-8><link rel=x><input type=text><p>ok", ["ok"]),  # void elements
-        ('<p>Suche: <input class="search-field" type="search"> und weiter<img class="nav-icon"> im Text', [
-            "Suche: und weiter im Text"
-        ]),  # a void element with a chrome class opens nothing that could swallow the text after it
-        ("<head><title>t</title><p>no body tag", ["no body tag"]),  # block content closes an open <head>
+        # void elements
+        ("<img src=x><hr><meta charset=utf-8><link rel=x><input type=text><p>ok", ["ok"]),
+        (
+            '<p>Suche: <input class="search-field" type="search"> und weiter<img '
+            'class="nav-icon"> im Text',
+            ["Suche: und weiter im Text"],
+        ),  # a void element with a chrome class opens nothing that could swallow the text after it
+        # block content closes an open <head>
+        ("<head><title>t</title><p>no body tag", ["no body tag"]),
         ("<svg><path d='x'/><title>t</title></svg>after", ["after"]),
         ("<p>x<script>never closed", ["x"]),
         ("<p>1 &lt; 2 &gt; 0 &quot;q&quot; &#x263A; &eacute;", ['1 < 2 > 0 "q" ☺ é']),
@@ -275,7 +282,10 @@ def test_rst_blocks():
 
 
 def test_plain_text_paragraphs():
-    text = "README\n\nFirst paragraph,\n   indented continuation.\n\n\n\t\nSecond.  Spaces\tcollapse.\n"
+    text = (
+        "README\n\nFirst paragraph,\n   indented continuation.\n\n\n\t\n"
+        "Second.  Spaces\tcollapse.\n"
+    )
     expected = ["README", "First paragraph, indented continuation.", "Second. Spaces collapse."]
     assert text_blocks(text) == expected
 
@@ -298,7 +308,8 @@ def test_read_text_gunzips_and_decodes(tmp_path):
 def test_read_text_uses_the_declared_charset_when_not_utf8(tmp_path):
     page = tmp_path / "index.html"
     page.write_bytes(
-        '<html><head><meta http-equiv="Content-Type" content="text/html; charset=windows-1252"></head>'
+        '<html><head><meta http-equiv="Content-Type" content="text/html; '
+        'charset=windows-1252"></head>'
         "<body><p>“Prix” : 5 €</p></body></html>".encode("cp1252")
     )
     assert blocks(page, "html") == ["“Prix” : 5 €"]  # latin-1 would give \x93Prix\x94 and \x80

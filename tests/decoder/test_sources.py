@@ -1,5 +1,6 @@
-"""The draft sources (decoder/drafts/) without a target: prompt lookup's loop-aware variant and the hybrid's choice of
-when the trained drafter runs (crafted contexts whose next tokens are known; a fake drafter that counts its calls)."""
+"""The draft sources (decoder/drafts/) without a target: prompt lookup's loop-aware variant and the
+hybrid's choice of when the trained drafter runs (crafted contexts whose next tokens are known; a
+fake drafter that counts its calls)."""
 
 from __future__ import annotations
 
@@ -16,20 +17,28 @@ from decoder.drafts.types import DecodeState, DraftSource, Verified
 
 
 def state(tokens: list[int], max_depth: int = 32) -> DecodeState:
-    return DecodeState(list(tokens), torch.empty(0), prompt_len=1, pend=len(tokens) - 1, max_depth=max_depth,
-                       step_s=0.05)
+    return DecodeState(
+        list(tokens),
+        torch.empty(0),
+        prompt_len=1,
+        pend=len(tokens) - 1,
+        max_depth=max_depth,
+        step_s=0.05,
+    )
 
 
 def verified(prop, kept: int) -> Verified:
     """The target kept the first ``kept`` nodes of a chain proposal."""
     n = len(prop.tokens)
     logits = torch.zeros(n + 1, 64)  # what SPECTRA's update reads (a flat distribution)
-    return Verified([0, *prop.tokens], list(range(-1, n)), logits, list(range(kept + 1)), prop.origin)
+    return Verified(
+        [0, *prop.tokens], list(range(-1, n)), logits, list(range(kept + 1)), prop.origin
+    )
 
 
 def guessing_spectra() -> Spectra:
-    """SPECTRA whose RETRIEVAL corpus has a guess after ``… 12 13`` (the no-match contexts below): a no-match step,
-    not a blank one."""
+    """SPECTRA whose RETRIEVAL corpus has a guess after ``… 12 13`` (the no-match contexts below): a
+    no-match step, not a blank one."""
     sp = Spectra(64)
     sp.add_corpus([[12, 13, 30, 31, 32]])
     return sp
@@ -56,7 +65,8 @@ def test_prompt_lookup_extends_a_loop_past_the_context():
     assert prompt_lookup(loop, 8, extend=True) == [3, 1, 2, 3, 1, 2, 3, 1]
     assert prompt_lookup([5, 9, 9], 4, extend=True) == [9, 9, 9, 9]
     assert prompt_lookup([1, 2, 3, 4], 5, extend=True) == []  # no match: nothing to extend
-    assert prompt_lookup(loop, 2, extend=True) == prompt_lookup(loop, 2) == [3, 1]  # γ ≤ period: plain PLD
+    # γ ≤ period: plain PLD
+    assert prompt_lookup(loop, 2, extend=True) == prompt_lookup(loop, 2) == [3, 1]
 
 
 def test_lookup_depth_doubles_after_a_whole_chain_and_resets_on_a_rejection():
@@ -84,12 +94,18 @@ def test_hybrid_runs_the_drafter_only_on_no_match_steps_whose_arm_is_the_drafter
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10)
     fresh = state([10, 11, 12, 13])  # no earlier n-gram: prompt lookup has nothing
     hyb.begin(fresh)
-    assert hyb.arm_names("no-match") == ("plain", "drafter") and hyb.arm_names("match") == ("pld",)  # no SPECTRA
-    hyb.arms[(None, "en", "no-match")] = {"plain": _Arm(5, 1.0, 0.05, 5), "drafter": _Arm(5, 3.0, 0.06, 5)}  # 20 vs 50 tok/s
+    # no SPECTRA
+    assert hyb.arm_names("no-match") == ("plain", "drafter") and hyb.arm_names("match") == ("pld",)
+    # 20 vs 50 tok/s
+    hyb.arms[(None, "en", "no-match")] = {
+        "plain": _Arm(5, 1.0, 0.05, 5),
+        "drafter": _Arm(5, 3.0, 0.06, 5),
+    }
     p = hyb.propose(fresh)
     assert hyb.choice == "drafter" and drafter.calls == 1
     assert p.tokens[:3] == [40, 41, 42] and set(p.origin) == {"drafter"}
-    looping = state([10, 11, 12, 10, 11])  # "10 11" occurred before: prompt lookup proposes what followed
+    # "10 11" occurred before: prompt lookup proposes what followed
+    looping = state([10, 11, 12, 10, 11])
     for _ in range(10):  # a match step never runs the drafter, probes included
         p = hyb.propose(looping)
         assert hyb.choice == "pld" and p.tokens[0] == 12 and "drafter" not in p.origin
@@ -101,67 +117,96 @@ def test_hybrid_skips_a_drafter_that_does_not_pay_and_probes_it_again():
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, probe_every=4, warmup=3)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
-    hyb.arms[(None, "en", "no-match")] = {"plain": _Arm(5, 1.5, 0.050, 5), "drafter": _Arm(5, 1.6, 0.070, 5)}  # 30 vs 23 tok/s
+    # 30 vs 23 tok/s
+    hyb.arms[(None, "en", "no-match")] = {
+        "plain": _Arm(5, 1.5, 0.050, 5),
+        "drafter": _Arm(5, 1.6, 0.070, 5),
+    }
     calls = []
     for _ in range(8):
         p = hyb.propose(ctx)
         calls.append(drafter.calls)
-        assert (p.tokens == []) == (hyb.choice == "plain")  # prompt lookup's own step: nothing to verify
+        # prompt lookup's own step: nothing to verify
+        assert (p.tokens == []) == (hyb.choice == "plain")
     assert calls == [0, 0, 0, 1, 1, 1, 1, 2]  # skipped, except every probe_every-th no-match step
     hyb.arms[(None, "en", "no-match")]["drafter"] = _Arm(5, 3.0, 0.070, 5)  # 43 tok/s with it: pays
     hyb.propose(ctx)
     assert drafter.calls == 3
-    drafter.lang = "de"  # another language (ADASPEC switched the drafter): measured on its own, from scratch
+    # another language (ADASPEC switched the drafter): measured on its own, from scratch
+    drafter.lang = "de"
     assert hyb.arm("drafter").n == 0
 
 
 def test_hybrid_tries_every_arm_then_runs_the_fastest_and_reprobes_the_stalest(monkeypatch):
     import decoder.drafts.hybrid as H
 
-    clock = [0.0]  # every step takes 10 ms, so the tokens a step keeps decide (wall time would make a loaded host flip it)
+    # every step takes 10 ms, so the tokens a step keeps decide (wall time would make a loaded host
+    # flip it)
+    clock = [0.0]
     monkeypatch.setattr(H, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     drafter = FakeDrafter([40, 41, 42])
-    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(guessing_spectra(), 10)], nodes=10,
-                       warmup=2, probe_every=5)
-    # beside SPECTRA neither a plain forward nor the drafter's chain alone is an arm (decoder.drafts.hybrid: dominated)
+    hyb = HybridSource(
+        drafter,
+        [PromptLookup(10, grow_to=20), SpectraSource(guessing_spectra(), 10)],
+        nodes=10,
+        warmup=2,
+        probe_every=5,
+    )
+    # beside SPECTRA neither a plain forward nor the drafter's chain alone is an arm
+    # (decoder.drafts.hybrid: dominated)
     assert hyb.arm_names("no-match") == ("spectra", "drafter+spectra")
-    assert hyb.arm_names("match") == ("pld",)  # SPECTRA's fill beside a match was measured slower (decoder.drafts.hybrid)
+    # SPECTRA's fill beside a match was measured slower (decoder.drafts.hybrid)
+    assert hyb.arm_names("match") == ("pld",)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
     p = hyb.propose(ctx)
     clock[0] += 0.01
     hyb.update(ctx, verified(p.first_chain(), kept=len(p.first_chain().tokens)))
     ran = [hyb.choice]
-    for _ in range(5):  # warm-up: each arm in turn until every one has two measured steps, then the fastest
+    # warm-up: each arm in turn until every one has two measured steps, then the fastest
+    for _ in range(5):
         p = hyb.propose(ctx)
         ran.append(hyb.choice)
         clock[0] += 0.01
         hyb.update(ctx, verified(p.first_chain(), kept=3 if hyb.used_drafter else 0))
-    assert ran[:2] == ["spectra", "drafter+spectra"] and sorted(ran[2:4]) == ["drafter+spectra", "spectra"]
+    assert ran[:2] == ["spectra", "drafter+spectra"] and sorted(ran[2:4]) == [
+        "drafter+spectra",
+        "spectra",
+    ]
     arms = hyb.arms[(None, "en", "no-match")]
-    # SPECTRA's first step kept its three guesses (+ the target's token), its second nothing (the target's token)
+    # SPECTRA's first step kept its three guesses (+ the target's token), its second nothing (the
+    # target's token)
     assert all(a.n >= 2 for a in arms.values()) and arms["spectra"].tokens == 2.5
-    assert arms["drafter+spectra"].tokens == 4.0 and arms["drafter+spectra"].secs == pytest.approx(0.01)  # 3 drafts + 1
-    assert ran[4:] == ["drafter+spectra", "drafter+spectra"]  # after the warm-up the fastest: 400 tok/s against 250
+    # 3 drafts + 1
+    assert arms["drafter+spectra"].tokens == 4.0 and arms["drafter+spectra"].secs == pytest.approx(
+        0.01
+    )
+    # after the warm-up the fastest: 400 tok/s against 250
+    assert ran[4:] == ["drafter+spectra", "drafter+spectra"]
     for a, rate in {"spectra": 30, "drafter+spectra": 80}.items():
         arms[a] = _Arm(5, rate * 0.05, 0.05, 5)
     picks = []
     for _ in range(15):
         hyb.propose(ctx)
         picks.append(hyb.choice)
-    assert picks.count("drafter+spectra") == 12 and picks.count("spectra") == 3  # every 5th step probes the other
+    # every 5th step probes the other
+    assert picks.count("drafter+spectra") == 12 and picks.count("spectra") == 3
 
 
 def test_hybrid_falls_back_to_prompt_lookups_own_step_where_nothing_beats_it():
-    """The measured rates decide: without SPECTRA, with the drafter slower than a plain forward on no-match steps and
-    prompt lookup's chain the one match arm, the hybrid runs what `pld` runs on all but its probing steps; with
-    SPECTRA, a drafter that does not pay costs only its probes (SPECTRA's trees run the other steps)."""
+    """The measured rates decide: without SPECTRA, with the drafter slower than a plain forward on
+    no-match steps and prompt lookup's chain the one match arm, the hybrid runs what `pld` runs on
+    all but its probing steps; with SPECTRA, a drafter that does not pay costs only its probes
+    (SPECTRA's trees run the other steps)."""
     for ngram, fallback in (([], "plain"), ([SpectraSource(guessing_spectra(), 10)], "spectra")):
         drafter = FakeDrafter([40, 41, 42])
         hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), *ngram], nodes=10, probe_every=8)
         hyb.begin(state([10, 11, 12, 13]))
         with_drafter = "drafter+spectra" if ngram else "drafter"
-        hyb.arms[(None, "en", "no-match")] = {fallback: _Arm(9, 1.0, 0.04, 9), with_drafter: _Arm(9, 1.2, 0.06, 9)}
+        hyb.arms[(None, "en", "no-match")] = {
+            fallback: _Arm(9, 1.0, 0.04, 9),
+            with_drafter: _Arm(9, 1.2, 0.06, 9),
+        }
         hyb.arms[(None, "en", "match")] = {"pld": _Arm(9, 4.0, 0.05, 9)}
         no_match, match = state([10, 11, 12, 13]), state([10, 11, 12, 10, 11])
         picks = {"no-match": [], "match": []}
@@ -170,16 +215,21 @@ def test_hybrid_falls_back_to_prompt_lookups_own_step_where_nothing_beats_it():
                 p = hyb.propose(ctx)
                 picks[kind].append(hyb.choice)
                 if hyb.choice in ("plain", "pld"):  # exactly prompt lookup's step
-                    assert p.tokens == PromptLookup(10, grow_to=20).propose(ctx).tokens and set(p.origin) <= {"pld"}
+                    assert p.tokens == PromptLookup(10, grow_to=20).propose(ctx).tokens and set(
+                        p.origin
+                    ) <= {"pld"}
                 if hyb.choice == "spectra":  # SPECTRA's tree alone, the drafter idle
                     assert set(p.origin) <= {"spectra"} and not hyb.used_drafter
-        assert picks["no-match"].count(fallback) == 35 and picks["match"].count("pld") == 40  # 1 in 8 probes
+        # 1 in 8 probes
+        assert picks["no-match"].count(fallback) == 35 and picks["match"].count("pld") == 40
         assert hyb.chosen[fallback] == 35 and sum(hyb.chosen.values()) == 80 and drafter.calls == 5
 
 
 def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_measures_alone():
     drafter = FakeDrafter([40, 41, 42])
-    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10)
+    hyb = HybridSource(
+        drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10
+    )
     ctx = state([7] + [1, 2, 3] * 12)  # a loop: prompt lookup's chain grows to 20
     hyb.begin(ctx)
     for _ in range(4):
@@ -192,7 +242,8 @@ def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_meas
     hyb.propose(fresh)
     assert hyb.no_match
     measures = {k: {a: x.n for a, x in arms.items()} for k, arms in hyb.arms.items()}
-    fresh.tree_ok = False  # past the sliding window (or sampling): one source's chain, not the measured tree
+    # past the sliding window (or sampling): one source's chain, not the measured tree
+    fresh.tree_ok = False
     p = hyb.propose(fresh)
     hyb.update(fresh, verified(p, kept=len(p.tokens)))
     assert not hyb.no_match and not hyb.used_drafter and hyb.choice is None
@@ -200,36 +251,50 @@ def test_hybrid_proposals_stay_within_its_span_and_fallback_steps_leave_its_meas
 
 
 def test_a_new_request_keeps_the_arms_means_only_as_a_prior():
-    """What pays depends on the request: a drafter that paid on earlier requests (say ja ones) but keeps nothing on
-    this one (a zh request drafted by the nearest drafter, ja's) is dropped after a few of this request's steps,
-    not after as many steps as the earlier requests had."""
+    """What pays depends on the request: a drafter that paid on earlier requests (say ja ones) but
+    keeps nothing on this one (a zh request drafted by the nearest drafter, ja's) is dropped after a
+    few of this request's steps, not after as many steps as the earlier requests had."""
     drafter = FakeDrafter([40, 41, 42])
     hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20)], nodes=10, probe_every=1000)
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
-    hyb.arms[(None, "en", "no-match")] = {"plain": _Arm(40, 1.0, 0.042, 40), "drafter": _Arm(40, 2.33, 0.061, 40)}
+    hyb.arms[(None, "en", "no-match")] = {
+        "plain": _Arm(40, 1.0, 0.042, 40),
+        "drafter": _Arm(40, 2.33, 0.061, 40),
+    }
     hyb._warm_lang = "en"  # its cache is warm: every drafter step is measured
     hyb.begin(ctx)
     hyb._warm_lang = "en"
-    assert hyb.arm("drafter").n == 1 and hyb.arm("drafter").seen == 40  # a one-step prior, the history kept
+    # a one-step prior, the history kept
+    assert hyb.arm("drafter").n == 1 and hyb.arm("drafter").seen == 40
     ran = []
     for _ in range(12):
         p = hyb.propose(ctx)
         ran.append(hyb.choice)
         hyb.update(ctx, verified(p, kept=0))  # this request keeps none of the drafter's tokens
-        hyb.arm(hyb.choice).secs = 0.061 if hyb.choice == "drafter" else 0.042  # the times as before (not measured)
+        # the times as before (not measured)
+        hyb.arm(hyb.choice).secs = 0.061 if hyb.choice == "drafter" else 0.042
     assert ran[0] == "drafter" and ran[-1] == "plain" and ran.count("drafter") <= 3
 
 
 def test_the_hybrid_measures_its_arms_per_request_language():
-    """``lang_of`` (the prompt's language): a request of a language already seen keeps that language's measures
-    whole (no prior clamp); another language's requests are measured on their own, with the same drafter."""
+    """``lang_of`` (the prompt's language): a request of a language already seen keeps that
+    language's measures whole (no prior clamp); another language's requests are measured on their
+    own, with the same drafter."""
     lang = {"now": "ja"}
-    hyb = HybridSource(FakeDrafter([40, 41]), [PromptLookup(10, grow_to=20)], nodes=10, lang_of=lambda ids: lang["now"])
+    hyb = HybridSource(
+        FakeDrafter([40, 41]),
+        [PromptLookup(10, grow_to=20)],
+        nodes=10,
+        lang_of=lambda ids: lang["now"],
+    )
     ctx = state([10, 11, 12, 13])
     hyb.begin(ctx)
     assert hyb.request_lang == "ja" and hyb._key("no-match") == ("ja", "en", "no-match")
-    hyb.arms[("ja", "en", "no-match")] = {"plain": _Arm(40, 1.0, 0.042, 40), "drafter": _Arm(40, 2.33, 0.061, 40)}
+    hyb.arms[("ja", "en", "no-match")] = {
+        "plain": _Arm(40, 1.0, 0.042, 40),
+        "drafter": _Arm(40, 2.33, 0.061, 40),
+    }
     hyb.begin(ctx)  # another ja request
     assert hyb.arm("drafter").n == 40
     lang["now"] = "zh"
@@ -245,17 +310,22 @@ def test_the_request_language_is_fasttexts_label_of_the_prompt():
 
     class Tok:
         def decode(self, ids, skip_special_tokens=True):
-            return {1: "### Instruction:\nTại sao bầu trời có màu xanh vào ban ngày?\n\n### Response:\n",
-                    2: "### Instruction:\nWarum ist der Himmel am Tag blau?\n\n### Response:\n"}[ids[0]]
+            return {
+                1: (
+                    "### Instruction:\nTại sao bầu trời có màu xanh vào ban ngày?\n\n"
+                    "### Response:\n"
+                ),
+                2: "### Instruction:\nWarum ist der Himmel am Tag blau?\n\n### Response:\n",
+            }[ids[0]]
 
     lang_of = _request_language(Tok())
     assert lang_of([1]) == "vi" and lang_of([2]) == "de"
 
 
 def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, tmp_path):
-    """scripts/experiments/hybrid_ab.py (the arm choices' harness): every variant on every prompt, the target's own
-    tokens (fp32), per language and overall; the hybrid's and adaspec's variants drafted (τ > 1) and the module's arms
-    are restored after."""
+    """scripts/experiments/hybrid_ab.py (the arm choices' harness): every variant on every prompt,
+    the target's own tokens (fp32), per language and overall; the hybrid's and adaspec's variants
+    drafted (τ > 1) and the module's arms are restored after."""
     import importlib.util
 
     import decoder.drafts.hybrid as H
@@ -263,24 +333,40 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
     from polyspec.targets import greedy_generate, load_target
 
     spec = importlib.util.spec_from_file_location(
-        "hybrid_ab", REPO / "scripts" / "experiments" / "hybrid_ab.py")
+        "hybrid_ab", REPO / "scripts" / "experiments" / "hybrid_ab.py"
+    )
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
     llama = load_target(str(tiny_llama_dir))
-    bundle = make_tiny_bundle(tmp_path / "oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768))
-    prompts = [(lang, p) for lang, p in zip(("en", "de", "en"), random_prompts(llama, 3, seed=5, max_len=30))]
-    variants = ["pld", "hybrid", "hybrid:plain4:nolid", "hybrid:only-drafter+spectra", "hybrid:plain:warmup=1",
-                "hybrid:gmax=2", "adaspec:gamma=2"]
+    bundle = make_tiny_bundle(
+        tmp_path / "oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768)
+    )
+    prompts = [
+        (lang, p)
+        for lang, p in zip(("en", "de", "en"), random_prompts(llama, 3, seed=5, max_len=30))
+    ]
+    variants = [
+        "pld",
+        "hybrid",
+        "hybrid:plain4:nolid",
+        "hybrid:only-drafter+spectra",
+        "hybrid:plain:warmup=1",
+        "hybrid:gmax=2",
+        "adaspec:gamma=2",
+    ]
     no_match: dict = {}
     agg, outputs = ab.compare(llama, bundle, prompts, variants, 24, no_match_out=no_match)
     refs = [greedy_generate(llama, p, 24) for _, p in prompts]
     assert all(outputs[v] == refs for v in variants)
-    assert set(agg["hybrid"]) == {"en", "de", "all"} and agg["hybrid"]["all"][1] == sum(len(r) for r in refs)
+    assert set(agg["hybrid"]) == {"en", "de", "all"} and agg["hybrid"]["all"][1] == sum(
+        len(r) for r in refs
+    )
     for v in variants[1:]:
         secs, tokens, steps = agg[v]["all"]
         assert secs > 0 and tokens / steps > 1.2, v
     assert H.NO_MATCH_ARMS == ("spectra", "drafter+spectra")
-    blank, every = no_match["pld"]["all"]  # pld's steps that drafted nothing: a share of its step time
+    # pld's steps that drafted nothing: a share of its step time
+    blank, every = no_match["pld"]["all"]
     assert 0 < blank < every <= agg["pld"]["all"][0]
     with pytest.raises(SystemExit, match="unknown change"):
         ab.build("hybrid:what", llama, bundle)
@@ -290,32 +376,49 @@ def test_the_hybrid_ab_harness_decodes_every_variant_losslessly(tiny_llama_dir, 
 
 
 def test_a_node_budget_not_measured_here_keeps_the_plain_forward_as_an_arm():
-    """SPECTRA's tree is an arm beside nothing only where the calibration measured that a tree of that many nodes
-    costs about a forward; otherwise (``plain_arm``) the plain forward stays an arm and wins where the tree does not
-    pay."""
+    """SPECTRA's tree is an arm beside nothing only where the calibration measured that a tree of
+    that many nodes costs about a forward; otherwise (``plain_arm``) the plain forward stays an arm
+    and wins where the tree does not pay."""
     drafter = FakeDrafter([40, 41, 42])
-    hyb = HybridSource(drafter, [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)], nodes=10,
-                       probe_every=8, plain_arm=True)
+    hyb = HybridSource(
+        drafter,
+        [PromptLookup(10, grow_to=20), SpectraSource(Spectra(64), 10)],
+        nodes=10,
+        probe_every=8,
+        plain_arm=True,
+    )
     assert hyb.arm_names("no-match") == ("plain", "spectra", "drafter+spectra")
     hyb.begin(state([10, 11, 12, 13]))
-    hyb.arms[(None, "en", "no-match")] = {"plain": _Arm(9, 1.0, 0.04, 9), "spectra": _Arm(9, 1.1, 0.06, 9),
-                                          "drafter+spectra": _Arm(9, 1.3, 0.08, 9)}
+    hyb.arms[(None, "en", "no-match")] = {
+        "plain": _Arm(9, 1.0, 0.04, 9),
+        "spectra": _Arm(9, 1.1, 0.06, 9),
+        "drafter+spectra": _Arm(9, 1.3, 0.08, 9),
+    }
     picks = [hyb.choose("no-match") for _ in range(16)]
     assert picks.count("plain") == 14 and set(picks) == {"plain", "spectra", "drafter+spectra"}
 
 
 def test_hybrid_tells_blank_steps_and_weak_matches_from_the_others():
-    """Both lookups are free, so what they found decides the step kind before any arm runs: no lookup match and no
-    SPECTRA guess → ``blank`` (the plain forward or the drafter: nothing else can propose); a 1-gram lookup match →
-    ``weak`` (prompt lookup's chain, with or without SPECTRA's guesses beside it); 2- and 3-gram matches → ``match``."""
+    """Both lookups are free, so what they found decides the step kind before any arm runs: no
+    lookup match and no SPECTRA guess → ``blank`` (the plain forward or the drafter: nothing else
+    can propose); a 1-gram lookup match → ``weak`` (prompt lookup's chain, with or without SPECTRA's
+    guesses beside it); 2- and 3-gram matches → ``match``."""
+
     def hybrid():
-        return HybridSource(FakeDrafter([40, 41, 42]), [PromptLookup(10, grow_to=20),
-                                                         SpectraSource(guessing_spectra(), 10)], nodes=12)
+        return HybridSource(
+            FakeDrafter([40, 41, 42]),
+            [PromptLookup(10, grow_to=20), SpectraSource(guessing_spectra(), 10)],
+            nodes=12,
+        )
 
     blank, no_match = state([10, 11, 12, 14]), state([10, 11, 12, 13])
     weak, strong = state([13, 20, 5, 12, 13]), state([10, 13, 20, 10, 13])
-    for ctx, kind, arms in ((blank, "blank", ("plain", "drafter")), (no_match, "no-match", ("spectra", "drafter+spectra")),
-                            (weak, "weak", ("pld", "pld+spectra")), (strong, "match", ("pld",))):
+    for ctx, kind, arms in (
+        (blank, "blank", ("plain", "drafter")),
+        (no_match, "no-match", ("spectra", "drafter+spectra")),
+        (weak, "weak", ("pld", "pld+spectra")),
+        (strong, "match", ("pld",)),
+    ):
         hyb = hybrid()
         hyb.begin(ctx)
         assert hyb.arm_names(kind) == arms
@@ -325,12 +428,18 @@ def test_hybrid_tells_blank_steps_and_weak_matches_from_the_others():
             ran.append(hyb.choice)
             if hyb.choice == "plain":
                 assert p.tokens == []  # a plain forward: nothing proposed
-            if hyb.choice == "pld+spectra":  # prompt lookup's chain first, SPECTRA's guesses beside it (12 nodes)
+            # prompt lookup's chain first, SPECTRA's guesses beside it (12 nodes)
+            if hyb.choice == "pld+spectra":
                 assert p.tokens[:10] == PromptLookup(10, grow_to=20).propose(ctx).tokens
-                assert p.tokens[10:] == [30, 31] and p.parents[10:] == [-1, 10] and p.origin[10:] == ["spectra"] * 2
+                assert (
+                    p.tokens[10:] == [30, 31]
+                    and p.parents[10:] == [-1, 10]
+                    and p.origin[10:] == ["spectra"] * 2
+                )
         assert ran == list(arms) and set(hyb.by_kind) == {f"{kind}:{a}" for a in arms}
     hyb = hybrid()
-    hyb.split_blank = hyb.split_weak = False  # scripts/experiments/hybrid_ab.py's noblank / noweak: the kinds before
+    # scripts/experiments/hybrid_ab.py's noblank / noweak: the kinds before
+    hyb.split_blank = hyb.split_weak = False
     hyb.begin(blank)
     hyb.propose(blank)
     assert hyb.choice == "spectra"

@@ -1,11 +1,12 @@
-"""decoder/drafts/spide_parallel.py: SPIDE's parallel draft verification (method ``spide-parallel``).
+"""decoder/drafts/spide_parallel.py: SPIDE's parallel draft verification (method
+``spide-parallel``).
 
-Greedy: the target's own tokens, with a drafter the target mostly keeps (continuations drafted beside the
-verification are used: ``parallel_hits``) and with one it always rejects (every continuation dropped, the drafter's
-cache rolled back). The confidence → acceptance table learns from serial and pre-drafted chains and from the judged
-first speculative token. Sampling: the first speculative token is judged as one more draft (min(1, p/q), residual
-on rejection): a χ² test cannot tell the output from the target's distribution, and catches a loop that keeps the
-guess unjudged.
+Greedy: the target's own tokens, with a drafter the target mostly keeps (continuations drafted
+beside the verification are used: ``parallel_hits``) and with one it always rejects (every
+continuation dropped, the drafter's cache rolled back). The confidence → acceptance table learns
+from serial and pre-drafted chains and from the judged first speculative token. Sampling: the first
+speculative token is judged as one more draft (min(1, p/q), residual on rejection): a χ² test cannot
+tell the output from the target's distribution, and catches a loop that keeps the guess unjudged.
 """
 
 from __future__ import annotations
@@ -27,9 +28,15 @@ def llama(tiny_llama_dir):
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory, llama):
     root = tmp_path_factory.mktemp("spide-parallel")
-    return {"oracle": make_tiny_bundle(root / "oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768)),
-            "noisy": make_tiny_bundle(root / "noisy", llama, drafter="oracle", noise=0.2, sizes=(64, 256)),
-            "random": make_tiny_bundle(root / "random", llama, drafter="small-lm")}
+    return {
+        "oracle": make_tiny_bundle(
+            root / "oracle", llama, drafter="oracle", noise=0.05, sizes=(64, 768)
+        ),
+        "noisy": make_tiny_bundle(
+            root / "noisy", llama, drafter="oracle", noise=0.2, sizes=(64, 256)
+        ),
+        "random": make_tiny_bundle(root / "random", llama, drafter="small-lm"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +57,9 @@ def run_all(dec, prompts, refs):
 
 
 def judged(steps) -> int:
-    """Drafts the table must have counted: each chain up to its first rejection, plus the first speculative token
-    where the chain was kept whole with the target's own next token (the guess was judged)."""
+    """Drafts the table must have counted: each chain up to its first rejection, plus the first
+    speculative token where the chain was kept whole with the target's own next token (the guess was
+    judged)."""
     n = 0
     for s in steps:
         n += min(s.accepted + 1, s.drafted)
@@ -80,14 +88,19 @@ def test_greedy_is_the_targets_and_uses_continuations(llama, bundles, prompts_an
     hits, drops = sum(o.parallel_hits for o in outs), sum(o.parallel_drops for o in outs)
     assert accepted / drafted > 0.5, (accepted, drafted)
     assert hits > 0 and drops >= 0
-    # "hit" is recorded on the step whose verification the continuation was drafted beside: that chain was kept
-    # whole, with the target's own next token; the next step verifies the continuation, and keeps some of it
+    # "hit" is recorded on the step whose verification the continuation was drafted beside: that
+    # chain was kept whole, with the target's own next token; the next step verifies the
+    # continuation, and keeps some of it
     for s in steps:
         if s.parallel == "hit":
             assert s.accepted == s.drafted and s.new_tokens == s.drafted + 1
-    assert sum(s.accepted for o in outs for p, s in zip(o.steps, o.steps[1:]) if p.parallel == "hit") > 0
-    # a pre-drafted chain is the drafter's own greedy continuation of the text the target verified (drafted from
-    # "chain kept + its first token = the target's next"), as a serial draft from that text would be
+    assert (
+        sum(s.accepted for o in outs for p, s in zip(o.steps, o.steps[1:]) if p.parallel == "hit")
+        > 0
+    )
+    # a pre-drafted chain is the drafter's own greedy continuation of the text the target verified
+    # (drafted from "chain kept + its first token = the target's next"), as a serial draft from that
+    # text would be
     drafter = src.runtimes[src.lang].model
 
     def drafter_greedy(prefix, n):
@@ -95,30 +108,36 @@ def test_greedy_is_the_targets_and_uses_continuations(llama, bundles, prompts_an
         with torch.inference_mode():
             for _ in range(n):
                 ids.append(int(drafter(torch.tensor([ids])).logits[0, -1].argmax()))
-        return ids[len(prefix):]
+        return ids[len(prefix) :]
 
     pre = [(prefix, tokens) for was_pre, prefix, tokens in seen if was_pre]
     assert len(pre) == hits and all(drafter_greedy(p, len(t)) == t for p, t in pre)
     # the table learned from every verified draft, serial or pre-drafted, and from each judged guess
     assert float(dec.source.spide.total.sum()) - before == judged(steps)
-    # overlap is measured: drafting beside verification took time, some of it hidden, never more than it took
+    # overlap is measured: drafting beside verification took time, some of it hidden, never more
+    # than it took
     assert sum(o.spec_s for o in outs) > 0 and sum(o.overlap_s for o in outs) > 0
     assert all(0 <= s.hidden_s <= s.spec_s + 1e-9 for s in steps)
     assert all(s.spec_s == 0 for s in steps if not s.parallel)
     report(outs, "oracle")
 
 
-def test_continuations_always_dropped_still_give_the_targets_tokens(llama, bundles, prompts_and_refs):
-    """A random drafter: its chain is rarely kept whole with its guess of the next token right, so nearly every
-    continuation is dropped and the drafter's cache rolled back; the tokens are still the target's."""
+def test_continuations_always_dropped_still_give_the_targets_tokens(
+    llama, bundles, prompts_and_refs
+):
+    """A random drafter: its chain is rarely kept whole with its guess of the next token right, so
+    nearly every continuation is dropped and the drafter's cache rolled back; the tokens are still
+    the target's."""
     from decoder.core import Decoder
 
     dec = Decoder(llama, bundles["random"], method="spide-parallel", size="full", gamma_max=6)
     outs = run_all(dec, *prompts_and_refs)
     hits, drops = sum(o.parallel_hits for o in outs), sum(o.parallel_drops for o in outs)
-    assert drops >= 100 and drops > 2 * hits, (hits, drops)  # measured: 176 drops, 7–17 hits (s follows timing)
+    # measured: 176 drops, 7–17 hits (s follows timing)
+    assert drops >= 100 and drops > 2 * hits, (hits, drops)
     rt = dec.source.runtimes[dec.source.lang]
-    assert rt.cache.get_seq_length() == rt.done + 1  # after the last drop only verified entries remain (small LM)
+    # after the last drop only verified entries remain (small LM)
+    assert rt.cache.get_seq_length() == rt.done + 1
     report(outs, "random")
 
 
@@ -134,21 +153,32 @@ def test_partial_acceptance_mixes_hits_and_drops(llama, bundles, prompts_and_ref
 def report(outs, what: str) -> None:
     spec, hidden = sum(o.spec_s for o in outs), sum(o.overlap_s for o in outs)
     verify = sum(s.verify_s for o in outs for s in o.steps if s.parallel)
-    print(f"\n{what}: {sum(o.parallel_hits for o in outs)} hits, {sum(o.parallel_drops for o in outs)} drops; "
-          f"drafting beside verification {spec * 1e3:.0f} ms, {hidden * 1e3:.0f} ms hidden "
-          f"({hidden / max(spec, 1e-9):.0%}); those steps' verification {verify * 1e3:.0f} ms")
+    print(
+        f"\n{what}: {sum(o.parallel_hits for o in outs)} hits, "
+        f"{sum(o.parallel_drops for o in outs)} drops; "
+        f"drafting beside verification {spec * 1e3:.0f} ms, {hidden * 1e3:.0f} ms hidden "
+        f"({hidden / max(spec, 1e-9):.0%}); those steps' verification {verify * 1e3:.0f} ms"
+    )
 
 
-# ----------------------------------------------------------------------------------------------- sampling
+# ----------------------------------------------------------------------------------------- sampling
 @pytest.fixture(scope="module")
 def sampling_setup(llama, bundles):
-    """P(x2, x3) with 5 new tokens and τ = 0.99: every serial chain is one draft (Γ1 ≤ τ), so with x2 kept x3 is the
-    first speculative token judged as the target's next one; the noisy drafter is often wrong (the residual is used)."""
+    """P(x2, x3) with 5 new tokens and τ = 0.99: every serial chain is one draft (Γ1 ≤ τ), so with
+    x2 kept x3 is the first speculative token judged as the target's next one; the noisy drafter is
+    often wrong (the residual is used)."""
     from decoder.core import Decoder
 
     prompt = random_prompts(llama, 1, seed=21, max_len=8)[0]
     exact = exact_pair_distribution(llama, prompt, 1.0)
-    dec = Decoder(llama, bundles["noisy"], method="spide-parallel", size=256, gamma_max=4, spide_threshold=0.99)
+    dec = Decoder(
+        llama,
+        bundles["noisy"],
+        method="spide-parallel",
+        size=256,
+        gamma_max=4,
+        spide_threshold=0.99,
+    )
     return prompt, exact, dec
 
 
@@ -158,7 +188,9 @@ def draw(dec, prompt, n):
         out = dec.generate(prompt, 5, temperature=1.0, stop=[], seed=seed)
         pairs.append(tuple((out.tokens[1:3] + [-1, -1])[:2]))
         first = out.steps[0] if out.steps else None
-        guessed += first is not None and bool(first.parallel) and first.accepted == first.drafted == 1
+        guessed += (
+            first is not None and bool(first.parallel) and first.accepted == first.drafted == 1
+        )
     return pairs, guessed / n
 
 
@@ -170,7 +202,8 @@ def test_sampling_judges_the_guess_and_keeps_the_distribution(sampling_setup):
 
 
 def test_a_guess_kept_unjudged_is_caught(sampling_setup, monkeypatch):
-    """Keeping the drafter's guess whenever the chain was kept (no min(1, p/q) test) skews the distribution."""
+    """Keeping the drafter's guess whenever the chain was kept (no min(1, p/q) test) skews the
+    distribution."""
     import decoder.core
     from decoder.loop.verify import accept_sampled
 

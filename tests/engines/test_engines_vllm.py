@@ -1,7 +1,7 @@
-"""``python -m engines.vllm``'s bookkeeping on a fake vLLM process with known costs and acceptance (the real vLLM
-runs in tests/engines/test_vllm_real.py): speedups, α per position, the step cost fit, the draft length, agreement
-with its margins, engines.json, a target vLLM serves no EAGLE-3 for, and the one-line errors before any engine
-starts."""
+"""``python -m engines.vllm``'s bookkeeping on a fake vLLM process with known costs and acceptance
+(the real vLLM runs in tests/engines/test_vllm_real.py): speedups, α per position, the step cost
+fit, the draft length, agreement with its margins, engines.json, a target vLLM serves no EAGLE-3
+for, and the one-line errors before any engine starts."""
 
 from __future__ import annotations
 
@@ -17,16 +17,19 @@ from export.interop import write_speculators
 from polyspec.errors import PolyspecError
 from polyspec.targets import load_target
 
-PREFILL_S, STEP_S, A, C = 0.005, 0.01, 0.1, 0.2  # the fake's costs: a step of k drafts costs STEP_S · (1 + A + C·k)
+# the fake's costs: a step of k drafts costs STEP_S · (1 + A + C·k)
+PREFILL_S, STEP_S, A, C = 0.005, 0.01, 0.1, 0.2
 ACCEPT = [0.8, 0.5, 0.2, 0.1]  # the fake's α_i
 
 
 class FakeProcess:
-    """vLLM's worker as the bench uses it. Plain greedy output follows the prompt's last token; a speculative engine
-    returns the same tokens (one divergence can be planted) and counts drafts as a chain with α_i = ACCEPT[i]."""
+    """vLLM's worker as the bench uses it. Plain greedy output follows the prompt's last token; a
+    speculative engine returns the same tokens (one divergence can be planted) and counts drafts as
+    a chain with α_i = ACCEPT[i]."""
 
     eagle3 = True
-    diverge: tuple[str, int] | None = None  # (mode name, batch): the first prompt's 6th token differs there, once
+    # (mode name, batch): the first prompt's 6th token differs there, once
+    diverge: tuple[str, int] | None = None
     started: list[dict] = []
     fail: dict[str, int] = {}  # mode name → how many of its next starts fail
 
@@ -47,9 +50,13 @@ class FakeProcess:
         pass
 
     def probe(self, archs):
-        return {"vllm": "fake", "architectures": {a: {"known": True, "eagle3": self.eagle3} for a in archs}}
+        return {
+            "vllm": "fake",
+            "architectures": {a: {"known": True, "eagle3": self.eagle3} for a in archs},
+        }
 
-    def _tokens(self, ids, n):  # greedy and autoregressive: the next token is a function of the last one
+    # greedy and autoregressive: the next token is a function of the last one
+    def _tokens(self, ids, n):
         out, cur = [], ids[-1]
         for _ in range(n):
             cur = (cur * 7 + 3) % 97 + 3
@@ -60,8 +67,15 @@ class FakeProcess:
         outs, seconds = [], 0.0
         for ids, p in zip(prompts, params):
             toks = self._tokens(ids, p["max_tokens"])
-            out = {"token_ids": toks, "text": "", "finish_reason": "length", "cumulative_logprob": None, "logprobs": None}
-            if p.get("logprobs"):  # the margin probe: plain's own token at −0.1, the planted other one at −0.4
+            out = {
+                "token_ids": toks,
+                "text": "",
+                "finish_reason": "length",
+                "cumulative_logprob": None,
+                "logprobs": None,
+            }
+            # the margin probe: plain's own token at −0.1, the planted other one at −0.4
+            if p.get("logprobs"):
                 out["logprobs"] = [[[toks[0], -0.1], [99, -0.4], [98, -2.0]]]
             seconds += PREFILL_S
             if self.spec is None:
@@ -76,8 +90,14 @@ class FakeProcess:
                 for i, a in enumerate(acc):
                     self.counts["pos"][i] += round(steps * a)
                     self.counts["accepted"] += round(steps * a)
-                if (self.diverge and self.diverge[0] == _mode(self.spec) and len(prompts) == self.diverge[1]
-                        and not self.counts.get("diverged") and len(toks) > 8):  # not the 8-token warm-up
+                if (
+                    self.diverge
+                    and self.diverge[0] == _mode(self.spec)
+                    and len(prompts) == self.diverge[1]
+                    # not the 8-token warm-up
+                    and not self.counts.get("diverged")
+                    and len(toks) > 8
+                ):
                     toks[5] = 99
                     self.counts["diverged"] = True
             outs.append(out)
@@ -85,10 +105,12 @@ class FakeProcess:
 
     def metrics(self):
         k = (self.spec or {}).get("num_speculative_tokens", 0)
-        return {"vllm:spec_decode_num_drafts": self.counts["drafts"],
-                "vllm:spec_decode_num_draft_tokens": self.counts["draft_tokens"],
-                "vllm:spec_decode_num_accepted_tokens": self.counts["accepted"],
-                "vllm:spec_decode_num_accepted_tokens_per_pos": self.counts["pos"][:k]}
+        return {
+            "vllm:spec_decode_num_drafts": self.counts["drafts"],
+            "vllm:spec_decode_num_draft_tokens": self.counts["draft_tokens"],
+            "vllm:spec_decode_num_accepted_tokens": self.counts["accepted"],
+            "vllm:spec_decode_num_accepted_tokens_per_pos": self.counts["pos"][:k],
+        }
 
 
 def _mode(spec):
@@ -99,7 +121,12 @@ def _mode(spec):
 def fake(monkeypatch):
     monkeypatch.setattr(vb, "VLLMProcess", FakeProcess)
     monkeypatch.setattr(vb, "vllm_python", lambda: "/fake/python")
-    FakeProcess.eagle3, FakeProcess.diverge, FakeProcess.started, FakeProcess.fail = True, None, [], {}
+    FakeProcess.eagle3, FakeProcess.diverge, FakeProcess.started, FakeProcess.fail = (
+        True,
+        None,
+        [],
+        {},
+    )
     return FakeProcess
 
 
@@ -107,21 +134,54 @@ def fake(monkeypatch):
 def drafters(tmp_path_factory, tiny_llama_dir):
     root = tmp_path_factory.mktemp("vb")
     target = load_target(str(tiny_llama_dir), device="cpu")
-    bundle = make_tiny_bundle(root / "bundle", target, langs=("en",), drafter="eagle3", sizes=(64, 256))
+    bundle = make_tiny_bundle(
+        root / "bundle", target, langs=("en",), drafter="eagle3", sizes=(64, 256)
+    )
     write_speculators(load_bundle(bundle), target, root / "speculators")
     return root / "speculators"
 
 
 def _engines(path):
-    path.write_text(json.dumps({"drafters": {"en": {"heldout_alpha": [0.5, 0.25]}}, "engines": {"vllm": {
-        "command": "vllm serve t --speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 3}'"}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "drafters": {"en": {"heldout_alpha": [0.5, 0.25]}},
+                "engines": {
+                    "vllm": {
+                        "command": (
+                            'vllm serve t --speculative-config \'{"method": "eagle3", '
+                            '"num_speculative_tokens": 3}\''
+                        )
+                    }
+                },
+            }
+        )
+    )
     return path
 
 
-def test_bench_measures_speedup_acceptance_step_cost_and_draft_length(fake, drafters, tiny_llama_dir, tmp_path):
+def test_bench_measures_speedup_acceptance_step_cost_and_draft_length(
+    fake, drafters, tiny_llama_dir, tmp_path
+):
     engines = _engines(tmp_path / "engines.json")
-    rc = main(["--target", str(tiny_llama_dir), "--drafters", str(drafters), "--out", str(tmp_path / "out"),
-               "--prompts", "4", "--n", "80", "--batch", "1,2", "--engines", str(engines)])
+    rc = main(
+        [
+            "--target",
+            str(tiny_llama_dir),
+            "--drafters",
+            str(drafters),
+            "--out",
+            str(tmp_path / "out"),
+            "--prompts",
+            "4",
+            "--n",
+            "80",
+            "--batch",
+            "1,2",
+            "--engines",
+            str(engines),
+        ]
+    )
     assert rc == 0
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
     modes = {m["mode"]: m for m in rep["modes"]}
@@ -130,12 +190,15 @@ def test_bench_measures_speedup_acceptance_step_cost_and_draft_length(fake, draf
     assert e4["alpha"] == pytest.approx(ACCEPT, abs=1e-3)
     assert e4["tokens_per_step"] == pytest.approx(1 + sum(ACCEPT), abs=0.05)
     assert e4["identical"] == e4["prompts"] == 4
-    # speedup = plain seconds / spec seconds on the same tokens: (P + 79·S) / (P + steps·S·(1 + A + 4C))
+    # speedup = plain seconds / spec seconds on the same tokens:
+    # (P + 79·S) / (P + steps·S·(1 + A + 4C))
     steps = round(79 / (1 + sum(ACCEPT)))
     want = (PREFILL_S + 79 * STEP_S) / (PREFILL_S + steps * STEP_S * (1 + A + 4 * C))
     assert e4["speedup"] == pytest.approx(want, rel=1e-3)
     d = rep["draft_length"]["en"]
-    assert d["step_cost"]["a"] == pytest.approx(A, abs=0.01) and d["step_cost"]["c"] == pytest.approx(C, abs=0.005)
+    assert d["step_cost"]["a"] == pytest.approx(A, abs=0.01) and d["step_cost"][
+        "c"
+    ] == pytest.approx(C, abs=0.005)
     predicted = {int(k): v for k, v in d["predicted_speedup"].items()}
     expect = {k: (1 + sum(ACCEPT[:k])) / (1 + A + C * k) for k in range(1, 5)}
     assert max(expect, key=expect.get) == 2 == d["draft_n"]
@@ -145,19 +208,53 @@ def test_bench_measures_speedup_acceptance_step_cost_and_draft_length(fake, draf
     rec = json.loads(engines.read_text())
     assert rec["drafters"]["en"]["draft_n"]["vllm"] == 2
     assert '"num_speculative_tokens": <draft_n>' in rec["engines"]["vllm"]["command"]
-    assert rep["plain_again"]["identical"] == 4 and rep["plain_again"]["drift"] == pytest.approx(1.0)
+    assert rep["plain_again"]["identical"] == 4 and rep["plain_again"]["drift"] == pytest.approx(
+        1.0
+    )
     md = (tmp_path / "out" / "vllm.md").read_text()
-    assert "## Draft length for en: 2" in md and "| eagle3@4 | en |" in md and "polyspec's held-out α 0.50, 0.25" in md
-    assert "tau" not in modes["ngram"]["by_batch"]["1"] and e4["tau"] == pytest.approx(4 * 80 / (4 * steps + 4), rel=1e-3)
+    assert (
+        "## Draft length for en: 2" in md
+        and "| eagle3@4 | en |" in md
+        and "polyspec's held-out α 0.50, 0.25" in md
+    )
+    assert "tau" not in modes["ngram"]["by_batch"]["1"] and e4["tau"] == pytest.approx(
+        4 * 80 / (4 * steps + 4), rel=1e-3
+    )
     started = [c.get("speculative_config") for c in fake.started]
-    assert started[0] is None and {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
-                                   "prompt_lookup_min": 1} in started
+    assert (
+        started[0] is None
+        and {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_max": 3,
+            "prompt_lookup_min": 1,
+        }
+        in started
+    )
 
 
-def test_a_divergence_in_fp32_fails_with_its_margin(fake, drafters, tiny_llama_dir, tmp_path, capsys):
+def test_a_divergence_in_fp32_fails_with_its_margin(
+    fake, drafters, tiny_llama_dir, tmp_path, capsys
+):
     fake.diverge = ("eagle3@2", 1)
-    rc = main(["--target", str(tiny_llama_dir), "--drafters", str(drafters), "--out", str(tmp_path / "out"),
-               "--prompts", "3", "--n", "12", "--sweep", "1,2", "--batch", "1"])
+    rc = main(
+        [
+            "--target",
+            str(tiny_llama_dir),
+            "--drafters",
+            str(drafters),
+            "--out",
+            str(tmp_path / "out"),
+            "--prompts",
+            "3",
+            "--n",
+            "12",
+            "--sweep",
+            "1,2",
+            "--batch",
+            "1",
+        ]
+    )
     assert rc == 1 and "eagle3@2(en)@b1" in capsys.readouterr().err
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
     b1 = next(m for m in rep["modes"] if m["mode"] == "eagle3@2")["by_batch"]["1"]
@@ -166,20 +263,51 @@ def test_a_divergence_in_fp32_fails_with_its_margin(fake, drafters, tiny_llama_d
     assert div["at"] == 5 and div["mode"] == 99 and div["margin"] == pytest.approx(0.3)
 
 
-def test_a_target_without_eagle3_in_vllm_runs_plain_and_ngram(fake, drafters, tiny_llama_dir, tmp_path):
+def test_a_target_without_eagle3_in_vllm_runs_plain_and_ngram(
+    fake, drafters, tiny_llama_dir, tmp_path
+):
     fake.eagle3 = False
     engines = _engines(tmp_path / "engines.json")
-    assert main(["--target", str(tiny_llama_dir), "--drafters", str(drafters), "--out", str(tmp_path / "out"),
-                 "--prompts", "2", "--n", "8", "--batch", "1", "--engines", str(engines)]) == 0
+    assert (
+        main(
+            [
+                "--target",
+                str(tiny_llama_dir),
+                "--drafters",
+                str(drafters),
+                "--out",
+                str(tmp_path / "out"),
+                "--prompts",
+                "2",
+                "--n",
+                "8",
+                "--batch",
+                "1",
+                "--engines",
+                str(engines),
+            ]
+        )
+        == 0
+    )
     table = json.loads(engines.read_text())["engines"]["vllm"]
-    assert table["loads"] == [] and "SupportsEagle3" in table["why"] and "ngram" in table["measured"]
+    assert (
+        table["loads"] == [] and "SupportsEagle3" in table["why"] and "ngram" in table["measured"]
+    )
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
     assert [m["mode"] for m in rep["modes"]] == ["ngram"] and rep["draft_length"] == {}
-    assert "does not implement SupportsEagle3" in rep["refused"]["en"] and rep["vllm"]["eagle3_for_target"] is False
-    assert all((c.get("speculative_config") or {"method": "ngram"})["method"] == "ngram" for c in fake.started)
+    assert (
+        "does not implement SupportsEagle3" in rep["refused"]["en"]
+        and rep["vllm"]["eagle3_for_target"] is False
+    )
+    assert all(
+        (c.get("speculative_config") or {"method": "ngram"})["method"] == "ngram"
+        for c in fake.started
+    )
 
 
-def test_bad_input_is_one_line_before_any_engine(fake, drafters, tiny_llama_dir, tmp_path, monkeypatch, capsys):
+def test_bad_input_is_one_line_before_any_engine(
+    fake, drafters, tiny_llama_dir, tmp_path, monkeypatch, capsys
+):
     bad = tmp_path / "bad" / "en"
     bad.mkdir(parents=True)
     for f in (drafters / "en").iterdir():
@@ -208,36 +336,108 @@ def test_the_run_report_carries_the_vllm_table(fake, drafters, tiny_llama_dir, t
     from pipelines.report import measured_engines
 
     run = tmp_path / "run"
-    assert main(["--target", str(tiny_llama_dir), "--drafters", str(drafters), "--out", str(run / "vllm"),
-                 "--prompts", "2", "--n", "12", "--sweep", "1,2", "--batch", "1"]) == 0
+    assert (
+        main(
+            [
+                "--target",
+                str(tiny_llama_dir),
+                "--drafters",
+                str(drafters),
+                "--out",
+                str(run / "vllm"),
+                "--prompts",
+                "2",
+                "--n",
+                "12",
+                "--sweep",
+                "1,2",
+                "--batch",
+                "1",
+            ]
+        )
+        == 0
+    )
     lines = measured_engines(run)
     assert lines[0] == "### vLLM (`vllm/vllm.md`)"
-    assert any(ln.startswith("### Draft length for en: ") for ln in lines)  # a heading one level down
-    assert any(ln.startswith("| eagle3@2 | en |") for ln in lines) and not any("Definitions" in ln for ln in lines)
+    # a heading one level down
+    assert any(ln.startswith("### Draft length for en: ") for ln in lines)
+    assert any(ln.startswith("| eagle3@2 | en |") for ln in lines) and not any(
+        "Definitions" in ln for ln in lines
+    )
 
 
-def test_an_engine_that_fails_to_start_is_tried_again_then_recorded(fake, drafters, tiny_llama_dir, tmp_path):
-    """vLLM's start-up can fail on its own (its compile cache): one failure is retried; a mode failing twice is
-    recorded with vLLM's line and the other draft lengths still run."""
-    fake.fail = {"eagle3@2": 4, "eagle3@3": 1}  # eagle3@2 is also the chosen length: run again, failing again
-    assert main(["--target", str(tiny_llama_dir), "--drafters", str(drafters), "--out", str(tmp_path / "out"),
-                 "--prompts", "2", "--n", "12", "--batch", "1"]) == 0
+def test_an_engine_that_fails_to_start_is_tried_again_then_recorded(
+    fake, drafters, tiny_llama_dir, tmp_path
+):
+    """vLLM's start-up can fail on its own (its compile cache): one failure is retried; a mode
+    failing twice is recorded with vLLM's line and the other draft lengths still run."""
+    # eagle3@2 is also the chosen length: run again, failing again
+    fake.fail = {"eagle3@2": 4, "eagle3@3": 1}
+    assert (
+        main(
+            [
+                "--target",
+                str(tiny_llama_dir),
+                "--drafters",
+                str(drafters),
+                "--out",
+                str(tmp_path / "out"),
+                "--prompts",
+                "2",
+                "--n",
+                "12",
+                "--batch",
+                "1",
+            ]
+        )
+        == 0
+    )
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
     assert [m["mode"] for m in rep["modes"]] == ["ngram", "eagle3@1", "eagle3@3", "eagle3@4"]
-    assert rep["failed"] == {"en: eagle3@2": "RuntimeError: cancelled — log: x.log"} and rep["refused"] is None
+    assert (
+        rep["failed"] == {"en: eagle3@2": "RuntimeError: cancelled — log: x.log"}
+        and rep["refused"] is None
+    )
     assert "**en: eagle3@2 failed in vLLM (twice):**" in (tmp_path / "out" / "vllm.md").read_text()
 
 
-def test_draft_models_run_as_vllms_draft_model_on_the_runs_languages(fake, drafters, tiny_llama_dir, tmp_path):
-    """A small-LM folder (hf-assistant export) named for no language runs on the plan's languages (en here)."""
+def test_draft_models_run_as_vllms_draft_model_on_the_runs_languages(
+    fake, drafters, tiny_llama_dir, tmp_path
+):
+    """A small-LM folder (hf-assistant export) named for no language runs on the plan's languages
+    (en here)."""
     small = tmp_path / "small" / "untrained"
     small.mkdir(parents=True)
     (small / "config.json").write_text("{}")
-    assert main(["--target", str(tiny_llama_dir), "--draft-models", str(small.parent), "--out", str(tmp_path / "o"),
-                 "--prompts", "2", "--n", "12", "--sweep", "1,2", "--batch", "1"]) == 0
+    assert (
+        main(
+            [
+                "--target",
+                str(tiny_llama_dir),
+                "--draft-models",
+                str(small.parent),
+                "--out",
+                str(tmp_path / "o"),
+                "--prompts",
+                "2",
+                "--n",
+                "12",
+                "--sweep",
+                "1,2",
+                "--batch",
+                "1",
+            ]
+        )
+        == 0
+    )
     rep = json.loads((tmp_path / "o" / "vllm.json").read_text())
     got = {m["mode"]: m for m in rep["modes"]}
     d = rep["draft_length"]["untrained (draft_model)"]
-    assert set(got) == {"ngram", "draft@1", "draft@2", f"draft@{d['draft_n']}"} and got["draft@2"]["langs"] == ["en"]
-    assert got["draft@2"]["speculative_config"] == {"method": "draft_model", "model": str(small),
-                                                    "num_speculative_tokens": 2}
+    assert set(got) == {"ngram", "draft@1", "draft@2", f"draft@{d['draft_n']}"} and got["draft@2"][
+        "langs"
+    ] == ["en"]
+    assert got["draft@2"]["speculative_config"] == {
+        "method": "draft_model",
+        "model": str(small),
+        "num_speculative_tokens": 2,
+    }

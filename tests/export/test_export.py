@@ -21,18 +21,46 @@ def trained(tmp_path_factory, tiny_llama_dir):
     run_dir = tmp_path_factory.mktemp("run-export")
     for lang in ("vi", "de"):
         prepare_run(run_dir, tiny_llama_dir, lang)
-        cfg = validate(TrainConfig, apply_overrides({}, [
-            f"run={run_dir}", f"target={tiny_llama_dir}", f"lang={lang}", "stage=finetune", "eagle.vocab_size=128",
-            "report_to=none", "finetune.steps=2", "eval_every=2", "checkpoint_every=2", "optim.batch_size=2",
-            "data.max_length=48", "data.eval_max_examples=1", "eval_depth=2"]))
+        cfg = validate(
+            TrainConfig,
+            apply_overrides(
+                {},
+                [
+                    f"run={run_dir}",
+                    f"target={tiny_llama_dir}",
+                    f"lang={lang}",
+                    "stage=finetune",
+                    "eagle.vocab_size=128",
+                    "report_to=none",
+                    "finetune.steps=2",
+                    "eval_every=2",
+                    "checkpoint_every=2",
+                    "optim.batch_size=2",
+                    "data.max_length=48",
+                    "data.eval_max_examples=1",
+                    "eval_depth=2",
+                ],
+            ),
+        )
         train_run(cfg)
     # vocab for both languages in one call (the masks need every ranked list)
     from vocab.build import run_vocab
     from vocab.config import VocabConfig
 
-    run_vocab(validate(VocabConfig, {"langs": ["vi", "de"], "target": str(tiny_llama_dir), "run": str(run_dir),
-                                     "mask_sizes": [64, 128], "sources": [{"name": "synth"}], "heldout": "seeds"}),
-              log=lambda *_: None)
+    run_vocab(
+        validate(
+            VocabConfig,
+            {
+                "langs": ["vi", "de"],
+                "target": str(tiny_llama_dir),
+                "run": str(run_dir),
+                "mask_sizes": [64, 128],
+                "sources": [{"name": "synth"}],
+                "heldout": "seeds",
+            },
+        ),
+        log=lambda *_: None,
+    )
     return run_dir, load_target(str(tiny_llama_dir))
 
 
@@ -46,15 +74,21 @@ def test_write_and_load_bundle(tmp_path, trained):
     assert m["languages"] == ["vi", "de"] and m["vocab_sizes"] == [64, 128]
     assert m["target"]["tokenizer_sha256"] == target.tokenizer_sha256
     assert set(m["adaptive"]) == {"window", "step", "offset"}
-    for rel in ("drafters/vi/model.safetensors", "drafters/de/config.json", "vocab/vi.safetensors",
-                "language_masks.safetensors", "README.md"):
+    for rel in (
+        "drafters/vi/model.safetensors",
+        "drafters/de/config.json",
+        "vocab/vi.safetensors",
+        "language_masks.safetensors",
+        "README.md",
+    ):
         assert rel in m["files"] and len(m["files"][rel]) == 64
     mask, langs, sizes = load_masks(b.masks_file())
     assert mask.shape == (4, target.vocab_size) and mask.dtype == torch.bool
     assert load_bundle(tmp_path / "bundle", target_pin=target.pin()).languages == ["vi", "de"]
     card = (tmp_path / "bundle" / "README.md").read_text()
     assert "tiny-llama" in card and "## Drafters" in card
-    assert "| vi | eagle1 | finetune | 2 | vi/data.jsonl (" in card  # training data counts on the model card
+    # training data counts on the model card
+    assert "| vi | eagle1 | finetune | 2 | vi/data.jsonl (" in card
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing", "dotdot", "absolute", "format"])
@@ -94,23 +128,34 @@ def test_bundle_for_another_target_is_refused(tmp_path, trained, tiny_gemma_dir)
         write_bundle(tmp_path / "c", run_dir, ["vi"], other, [64])
 
 
-def test_a_drafter_trained_with_another_conversion_of_the_same_ids_exports_with_a_warning(tmp_path, trained, capsys):
-    """A run trained where another transformers converted the target's tokenizer (the H200 image's, for the chat
-    target's GGUF: other special-token rules, the same id table) exports here with one warning; its vocabulary is
-    pinned to this tokenizer (recording where it was ranked), so the bundle loads for this target."""
+def test_a_drafter_trained_with_another_conversion_of_the_same_ids_exports_with_a_warning(
+    tmp_path, trained, capsys
+):
+    """A run trained where another transformers converted the target's tokenizer (the H200 image's,
+    for the chat target's GGUF: other special-token rules, the same id table) exports here with one
+    warning; its vocabulary is pinned to this tokenizer (recording where it was ranked), so the
+    bundle loads for this target."""
     from export.bundle import load_bundle, write_bundle
 
     run_dir, target = trained
     pin = target.pin()
-    elsewhere = {**pin, "tokenizer_sha256": "f" * 64, "special_token_ids": {**(pin.get("special_token_ids") or {}), "eos": -1}}
+    elsewhere = {
+        **pin,
+        "tokenizer_sha256": "f" * 64,
+        "special_token_ids": {**(pin.get("special_token_ids") or {}), "eos": -1},
+    }
     moved = tmp_path / "run"
     shutil.copytree(run_dir, moved)
     for lang in ("vi", "de"):
         cfg_path = moved / "train" / lang / "final" / "config.json"
         cfg = json.loads(cfg_path.read_text())
-        cfg_path.write_text(json.dumps({**cfg, "target": {**cfg["target"], "tokenizer_sha256": "f" * 64}}))
+        cfg_path.write_text(
+            json.dumps({**cfg, "target": {**cfg["target"], "tokenizer_sha256": "f" * 64}})
+        )
         meta_path = moved / "vocab" / f"{lang}.json"
-        meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "tokenizer_sha256": "f" * 64}))
+        meta_path.write_text(
+            json.dumps({**json.loads(meta_path.read_text()), "tokenizer_sha256": "f" * 64})
+        )
     assert elsewhere["vocab_sha256"] == pin["vocab_sha256"]
     write_bundle(tmp_path / "b", moved, ["vi", "de"], pin, [64])
     assert "another conversion of the tokenizer" in capsys.readouterr().err
@@ -118,7 +163,8 @@ def test_a_drafter_trained_with_another_conversion_of_the_same_ids_exports_with_
     assert bundle.ranked("vi").meta["built_with_tokenizer_sha256"] == "f" * 64
     assert bundle.ranked("vi").meta["tokenizer_sha256"] == pin["tokenizer_sha256"]
     other_ids = {**pin, "vocab_sha256": "0" * 64}
-    with pytest.raises(PolyspecError, match="another target tokenizer"):  # another id table stays refused
+    # another id table stays refused
+    with pytest.raises(PolyspecError, match="another target tokenizer"):
         write_bundle(tmp_path / "c", moved, ["vi", "de"], other_ids, [64])
 
 
@@ -140,8 +186,20 @@ def test_cli_writes_and_checks(tmp_path, trained, tiny_llama_dir):
 
     run_dir, _ = trained
     out = tmp_path / "bundle"
-    proc = run_cli("-m", "export", "--langs", "vi,de", "--run", str(run_dir), "--target", str(tiny_llama_dir),
-                   "--out", str(out), "--sizes", "64,128")
+    proc = run_cli(
+        "-m",
+        "export",
+        "--langs",
+        "vi,de",
+        "--run",
+        str(run_dir),
+        "--target",
+        str(tiny_llama_dir),
+        "--out",
+        str(out),
+        "--sizes",
+        "64,128",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["languages"] == ["vi", "de"]
     ok = run_cli("-m", "export", "--check", str(out), "--target", str(tiny_llama_dir))
@@ -163,16 +221,21 @@ def test_hf_assistant_export_works_with_transformers_assisted_generation(tmp_pat
     _, target = trained
     ids = torch.tensor([target.tokenizer("Xin chào, hôm nay")["input_ids"]])
     ref = target.model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
-    for kind in ("small-lm", "oracle"):  # what training writes (tied, 1 layer), and a near-copy of the target
+    # what training writes (tied, 1 layer), and a near-copy of the target
+    for kind in ("small-lm", "oracle"):
         bundle = make_tiny_bundle(tmp_path / f"b-{kind}", target, drafter=kind, noise=0.05)
         from export.bundle import load_bundle
 
         folders = write_hf_assistant(load_bundle(bundle), target, tmp_path / f"hf-{kind}")
         assert [f.name for f in folders] == ["vi", "de"]
-        assert (folders[0] / "model.safetensors").is_file() and (folders[0] / "tokenizer.json").is_file()
+        assert (folders[0] / "model.safetensors").is_file() and (
+            folders[0] / "tokenizer.json"
+        ).is_file()
         assistant = AutoModelForCausalLM.from_pretrained(folders[0])
         assert assistant.config.vocab_size == target.vocab_size
-        out = target.model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0, assistant_model=assistant)
+        out = target.model.generate(
+            ids, max_new_tokens=24, do_sample=False, pad_token_id=0, assistant_model=assistant
+        )
         assert out.tolist() == ref.tolist()
 
 
@@ -194,20 +257,54 @@ def eagle3_bundle(tmp_path_factory, trained, tiny_llama_dir):
     run3 = tmp_path_factory.mktemp("run-eagle3")
     shutil.copytree(run_dir / "synth", run3 / "synth")
     shutil.copytree(run_dir / "vocab", run3 / "vocab")
-    cfg = validate(TrainConfig, apply_overrides({}, [
-        f"run={run3}", f"target={tiny_llama_dir}", "lang=vi", "stage=finetune", "eagle.vocab_size=128",
-        "eagle.arch=eagle3", "report_to=none", "finetune.steps=2", "eval_every=2", "checkpoint_every=2",
-        "optim.batch_size=2", "data.max_length=48", "data.eval_max_examples=1", "eval_depth=2"]))
+    cfg = validate(
+        TrainConfig,
+        apply_overrides(
+            {},
+            [
+                f"run={run3}",
+                f"target={tiny_llama_dir}",
+                "lang=vi",
+                "stage=finetune",
+                "eagle.vocab_size=128",
+                "eagle.arch=eagle3",
+                "report_to=none",
+                "finetune.steps=2",
+                "eval_every=2",
+                "checkpoint_every=2",
+                "optim.batch_size=2",
+                "data.max_length=48",
+                "data.eval_max_examples=1",
+                "eval_depth=2",
+            ],
+        ),
+    )
     train_run(cfg)
-    return write_bundle(tmp_path_factory.mktemp("b3") / "bundle", run3, ["vi"], target.pin(), [64, 128])
+    return write_bundle(
+        tmp_path_factory.mktemp("b3") / "bundle", run3, ["vi"], target.pin(), [64, 128]
+    )
 
 
-SPECULATORS_LAYER_KEYS = {f"layers.0.{k}.weight" for k in (
-    "input_layernorm", "hidden_norm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-    "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+SPECULATORS_LAYER_KEYS = {
+    f"layers.0.{k}.weight"
+    for k in (
+        "input_layernorm",
+        "hidden_norm",
+        "post_attention_layernorm",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
+}
 
 
-def test_speculators_export_file_contract_and_exact_mapping(tmp_path, trained, eagle3_bundle, tiny_llama_dir):
+def test_speculators_export_file_contract_and_exact_mapping(
+    tmp_path, trained, eagle3_bundle, tiny_llama_dir
+):
     from safetensors.torch import load_file, save_file
 
     from export.interop import check_speculators, speculators_tensors, write_speculators
@@ -221,34 +318,68 @@ def test_speculators_export_file_contract_and_exact_mapping(tmp_path, trained, e
     # config.json: the fields speculators' Eagle3SpeculatorConfig and vLLM read
     assert cfg["speculators_model_type"] == "eagle3" and cfg["speculators_version"] == "0.9.0"
     assert cfg["draft_vocab_size"] == 128 and cfg["target_hidden_size"] == target.hidden_size
-    assert cfg["norm_before_residual"] is False  # residual = fc output before hidden_norm (vLLM's default is true)
+    # residual = fc output before hidden_norm (vLLM's default is true)
+    assert cfg["norm_before_residual"] is False
     assert cfg["eagle_aux_hidden_state_layer_ids"] == mine.aux_layers
     layer = cfg["transformer_layer_config"]
-    assert layer["model_type"] == "llama" and layer["vocab_size"] == target.vocab_size and layer["head_dim"] == hd
-    assert layer["num_hidden_layers"] == 1 and not any(k.startswith("_attn_implementation") for k in layer)
+    assert (
+        layer["model_type"] == "llama"
+        and layer["vocab_size"] == target.vocab_size
+        and layer["head_dim"] == hd
+    )
+    assert layer["num_hidden_layers"] == 1 and not any(
+        k.startswith("_attn_implementation") for k in layer
+    )
     spec = cfg["speculators_config"]
     assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
-    assert spec["proposal_methods"] == [{"proposal_type": "greedy", "speculative_tokens": 4, "verifier_accept_k": 1,
-                                         "accept_tolerance": 0.0}]
-    assert spec["verifier"] == {"name_or_path": str(tiny_llama_dir.resolve()), "architectures": ["LlamaForCausalLM"]}
+    assert spec["proposal_methods"] == [
+        {
+            "proposal_type": "greedy",
+            "speculative_tokens": 4,
+            "verifier_accept_k": 1,
+            "accept_tolerance": 0.0,
+        }
+    ]
+    assert spec["verifier"] == {
+        "name_or_path": str(tiny_llama_dir.resolve()),
+        "architectures": ["LlamaForCausalLM"],
+    }
     # model.safetensors: exactly speculators' Eagle3DraftModel names and shapes
     state = load_file(str(folder / "model.safetensors"))
-    assert set(state) == {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", *SPECULATORS_LAYER_KEYS}
-    assert state["fc.weight"].shape == (H, 3 * target.hidden_size) and state["lm_head.weight"].shape == (128, H)
-    assert state["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * H  # attention reads [embed ‖ hidden]
+    assert set(state) == {
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        *SPECULATORS_LAYER_KEYS,
+    }
+    assert state["fc.weight"].shape == (H, 3 * target.hidden_size) and state[
+        "lm_head.weight"
+    ].shape == (128, H)
+    # attention reads [embed ‖ hidden]
+    assert state["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * H
     # d2t/t2d: draft row j is target id j + d2t[j], the language's top-128 ranked ids, marked in t2d
     assert state["d2t"].dtype == torch.int64 and state["t2d"].dtype == torch.bool
     assert torch.equal(torch.arange(128) + state["d2t"], mine.draft_ids)
     assert state["t2d"].shape == (target.vocab_size,)
     assert torch.equal(torch.nonzero(state["t2d"]).flatten(), mine.draft_ids.sort().values)
     # the exported tensors, renamed back, rebuild a drafter that computes the same logits
-    back = Eagle3Drafter.from_arch({"layer_config": mine.layer_config.to_dict(), "aux_layers": mine.aux_layers,
-                                    "target_hidden_size": mine.target_hidden_size, "draft_vocab_size": 128})
+    back = Eagle3Drafter.from_arch(
+        {
+            "layer_config": mine.layer_config.to_dict(),
+            "aux_layers": mine.aux_layers,
+            "target_hidden_size": mine.target_hidden_size,
+            "draft_vocab_size": 128,
+        }
+    )
     renamed = {k.removeprefix("layers.0."): v for k, v in state.items() if k not in ("d2t", "t2d")}
     back.load_state_dict({**renamed, "draft_ids": mine.draft_ids}, strict=True)
     emb, aux = torch.randn(1, 5, H), torch.randn(1, 5, 3 * H)
     with torch.no_grad():
-        assert torch.allclose(back.logits(back(emb, aux)[0]), mine.logits(mine(emb, aux)[0]), atol=1e-6)
+        assert torch.allclose(
+            back.logits(back(emb, aux)[0]), mine.logits(mine(emb, aux)[0]), atol=1e-6
+        )
     # a draft vocabulary as large as the target's: no maps, head rows in target-id order
     full = Eagle3Drafter.for_target(target, torch.randperm(target.vocab_size))
     tensors = speculators_tensors(full, target.vocab_size)
@@ -261,42 +392,92 @@ def test_speculators_export_file_contract_and_exact_mapping(tmp_path, trained, e
 
 
 @pytest.mark.parametrize("fmt", ["speculators", "vllm-eagle3"])
-def test_speculators_refuses_eagle1_drafters_with_the_reason(tmp_path, trained, tiny_llama_dir, fmt):
+def test_speculators_refuses_eagle1_drafters_with_the_reason(
+    tmp_path, trained, tiny_llama_dir, fmt
+):
     from conftest import run_cli
 
     run_dir, _ = trained
     out = tmp_path / "bundle"
-    assert run_cli("-m", "export", "--langs", "vi", "--run", str(run_dir), "--target", str(tiny_llama_dir),
-                   "--out", str(out), "--sizes", "64").returncode == 0
-    r = run_cli("-m", "export", "--format", fmt, "--bundle", str(out), "--target", str(tiny_llama_dir),
-                "--out", str(tmp_path / "vllm"))
+    assert (
+        run_cli(
+            "-m",
+            "export",
+            "--langs",
+            "vi",
+            "--run",
+            str(run_dir),
+            "--target",
+            str(tiny_llama_dir),
+            "--out",
+            str(out),
+            "--sizes",
+            "64",
+        ).returncode
+        == 0
+    )
+    r = run_cli(
+        "-m",
+        "export",
+        "--format",
+        fmt,
+        "--bundle",
+        str(out),
+        "--target",
+        str(tiny_llama_dir),
+        "--out",
+        str(tmp_path / "vllm"),
+    )
     assert r.returncode == 2 and "EAGLE-1 form" in r.stderr and r.stderr.count("\n") == 1
 
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_make_check_speculators_loads_exports_with_speculators_and_fails_on_a_wrong_one(tmp_path, tiny_llama_dir):
-    """`make check-speculators` on a tiny EAGLE-3 bundle: builds the engines environment .venv-vllm once unless
-    .ci/run did (make setup-vllm, ~2 min), exports both languages, loads each with speculators' own Eagle3DraftModel and compares its
-    logits with polyspec's drafter (measured ~40 s). Then the same check fails on an export whose
-    norm_before_residual is flipped (vLLM's default when the flag is missing): the flag changes the model."""
+def test_make_check_speculators_loads_exports_with_speculators_and_fails_on_a_wrong_one(
+    tmp_path, tiny_llama_dir
+):
+    """`make check-speculators` on a tiny EAGLE-3 bundle: builds the engines environment .venv-vllm
+    once unless .ci/run did (make setup-vllm, ~2 min), exports both languages, loads each with
+    speculators' own Eagle3DraftModel and compares its logits with polyspec's drafter (measured
+    ~40 s). Then the same check fails on an export whose norm_before_residual is flipped (vLLM's
+    default when the flag is missing): the flag changes the model."""
     import re
     import subprocess
 
     from conftest import REPO, make_tiny_bundle, run_cli
 
     target = load_target(str(tiny_llama_dir), device="cpu")
-    bundle = make_tiny_bundle(tmp_path / "bundle", target, langs=("vi", "de"), drafter="eagle3", sizes=(64, 256))
+    bundle = make_tiny_bundle(
+        tmp_path / "bundle", target, langs=("vi", "de"), drafter="eagle3", sizes=(64, 256)
+    )
     r = run_cli("make", "check-speculators", f"BUNDLE={bundle}", f"TARGET={tiny_llama_dir}")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    ok = [ln for ln in r.stdout.splitlines() if re.match(r"(vi|de): ok — max \|Δlogit\| = \S+ \(tol 0.001\)", ln)]
+    ok = [
+        ln
+        for ln in r.stdout.splitlines()
+        if re.match(r"(vi|de): ok — max \|Δlogit\| = \S+ \(tol 0.001\)", ln)
+    ]
     assert len(ok) == 2, r.stdout[-3000:]
     cfg_file = tmp_path / "speculators" / "vi" / "config.json"
     cfg = json.loads(cfg_file.read_text())
     cfg["norm_before_residual"] = True
     cfg_file.write_text(json.dumps(cfg))
-    r = subprocess.run([str(REPO / ".venv-vllm" / "bin" / "python"), "-m", "engines.speculators",
-                        "--exported", str(tmp_path / "speculators"), "--reference", str(tmp_path / "speculators-reference")],
-                       cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 1 and re.search(r"^vi: FAIL — max \|Δlogit\|", r.stdout, re.M), r.stdout[-3000:]
+    r = subprocess.run(
+        [
+            str(REPO / ".venv-vllm" / "bin" / "python"),
+            "-m",
+            "engines.speculators",
+            "--exported",
+            str(tmp_path / "speculators"),
+            "--reference",
+            str(tmp_path / "speculators-reference"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 1 and re.search(r"^vi: FAIL — max \|Δlogit\|", r.stdout, re.M), r.stdout[
+        -3000:
+    ]
     assert re.search(r"^de: ok", r.stdout, re.M)

@@ -1,5 +1,5 @@
-"""pipelines.learning_curve: a point's share of the prefilled corpus, and the points' table and plot from made-up
-training logs (the shapes train/recipe.py writes)."""
+"""pipelines.learning_curve: a point's share of the prefilled corpus, and the points' table and plot
+from made-up training logs (the shapes train/recipe.py writes)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,16 @@ def _prefill(folder, sizes):
     folder.mkdir(parents=True)
     with open(folder / "data.jsonl", "w") as fh:
         for i, n in enumerate(sizes):
-            fh.write(json.dumps({"id": f"en-corpus-{i:07d}", "features_file": f"features/a{i:07d}.safetensors",
-                                 "tokens": n}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": f"en-corpus-{i:07d}",
+                        "features_file": f"features/a{i:07d}.safetensors",
+                        "tokens": n,
+                    }
+                )
+                + "\n"
+            )
     return folder / "data.jsonl"
 
 
@@ -27,8 +35,13 @@ def test_prefix_takes_the_first_chunks_until_the_tokens_and_refuses_a_corpus_too
     dst, n, total = lc.corpus_prefix(src, 201)
     assert (n, total) == (3, 250)
     rows = [json.loads(line) for line in dst.read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["en-corpus-0000000", "en-corpus-0000001", "en-corpus-0000002"]
-    assert rows[2]["features_file"] == "features/a0000002.safetensors"  # relative to the same folder as the source
+    assert [r["id"] for r in rows] == [
+        "en-corpus-0000000",
+        "en-corpus-0000001",
+        "en-corpus-0000002",
+    ]
+    # relative to the same folder as the source
+    assert rows[2]["features_file"] == "features/a0000002.safetensors"
     with pytest.raises(PolyspecError, match="fewer than"):
         lc.corpus_prefix(src, 10_000)
 
@@ -37,9 +50,28 @@ def _stage(folder, tokens_per_s, seconds, evals, examples):
     folder.mkdir(parents=True)
     lines = [{"event": "start", "stage": folder.name, "step": 0, "train_examples": examples}]
     for step, tau, alpha in evals:
-        lines += [{"step": step, "loss": 1.0, "top1_0": 0.4}, {"step": step, "eval": {
-            "tau": tau, "accept_len": tau - 1, "alpha": alpha, "steps": 10, "sequences": 24, "tokens": 100}}]
-    lines.append({"event": "end", "stage": folder.name, "train_tokens_per_s": tokens_per_s, "seconds": seconds})
+        lines += [
+            {"step": step, "loss": 1.0, "top1_0": 0.4},
+            {
+                "step": step,
+                "eval": {
+                    "tau": tau,
+                    "accept_len": tau - 1,
+                    "alpha": alpha,
+                    "steps": 10,
+                    "sequences": 24,
+                    "tokens": 100,
+                },
+            },
+        ]
+    lines.append(
+        {
+            "event": "end",
+            "stage": folder.name,
+            "train_tokens_per_s": tokens_per_s,
+            "seconds": seconds,
+        }
+    )
     (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -51,7 +83,13 @@ def test_table_reads_each_points_final_score_and_draws_the_curve(tmp_path):
         base = run / f"lc-{n}" / "en"
         _stage(base / "pretrain", 1000.0, 2.0 + n / 100, [(5, 1.2, [0.2, 0.0, 0.0, 0.0])], 10)
         # the best score came early; the table reports the last (the final weights'), not the best
-        _stage(base / "finetune", 900.0, 3.0, [(4, 1.9, [0.6, 0.2, 0.1, 0.0]), (8, tau, [tau - 1, 0.1, 0.0, 0.0])], 10)
+        _stage(
+            base / "finetune",
+            900.0,
+            3.0,
+            [(4, 1.9, [0.6, 0.2, 0.1, 0.0]), (8, tau, [tau - 1, 0.1, 0.0, 0.0])],
+            10,
+        )
     assert lc.main(["table", "--run", str(run), "--corpus", str(corpus), "--points", "0,500"]) == 0
     got = json.loads((corpus / "learning-curve.json").read_text())["points"]
     assert [p["corpus_tokens"] for p in got] == [0, 512]
@@ -67,6 +105,8 @@ def test_table_says_which_point_has_not_finished(tmp_path):
     run = tmp_path / "run"
     _stage(run / "lc-0" / "en" / "pretrain", 1000.0, 2.0, [(5, 1.2, [0.2, 0.0])], 10)
     (run / "lc-0" / "en" / "finetune").mkdir(parents=True)
-    (run / "lc-0" / "en" / "finetune" / "metrics.jsonl").write_text(json.dumps({"event": "start", "step": 0}) + "\n")
+    (run / "lc-0" / "en" / "finetune" / "metrics.jsonl").write_text(
+        json.dumps({"event": "start", "step": 0}) + "\n"
+    )
     with pytest.raises(PolyspecError, match="has not finished"):
         lc.collect(run, tmp_path, [0], "en")

@@ -57,11 +57,15 @@ def test_overrides_do_not_mutate_input():
     assert data == {"inner": {"batch_size": 1}}
 
 
-@pytest.mark.parametrize("path", sorted(configs_dir().rglob("*.yaml")), ids=lambda p: str(p.relative_to(configs_dir())))
+@pytest.mark.parametrize(
+    "path", sorted(configs_dir().rglob("*.yaml")), ids=lambda p: str(p.relative_to(configs_dir()))
+)
 def test_every_shipped_yaml_parses_and_validates(path: Path):
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     assert isinstance(data, dict)
-    assert path.read_text(encoding="utf-8").startswith("#"), "each YAML starts with a comment naming its command"
+    assert path.read_text(encoding="utf-8").startswith("#"), (
+        "each YAML starts with a comment naming its command"
+    )
     schema = {"targets": TargetSpec, "languages": Language}.get(path.parent.name)
     if schema is not None:
         schema.model_validate(data)

@@ -1,4 +1,5 @@
-"""dtype auto: bf16 where the device computes it natively, fp32 elsewhere; POLYSPEC_DTYPE overrides auto."""
+"""dtype auto: bf16 where the device computes it natively, fp32 elsewhere; POLYSPEC_DTYPE overrides
+auto."""
 
 import ctypes
 import os
@@ -55,37 +56,49 @@ first = mmapped_by(40 << 20)
 from polyspec.device import resolve_device
 resolve_device(sys.argv[1])
 print(first, mmapped_by(40 << 20), mmapped_by(80 << 20))
-"""
+"""  # noqa: E501
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 @pytest.mark.parametrize("malloc", ["", "default"])
 def test_a_cpu_process_keeps_large_tensors_on_the_heap(malloc):
-    """resolve_device("cpu") stops glibc from mmap()ing (and page-faulting anew) every large temporary;
-    POLYSPEC_MALLOC=default leaves malloc as it is."""
+    """resolve_device("cpu") stops glibc from mmap()ing (and page-faulting anew) every large
+    temporary; POLYSPEC_MALLOC=default leaves malloc as it is."""
     if not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("no glibc mallinfo2 (glibc < 2.33 or another libc)")
     env = {**os.environ, "POLYSPEC_MALLOC": malloc}
-    out = subprocess.run([sys.executable, "-c", _MMAP_PROBE, "cpu"], env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _MMAP_PROBE, "cpu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     first, after, larger = map(int, out)
     assert first == 1  # glibc's default: a 40 MB tensor is its own mmap()
     assert (after, larger) == ((1, 1) if malloc == "default" else (0, 0))
 
 
 def test_cudnn_attention_switch_follows_the_environment(monkeypatch):
-    """POLYSPEC_CUDNN_SDPA turns PyTorch's cuDNN attention off (0, and unset: the default) or on (1) on a CUDA device, a
-    typo is refused in one line, and a CPU device is left alone (the flag is global: restored after)."""
+    """POLYSPEC_CUDNN_SDPA turns PyTorch's cuDNN attention off (0, and unset: the default) or on (1)
+    on a CUDA device, a typo is refused in one line, and a CPU device is left alone (the flag is
+    global: restored after)."""
     before = torch.backends.cuda.cudnn_sdp_enabled()
     cuda = torch.device("cuda")
     try:
         monkeypatch.setenv("POLYSPEC_CUDNN_SDPA", "0")
-        assert device.set_cuda_attention(torch.device("cpu")) is None and torch.backends.cuda.cudnn_sdp_enabled() == before
-        assert device.set_cuda_attention(cuda) is False and not torch.backends.cuda.cudnn_sdp_enabled()
+        assert (
+            device.set_cuda_attention(torch.device("cpu")) is None
+            and torch.backends.cuda.cudnn_sdp_enabled() == before
+        )
+        assert (
+            device.set_cuda_attention(cuda) is False and not torch.backends.cuda.cudnn_sdp_enabled()
+        )
         monkeypatch.setenv("POLYSPEC_CUDNN_SDPA", "1")
         assert device.set_cuda_attention(cuda) is True
         monkeypatch.delenv("POLYSPEC_CUDNN_SDPA")
-        assert device.set_cuda_attention(cuda) is False  # unset: off (H200, bf16: `ar` 30.5 → 44.5 tok/s)
+        # unset: off (H200, bf16: `ar` 30.5 → 44.5 tok/s)
+        assert device.set_cuda_attention(cuda) is False
         monkeypatch.setenv("POLYSPEC_CUDNN_SDPA", "of")
         with pytest.raises(PolyspecError, match="POLYSPEC_CUDNN_SDPA"):
             device.set_cuda_attention(cuda)

@@ -1,8 +1,9 @@
-"""The invariant mode (polyspec.exact): a k-token verification gives every position the logits k one-token forwards
-give, bitwise, in bf16 — so greedy speculative decoding equals plain decoding there too — and today's path does not.
+"""The invariant mode (polyspec.exact): a k-token verification gives every position the logits k
+one-token forwards give, bitwise, in bf16 — so greedy speculative decoding equals plain decoding
+there too — and today's path does not.
 
-The real targets' versions of the bitwise check are in tests/integration/test_default_target.py (Gemma-3-270m) and
-the bench figures in docs/experiments.md."""
+The real targets' versions of the bitwise check are in tests/integration/test_default_target.py
+(Gemma-3-270m) and the bench figures in docs/experiments.md."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from polyspec.targets import greedy_generate, load_target
 
 
 class _Attn(nn.Module):
-    """What the attention functions read of a model's attention module (SDPA, for a prefill: its GQA groups)."""
+    """What the attention functions read of a model's attention module (SDPA, for a prefill: its GQA
+    groups)."""
 
     def __init__(self, groups: int = 1):
         super().__init__()
@@ -46,10 +48,12 @@ def _tree_allowed(prefix: int, parents: list[int]) -> torch.Tensor:
     return allowed
 
 
-@pytest.mark.parametrize("W", [1, 3, QUERY_BLOCK + 3, 70])  # 70 > MAX_ROWS: the SDPA path of prefills
+# 70 > MAX_ROWS: the SDPA path of prefills
+@pytest.mark.parametrize("W", [1, 3, QUERY_BLOCK + 3, 70])
 @pytest.mark.parametrize("mask_kind", ["none", "additive", "bool", "tree"])
 def test_the_invariant_attention_computes_attention(W, mask_kind):
-    """fp32 result close to an fp64 reference: causal (no mask given), an additive and a bool mask, and a tree."""
+    """fp32 result close to an fp64 reference: causal (no mask given), an additive and a bool mask,
+    and a tree."""
     torch.manual_seed(W)
     Hq, Hkv, d, prefix = 6, 2, 16, 37
     L = prefix + W
@@ -58,48 +62,79 @@ def test_the_invariant_attention_computes_attention(W, mask_kind):
         allowed = _tree_allowed(prefix, [-1] + [max(-1, (i - 1) // 2) for i in range(1, W)])
     else:
         allowed = torch.ones(W, L, dtype=torch.bool).tril(diagonal=prefix)
-    mask = {"none": None, "bool": allowed.view(1, 1, W, L),
-            "additive": torch.zeros(1, 1, W, L).masked_fill(~allowed, torch.finfo(torch.float32).min)}
+    mask = {
+        "none": None,
+        "bool": allowed.view(1, 1, W, L),
+        "additive": torch.zeros(1, 1, W, L).masked_fill(~allowed, torch.finfo(torch.float32).min),
+    }
     mask["tree"] = mask["additive"]
     if mask_kind == "none" and W > 64:
-        mask["none"] = mask["bool"]  # transformers always hands a prefill its mask in this mode (eager_mask)
-    out, _ = exact_attention(_Attn(Hq // Hkv), q, k, v, mask[mask_kind], scaling=d ** -0.5)
-    torch.testing.assert_close(out.double(), _reference(q, k, v, allowed, d ** -0.5), rtol=1e-5, atol=1e-5)
+        # transformers always hands a prefill its mask in this mode (eager_mask)
+        mask["none"] = mask["bool"]
+    out, _ = exact_attention(_Attn(Hq // Hkv), q, k, v, mask[mask_kind], scaling=d**-0.5)
+    torch.testing.assert_close(
+        out.double(), _reference(q, k, v, allowed, d**-0.5), rtol=1e-5, atol=1e-5
+    )
 
 
-@pytest.mark.parametrize("Hq,Hkv,d", [(4, 1, 256), (9, 3, 64)])  # Gemma-3-270m's and SmolLM2-135M's heads
+# Gemma-3-270m's and SmolLM2-135M's heads
+@pytest.mark.parametrize("Hq,Hkv,d", [(4, 1, 256), (9, 3, 64)])
 def test_a_positions_attention_is_bitwise_the_same_alone_in_a_chain_and_in_a_tree(Hq, Hkv, d):
-    """bf16 queries/keys as the targets hand them: a position computed alone (plain decoding: 1 query, keys up to
-    itself) equals the same position inside a k-token chain and inside a tree, bit for bit."""
+    """bf16 queries/keys as the targets hand them: a position computed alone (plain decoding: 1
+    query, keys up to itself) equals the same position inside a k-token chain and inside a tree, bit
+    for bit."""
     torch.manual_seed(0)
     Lmax = 3 * KEY_CHUNK + 40
     K = torch.randn(1, Hkv, Lmax, d).bfloat16()
     V = torch.randn(1, Hkv, Lmax, d).bfloat16()
     Q = torch.randn(1, Hq, Lmax, d).bfloat16()
-    scale = d ** -0.5
-    alone = {p: exact_attention(_Attn(), Q[:, :, p : p + 1], K[:, :, : p + 1], V[:, :, : p + 1], None,
-                                scaling=scale)[0][0, 0] for p in range(Lmax)}
+    scale = d**-0.5
+    alone = {
+        p: exact_attention(
+            _Attn(), Q[:, :, p : p + 1], K[:, :, : p + 1], V[:, :, : p + 1], None, scaling=scale
+        )[0][0, 0]
+        for p in range(Lmax)
+    }
     for prefix in (1, 20, KEY_CHUNK - 3, 2 * KEY_CHUNK, 3 * KEY_CHUNK - 1):
         for k in (2, 5, QUERY_BLOCK, QUERY_BLOCK + 4):
             if prefix + k > Lmax:
                 continue
-            out = exact_attention(_Attn(), Q[:, :, prefix : prefix + k], K[:, :, : prefix + k],
-                                  V[:, :, : prefix + k], None, scaling=scale)[0][0]
+            out = exact_attention(
+                _Attn(),
+                Q[:, :, prefix : prefix + k],
+                K[:, :, : prefix + k],
+                V[:, :, : prefix + k],
+                None,
+                scaling=scale,
+            )[0][0]
             for i in range(k):
                 assert torch.equal(out[i], alone[prefix + i]), (prefix, k, i)
-    # a tree: node i (a chain of ancestors a₁ … a_d) sees the prefix and its ancestors; plain decoding of that
-    # branch has the same keys at consecutive positions. Build K/V so that the branch's keys are the same tensors.
+    # a tree: node i (a chain of ancestors a₁ … a_d) sees the prefix and its ancestors; plain
+    # decoding of that branch has the same keys at consecutive positions. Build K/V so that the
+    # branch's keys are the same tensors.
     prefix, parents = 50, [-1, 0, 0, 1, 1, 2, 3, 5, 6]
     n = len(parents)
-    Kt, Vt, Qt = K[:, :, : prefix + n].clone(), V[:, :, : prefix + n].clone(), torch.empty(1, Hq, n, d).bfloat16()
+    Kt, Vt, Qt = (
+        K[:, :, : prefix + n].clone(),
+        V[:, :, : prefix + n].clone(),
+        torch.empty(1, Hq, n, d).bfloat16(),
+    )
     depth = [0] * n
     for i, p in enumerate(parents):
         depth[i] = 0 if p < 0 else depth[p] + 1
-        Kt[:, :, prefix + i], Vt[:, :, prefix + i] = K[:, :, prefix + depth[i]], V[:, :, prefix + depth[i]]
+        Kt[:, :, prefix + i], Vt[:, :, prefix + i] = (
+            K[:, :, prefix + depth[i]],
+            V[:, :, prefix + depth[i]],
+        )
         Qt[:, :, i] = Q[:, :, prefix + depth[i]]
     allowed = _tree_allowed(prefix, parents)
-    # the tree's node keys must be the branch's: every node's ancestors sit at depths 0 … d-1 of the same K rows
-    mask = torch.zeros(1, 1, n, prefix + n).masked_fill(~allowed, torch.finfo(torch.bfloat16).min).bfloat16()
+    # the tree's node keys must be the branch's: every node's ancestors sit at depths 0 … d-1 of the
+    # same K rows
+    mask = (
+        torch.zeros(1, 1, n, prefix + n)
+        .masked_fill(~allowed, torch.finfo(torch.bfloat16).min)
+        .bfloat16()
+    )
     out = exact_attention(_Attn(), Qt, Kt, Vt, mask, scaling=scale)[0][0]
     for i in range(n):
         assert torch.equal(out[i], alone[prefix + depth[i]]), ("tree node", i)
@@ -116,14 +151,18 @@ def test_row_padded_linears_give_a_row_the_same_bits_at_1_and_at_k_rows():
             for n in (1, 2, 5, ROW_BLOCK, ROW_BLOCK + 3):
                 assert torch.equal(inv(x[:n]), full[:n]), (dtype, n)
             torch.testing.assert_close(full.float(), lin(x).float(), rtol=2e-2, atol=2e-2)
-        assert inv.weight is lin.weight  # tied weights and the head's .weight readers see the parameter
+        # tied weights and the head's .weight readers see the parameter
+        assert inv.weight is lin.weight
 
 
 def test_the_switch(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert exact_wanted(True, cuda, torch.float32) and not exact_wanted(False, cpu, torch.bfloat16)
-    # auto: nowhere yet (it costs more than 10 % of some method's speed on the bf16 Xeon; not measured on GPUs)
-    assert not exact_wanted("auto", cpu, torch.bfloat16) and not exact_wanted(None, cuda, torch.bfloat16)
+    # auto: nowhere yet (it costs more than 10 % of some method's speed on the bf16 Xeon; not
+    # measured on GPUs)
+    assert not exact_wanted("auto", cpu, torch.bfloat16) and not exact_wanted(
+        None, cuda, torch.bfloat16
+    )
     monkeypatch.setenv("POLYSPEC_EXACT", "1")
     assert exact_wanted("auto", cpu, torch.float32) and exact_wanted(None, cuda, torch.bfloat16)
     monkeypatch.setenv("POLYSPEC_EXACT", "0")
@@ -134,9 +173,12 @@ def test_the_switch(monkeypatch):
 
 
 def _verify_vs_single(target, prompt: list[int], cont: list[int]) -> bool:
-    """Whether one forward over ``cont`` gives each position bitwise the logits of one-token forwards."""
+    """Whether one forward over ``cont`` gives each position bitwise the logits of one-token
+    forwards."""
     r = TargetRunner(target)
-    r.reset()  # prefilled anew for each (a rollback after one-token steps cannot restore what a sliding layer dropped)
+    # prefilled anew for each (a rollback after one-token steps cannot restore what a sliding layer
+    # dropped)
+    r.reset()
     r.forward(prompt, logits_for=slice(-1, None))
     one = torch.stack([r.forward([c])[1][0] for c in cont])
     r.reset()
@@ -145,18 +187,23 @@ def _verify_vs_single(target, prompt: list[int], cont: list[int]) -> bool:
 
 
 def _tree_vs_branch(target, prompt: list[int], parents: list[int], tokens: list[int]) -> bool:
-    """Whether one tree verification (the runner's mask and positions; node 0 = the pending token) gives the nodes
-    of its deepest branch bitwise the logits one-token forwards along that branch give."""
+    """Whether one tree verification (the runner's mask and positions; node 0 = the pending token)
+    gives the nodes of its deepest branch bitwise the logits one-token forwards along that branch
+    give."""
     depth: list[int] = []
     for p in parents:
         depth.append(0 if p < 0 else depth[p] + 1)
     r = TargetRunner(target)
     r.reset()
     r.forward(prompt, logits_for=slice(-1, None))
-    assert r.tree_fits(len(tokens))  # the decoder verifies a tree only where it fits a sliding window
+    # the decoder verifies a tree only where it fits a sliding window
+    assert r.tree_fits(len(tokens))
     pend = len(prompt)
-    tree = r.forward(tokens, position_ids=torch.tensor([[pend + d for d in depth]]),
-                     attention_mask=r.tree_mask(pend, parents))[1]
+    tree = r.forward(
+        tokens,
+        position_ids=torch.tensor([[pend + d for d in depth]]),
+        attention_mask=r.tree_mask(pend, parents),
+    )[1]
     node, branch = max(range(len(parents)), key=depth.__getitem__), []
     while node >= 0:
         branch.insert(0, node)
@@ -172,20 +219,30 @@ def _trees(vocab: int, n: int = 8):
         size = int(torch.randint(2, 15, (1,), generator=g))
         parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, size)]
         p = int(torch.randint(3, 62 - size, (1,), generator=g))  # tiny Gemma-3's window is 64
-        yield (torch.randint(4, vocab, (p,), generator=g).tolist(), parents,
-               torch.randint(4, vocab, (size,), generator=g).tolist())
+        yield (
+            torch.randint(4, vocab, (p,), generator=g).tolist(),
+            parents,
+            torch.randint(4, vocab, (size,), generator=g).tolist(),
+        )
 
 
 def _cases(vocab: int, n: int = 8):
     g = torch.Generator().manual_seed(5)
     for _ in range(n):
-        p, k = int(torch.randint(3, 150, (1,), generator=g)), int(torch.randint(2, 17, (1,), generator=g))
-        yield torch.randint(4, vocab, (p,), generator=g).tolist(), torch.randint(4, vocab, (k,), generator=g).tolist()
+        p, k = (
+            int(torch.randint(3, 150, (1,), generator=g)),
+            int(torch.randint(2, 17, (1,), generator=g)),
+        )
+        yield (
+            torch.randint(4, vocab, (p,), generator=g).tolist(),
+            torch.randint(4, vocab, (k,), generator=g).tolist(),
+        )
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_bf16_verification_is_bitwise_one_token_decoding_in_the_invariant_mode_only(family, tiny_llama_dir,
-                                                                                    tiny_gemma_dir):
+def test_bf16_verification_is_bitwise_one_token_decoding_in_the_invariant_mode_only(
+    family, tiny_llama_dir, tiny_gemma_dir
+):
     path = str(tiny_llama_dir if family == "llama" else tiny_gemma_dir)
     exact = load_target(path, dtype="bfloat16", exact=True)
     plain = load_target(path, dtype="bfloat16", exact=False)
@@ -203,16 +260,31 @@ def bf16_llama(tiny_llama_dir):
     return load_target(str(tiny_llama_dir), dtype="bfloat16", exact=True)
 
 
-@pytest.mark.parametrize("method,opts", [("pld", {}), ("ngram-tree", {}), ("chain", dict(gamma=4)),
-                                         ("tree", dict(tree_depth=4, tree_topk=2, tree_nodes=8)),
-                                         ("adaspec", dict(gamma=4)), ("hybrid", dict(tree_nodes=10))])
-def test_every_method_gives_bf16_plain_decodings_tokens_in_the_invariant_mode(method, opts, bf16_llama,
-                                                                              tmp_path_factory):
-    """Identity in bf16 (the tests' other targets are fp32), with drafts kept: a mostly-accepting oracle drafter."""
+@pytest.mark.parametrize(
+    "method,opts",
+    [
+        ("pld", {}),
+        ("ngram-tree", {}),
+        ("chain", dict(gamma=4)),
+        ("tree", dict(tree_depth=4, tree_topk=2, tree_nodes=8)),
+        ("adaspec", dict(gamma=4)),
+        ("hybrid", dict(tree_nodes=10)),
+    ],
+)
+def test_every_method_gives_bf16_plain_decodings_tokens_in_the_invariant_mode(
+    method, opts, bf16_llama, tmp_path_factory
+):
+    """Identity in bf16 (the tests' other targets are fp32), with drafts kept: a mostly-accepting
+    oracle drafter."""
     from decoder.core import Decoder
 
-    bundle = make_tiny_bundle(tmp_path_factory.mktemp("exact") / "bundle", bf16_llama, drafter="oracle", noise=0.05,
-                              sizes=(256, 768))
+    bundle = make_tiny_bundle(
+        tmp_path_factory.mktemp("exact") / "bundle",
+        bf16_llama,
+        drafter="oracle",
+        noise=0.05,
+        sizes=(256, 768),
+    )
     g = torch.Generator().manual_seed(3)
     base = torch.randint(4, bf16_llama.vocab_size, (12,), generator=g).tolist()
     prompts = [base * 3, torch.randint(4, bf16_llama.vocab_size, (30,), generator=g).tolist()]
@@ -232,21 +304,38 @@ def test_reports_say_what_identity_means_in_the_mode_that_ran():
     def report(dtype, exact, groups):
         return {"dtype": dtype, "exact": exact, "agreement": {"pld": groups}}
 
-    same = {"de": {"answers": 7, "identical": 7, "margin_max": None}, "ja": {"answers": 7, "identical": 7, "margin_max": None}}
-    assert identity(report("bfloat16", True, same), "pld") == "14/14 identical (bfloat16, shape-invariant)"
-    near = {"de": {"answers": 7, "identical": 6, "margin_max": 0.125}, "ja": {"answers": 7, "identical": 7, "margin_max": None}}
+    same = {
+        "de": {"answers": 7, "identical": 7, "margin_max": None},
+        "ja": {"answers": 7, "identical": 7, "margin_max": None},
+    }
+    assert (
+        identity(report("bfloat16", True, same), "pld")
+        == "14/14 identical (bfloat16, shape-invariant)"
+    )
+    near = {
+        "de": {"answers": 7, "identical": 6, "margin_max": 0.125},
+        "ja": {"answers": 7, "identical": 7, "margin_max": None},
+    }
     assert identity(report("bfloat16", False, near), "pld") == (
-        "13/14 identical (bfloat16, not shape-invariant; every divergence a near-tie ≤ 0.12)")
-    assert identity(report("bfloat16", False, near), "pld", "ja") == "7/7 identical (bfloat16, not shape-invariant)"
+        "13/14 identical (bfloat16, not shape-invariant; every divergence a near-tie ≤ 0.12)"
+    )
+    assert (
+        identity(report("bfloat16", False, near), "pld", "ja")
+        == "7/7 identical (bfloat16, not shape-invariant)"
+    )
     far = {"de": {"answers": 7, "identical": 6, "margin_max": 3.0}}
     assert "more than a near-tie" in identity(report("bfloat16", True, far), "pld")
-    assert identity_mode({"dtype": "float32"}) == "fp32" and identity(report("float32", False, far), "ar") == "–"
+    assert (
+        identity_mode({"dtype": "float32"}) == "fp32"
+        and identity(report("float32", False, far), "ar") == "–"
+    )
 
 
 def test_the_attention_and_the_row_padded_linears_share_one_bound():
-    """polyspec.exact.MAX_ROWS (decode-time attention) and polyspec.packed.MAX_ROWS (row-padded linears) must agree: a
-    forward past one but not the other would mix the invariant and the shape-dependent path. They are two constants
-    because exact loads without torch (the bench's CLI imports it before any model) and packed needs torch."""
+    """polyspec.exact.MAX_ROWS (decode-time attention) and polyspec.packed.MAX_ROWS (row-padded
+    linears) must agree: a forward past one but not the other would mix the invariant and the
+    shape-dependent path. They are two constants because exact loads without torch (the bench's CLI
+    imports it before any model) and packed needs torch."""
     from polyspec import exact, packed
 
     assert exact.MAX_ROWS == packed.MAX_ROWS

@@ -45,7 +45,11 @@ def test_canonical_safetensors_gives_the_same_bytes_whatever_the_metadata_order(
     from polyspec.io import canonical_safetensors
 
     x = {"a": np.arange(5, dtype=np.int32), "b": np.ones((2, 3), dtype=np.float32)}
-    metas = [{"k1": "1", "k2": "two", "k3": "3"}, {"k3": "3", "k1": "1", "k2": "two"}, {"k2": "two", "k3": "3", "k1": "1"}]
+    metas = [
+        {"k1": "1", "k2": "two", "k3": "3"},
+        {"k3": "3", "k1": "1", "k2": "two"},
+        {"k2": "two", "k3": "3", "k1": "1"},
+    ]
     outs = {canonical_safetensors(save(x, metadata=m)) for m in metas for _ in range(3)}
     assert len(outs) == 1
     path = tmp_path / "t.safetensors"
@@ -57,11 +61,15 @@ def test_canonical_safetensors_gives_the_same_bytes_whatever_the_metadata_order(
 
 def test_read_jsonl_skips_and_counts_torn_and_malformed_lines(tmp_path):
     p = tmp_path / "data.jsonl"
-    p.write_bytes(b'{"a": 1}\n\n[1, 2]\n{"a": 2, "s": "\xc3\xa9"}\nnot json\n{"a": "\xc3"}\n{"a": 3}\n{"a": 4, "t')
+    p.write_bytes(
+        b'{"a": 1}\n\n[1, 2]\n{"a": 2, "s": "\xc3\xa9"}\nnot json\n{"a": "\xc3"}\n{"a": 3}\n'
+        b'{"a": 4, "t'
+    )
     notes = []
     records = read_jsonl(p, log=notes.append)
     assert [r["a"] for r in records] == [1, 2, 3]
-    assert records.skipped == 4 and records.bad_lines == [3, 5, 6, 8]  # a list, not JSON, cut UTF-8, torn end
+    # a list, not JSON, cut UTF-8, torn end
+    assert records.skipped == 4 and records.bad_lines == [3, 5, 6, 8]
     assert len(notes) == 1 and "skipped 4" in notes[0] and str(p) in notes[0]
     assert [r["a"] for r in read_jsonl(p, log=None)] == [1, 2, 3]  # iterating again re-reads
 
@@ -80,5 +88,6 @@ def test_read_jsonl_notes_skips_when_the_reader_stops_early(tmp_path):
     notes = []
     it = iter(read_jsonl(p, log=notes.append))
     assert next(it) == {"a": 1} and next(it) == {"a": 2}
-    it.close()  # a capped stream (vocab max_tokens) stops reading: the skip seen so far is still reported
+    # a capped stream (vocab max_tokens) stops reading: the skip seen so far is still reported
+    it.close()
     assert len(notes) == 1 and "skipped 1" in notes[0]

@@ -16,15 +16,19 @@ def test_language_file_is_complete(code):
     lang = get_language(code)
     for field, info in Language.model_fields.items():
         if not info.is_required() and info.default is None:
-            continue  # optional metadata (e.g. `translation`, set only for target-translated entries)
+            # optional metadata (e.g. `translation`, set only for target-translated entries)
+            continue
         value = getattr(lang, field)
         assert value not in (None, "", []), f"{code}: {field} is empty"
     assert lang.code == code and lang.lid_code == code
     assert lang.fasttext_label == f"__label__{code}"
     assert lang.wikipedia.config == f"20231101.{code}"
     assert len(lang.seeds) >= 5
-    # varied tasks, as ADASPEC's few-shot prompt needs: QA, math, code, summarization, translation, advice
-    assert {"qa", "math", "code", "summarization", "translation", "advice"} <= {s.task for s in lang.seeds}
+    # varied tasks, as ADASPEC's few-shot prompt needs: QA, math, code, summarization, translation,
+    # advice
+    assert {"qa", "math", "code", "summarization", "translation", "advice"} <= {
+        s.task for s in lang.seeds
+    }
     assert len({s.instruction for s in lang.seeds}) == len(lang.seeds)
 
 
@@ -35,7 +39,9 @@ def test_seeds_and_system_prompt_are_detected_as_the_language(code):
     assert label == code, f"system prompt detected as {label}"
     for seed in lang.seeds:
         label, prob = identify(seed.instruction + "\n" + seed.response)
-        assert label == code and prob >= lang.lid_threshold, f"{code}/{seed.task}: {label} {prob:.2f}"
+        assert label == code and prob >= lang.lid_threshold, (
+            f"{code}/{seed.task}: {label} {prob:.2f}"
+        )
 
 
 def test_lid_detects_other_languages_too():

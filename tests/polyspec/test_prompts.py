@@ -10,14 +10,28 @@ MSGS = [
 def test_completion_format_of_the_default_target():
     fmt = resolve_target("gemma3-270m").prompt_format
     text = render(fmt, None, MSGS)
-    assert text == "Bạn là một trợ lý hữu ích.\n\n### Instruction:\nTại sao lá cây có màu xanh?\n\n### Response:\n"
-    history = render(fmt, None, [*MSGS, {"role": "assistant", "content": "Vì diệp lục."}], add_generation_prompt=False)
+    assert (
+        text == "Bạn là một trợ lý hữu ích.\n\n### Instruction:\nTại sao lá cây có màu xanh?\n\n"
+        "### Response:\n"
+    )
+    history = render(
+        fmt,
+        None,
+        [*MSGS, {"role": "assistant", "content": "Vì diệp lục."}],
+        add_generation_prompt=False,
+    )
     assert history.endswith("### Response:\nVì diệp lục.\n\n")
 
 
-def test_completion_prompt_gets_bos_chat_template_does_not_double_it(tiny_gemma_dir, tiny_llama_dir):
+def test_completion_prompt_gets_bos_chat_template_does_not_double_it(
+    tiny_gemma_dir, tiny_llama_dir
+):
     base = load_target(str(tiny_gemma_dir))
-    ids = encode(base.spec.prompt_format, base.tokenizer, render(base.spec.prompt_format, base.tokenizer, MSGS))
+    ids = encode(
+        base.spec.prompt_format,
+        base.tokenizer,
+        render(base.spec.prompt_format, base.tokenizer, MSGS),
+    )
     assert ids[0] == base.tokenizer.bos_token_id and ids[1] != base.tokenizer.bos_token_id
     chat = load_target(str(tiny_llama_dir))
     text = render(chat.spec.prompt_format, chat.tokenizer, MSGS)
@@ -27,7 +41,9 @@ def test_completion_prompt_gets_bos_chat_template_does_not_double_it(tiny_gemma_
 
 
 def test_truncate_at_stop():
-    assert truncate_at_stop("Vì diệp lục.\n\n### Instruction:\nMore", ["### Instruction:", "### Response:"]) == (
+    assert truncate_at_stop(
+        "Vì diệp lục.\n\n### Instruction:\nMore", ["### Instruction:", "### Response:"]
+    ) == (
         "Vì diệp lục.\n\n",
         True,
     )

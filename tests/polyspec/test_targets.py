@@ -21,7 +21,12 @@ from polyspec.testing import build_tiny_model, build_tokenizer
 
 def test_registry_has_defaults_and_presets():
     assert DEFAULT_TARGET == "gemma3-270m"
-    assert {"gemma3-270m", "smollm2-135m-instruct", "llama-3.1-8b-instruct", "qwen2.5-7b-instruct"} <= set(registry_names())
+    assert {
+        "gemma3-270m",
+        "smollm2-135m-instruct",
+        "llama-3.1-8b-instruct",
+        "qwen2.5-7b-instruct",
+    } <= set(registry_names())
     gemma = resolve_target("gemma3-270m")
     assert gemma.source == "gguf-package" and gemma.prompt_format.kind == "completion"
     assert gemma.prompt_format.stop, "a base model needs next-turn stop strings"
@@ -54,9 +59,21 @@ def test_local_folder_loads_with_facts(tiny_target_dir):
     assert not t.model.training
     info = t.info()
     assert info["tokenizer_sha256"] == t.tokenizer_sha256 and len(info["tokenizer_sha256"]) == 64
-    assert set(t.pin()) == {"name", "source", "vocab_size", "hidden_size", "num_hidden_layers", "architecture",
-                            "tokenizer_sha256", "vocab_sha256", "special_token_ids"}
-    assert len(t.pin()["vocab_sha256"]) == 64 and t.pin()["special_token_ids"]["eos"] == t.tokenizer.eos_token_id
+    assert set(t.pin()) == {
+        "name",
+        "source",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "architecture",
+        "tokenizer_sha256",
+        "vocab_sha256",
+        "special_token_ids",
+    }
+    assert (
+        len(t.pin()["vocab_sha256"]) == 64
+        and t.pin()["special_token_ids"]["eos"] == t.tokenizer.eos_token_id
+    )
 
 
 def test_local_prompt_format_follows_chat_template(tiny_llama_dir, tiny_gemma_dir):
@@ -93,7 +110,7 @@ def test_greedy_generate_matches_manual_argmax_loop(tiny_target_dir):
     with torch.no_grad():
         for _ in range(12):
             ids.append(int(t.model(torch.tensor([ids])).logits[0, -1].argmax()))
-    assert out == ids[len(prompt):]
+    assert out == ids[len(prompt) :]
     assert len(set(out)) > 1, "tiny models should not just repeat one token"
 
 
@@ -116,7 +133,10 @@ def test_gguf_target_is_served_from_cache(isolated_cache, tiny_gemma_dir):
     assert t.path == path and t.vocab_size == 768
 
 
-@pytest.mark.parametrize("damage", ["truncate-weights", "garbage-config", "no-weights", "garbage-record", "other-tokenizer"])
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate-weights", "garbage-config", "no-weights", "garbage-record", "other-tokenizer"],
+)
 def test_unreadable_cache_is_one_line_error(isolated_cache, tiny_gemma_dir, damage):
     spec, path = _fake_gguf_cache(isolated_cache, tiny_gemma_dir)
     if damage == "truncate-weights":
@@ -140,12 +160,17 @@ def test_tokenizer_only_target_keeps_the_facts(tiny_target_dir):
     full = load_target(str(tiny_target_dir))
     light = load_target(str(tiny_target_dir), with_model=False)
     assert light.model is None
-    assert (light.vocab_size, light.hidden_size, light.num_layers) == (full.vocab_size, full.hidden_size, full.num_layers)
+    assert (light.vocab_size, light.hidden_size, light.num_layers) == (
+        full.vocab_size,
+        full.hidden_size,
+        full.num_layers,
+    )
     assert light.tokenizer_sha256 == full.tokenizer_sha256 and light.pin() == full.pin()
 
 
 def test_pad_less_tokenizer_gets_eos_as_pad_and_one_hash(tmp_path, tiny_llama_dir):
-    """Llama-3 style: no pad token. Both load paths add EOS as pad *before* hashing, so they pin alike."""
+    """Llama-3 style: no pad token. Both load paths add EOS as pad *before* hashing, so they pin
+    alike."""
     shutil.copytree(tiny_llama_dir, tmp_path / "nopad")
     cfg_path = tmp_path / "nopad" / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
@@ -164,7 +189,9 @@ def _same_tokenizer_target(tmp_path, tokenizer_dir, family: str, layers: int):
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     out = tmp_path / f"{family}-{layers}"
-    build_tiny_model(family, vocab_size=len(tok), layers=layers).save_pretrained(out, safe_serialization=True)
+    build_tiny_model(family, vocab_size=len(tok), layers=layers).save_pretrained(
+        out, safe_serialization=True
+    )
     tok.save_pretrained(out)
     return load_target(str(out))
 
@@ -177,12 +204,15 @@ def test_pin_holds_layer_count_and_architecture_and_a_mismatch_is_refused(tmp_pa
     pin = base.pin()
     assert (pin["num_hidden_layers"], pin["architecture"]) == (2, "llama")
     deeper = _same_tokenizer_target(tmp_path, tiny_llama_dir, "llama", 3)
-    assert deeper.tokenizer_sha256 == base.tokenizer_sha256 and deeper.hidden_size == base.hidden_size
+    assert (
+        deeper.tokenizer_sha256 == base.tokenizer_sha256 and deeper.hidden_size == base.hidden_size
+    )
     with pytest.raises(PolyspecError) as e:
         check_pin(pin, deeper.pin(), "bundle b")
     msg = str(e.value)
     assert "\n" not in msg and "num_hidden_layers 2" in msg and "num_hidden_layers 3" in msg
-    other = _same_tokenizer_target(tmp_path, tiny_llama_dir, "gemma3", 2)  # same tokenizer, shapes, layer count
+    # same tokenizer, shapes, layer count
+    other = _same_tokenizer_target(tmp_path, tiny_llama_dir, "gemma3", 2)
     with pytest.raises(PolyspecError, match="architecture llama; .* has architecture gemma3_text"):
         check_pin(pin, other.pin(), "bundle b")
     # a bundle built for the 2-layer target refuses the 3-layer one, naming both counts
@@ -195,17 +225,19 @@ def test_pin_holds_layer_count_and_architecture_and_a_mismatch_is_refused(tmp_pa
 def test_pins_written_before_layers_and_architecture_were_recorded_still_load(tiny_llama_dir):
     pin = load_target(str(tiny_llama_dir), with_model=False).pin()
     # recorded before the layer count, the architecture and the tokenizer's id table were pinned
-    old = {k: v for k, v in pin.items()
-           if k not in ("num_hidden_layers", "architecture", "vocab_sha256", "special_token_ids")}
+    old = {
+        k: v
+        for k, v in pin.items()
+        if k not in ("num_hidden_layers", "architecture", "vocab_sha256", "special_token_ids")
+    }
     check_pin(old, pin, "bundle b")  # unknown, not a mismatch
     with pytest.raises(PolyspecError, match="another tokenizer; .*export it again"):
         check_pin({**old, "tokenizer_sha256": "0" * 64}, pin, "bundle b")
 
 
-
 def _retokenized_copy(src, out, edit_tokenizer_json=None, **tokenizer_attrs):
-    """``src`` (weights and all) with its tokenizer changed: special roles set through ``tokenizer_attrs``, the
-    serialized tokenizer through ``edit_tokenizer_json(dict)``."""
+    """``src`` (weights and all) with its tokenizer changed: special roles set through
+    ``tokenizer_attrs``, the serialized tokenizer through ``edit_tokenizer_json(dict)``."""
     from transformers import AutoTokenizer
 
     shutil.copytree(src, out)
@@ -221,26 +253,40 @@ def _retokenized_copy(src, out, edit_tokenizer_json=None, **tokenizer_attrs):
     return load_target(str(out))
 
 
-def test_a_bundle_serves_another_conversion_of_its_tokenizer_and_refuses_another_id_table(tmp_path, tiny_llama_dir,
-                                                                                          capsys):
-    """The H200 image's transformers (5.17) converted SmolLM2's GGUF tokenizer to the same ids with another EOS, and
-    the bundle built here (5.24) was refused. The same table with other rules is served with a warning naming what
-    moved, losslessly and with drafts kept; another table (two ids swapped) is still refused, in one line."""
+def test_a_bundle_serves_another_conversion_of_its_tokenizer_and_refuses_another_id_table(
+    tmp_path, tiny_llama_dir, capsys
+):
+    """The H200 image's transformers (5.17) converted SmolLM2's GGUF tokenizer to the same ids with
+    another EOS, and the bundle built here (5.24) was refused. The same table with other rules is
+    served with a warning naming what moved, losslessly and with drafts kept; another table (two ids
+    swapped) is still refused, in one line."""
     from conftest import make_tiny_bundle
     from decoder.core import Decoder
     from export.bundle import load_bundle
 
     base = load_target(str(tiny_llama_dir))
-    bundle_dir = make_tiny_bundle(tmp_path / "bundle", base, langs=("vi",), drafter="oracle", noise=0.05, sizes=(64, 768))
+    bundle_dir = make_tiny_bundle(
+        tmp_path / "bundle", base, langs=("vi",), drafter="oracle", noise=0.05, sizes=(64, 768)
+    )
     other_rules = _retokenized_copy(tiny_llama_dir, tmp_path / "other-eos", eos_token="<unk>")
     assert other_rules.tokenizer.eos_token_id != base.tokenizer.eos_token_id
-    assert other_rules.tokenizer_sha256 != base.tokenizer_sha256 and other_rules.vocab_sha256 == base.vocab_sha256
+    assert (
+        other_rules.tokenizer_sha256 != base.tokenizer_sha256
+        and other_rules.vocab_sha256 == base.vocab_sha256
+    )
     capsys.readouterr()
     bundle = load_bundle(bundle_dir, target_pin=other_rules.pin())
     err = capsys.readouterr().err.strip()
     eos_was, eos_now = base.tokenizer.eos_token_id, other_rules.tokenizer.eos_token_id
-    assert err.startswith("warning: ") and "\n" not in err and f"eos {eos_was} there, {eos_now} here" in err, err
-    dec, ar = Decoder(other_rules, bundle, method="chain", gamma=3, size="full"), Decoder(other_rules, method="ar")
+    assert (
+        err.startswith("warning: ")
+        and "\n" not in err
+        and f"eos {eos_was} there, {eos_now} here" in err
+    ), err
+    dec, ar = (
+        Decoder(other_rules, bundle, method="chain", gamma=3, size="full"),
+        Decoder(other_rules, method="ar"),
+    )
     accepted = 0
     for k, prompt in enumerate([[5, 17, 40, 9, 33], [12, 8, 61, 7, 90, 14, 7]]):
         out = dec.generate(prompt, 24, stop=[])
@@ -253,16 +299,20 @@ def test_a_bundle_serves_another_conversion_of_its_tokenizer_and_refuses_another
         a, b = sorted(t for t in vocab if vocab[t] >= 300)[:2]
         vocab[a], vocab[b] = vocab[b], vocab[a]
 
-    other_table = _retokenized_copy(tiny_llama_dir, tmp_path / "swapped", edit_tokenizer_json=swap_two_ids)
-    assert other_table.vocab_size == base.vocab_size and other_table.vocab_sha256 != base.vocab_sha256
+    other_table = _retokenized_copy(
+        tiny_llama_dir, tmp_path / "swapped", edit_tokenizer_json=swap_two_ids
+    )
+    assert (
+        other_table.vocab_size == base.vocab_size and other_table.vocab_sha256 != base.vocab_sha256
+    )
     with pytest.raises(PolyspecError, match="with another tokenizer; it cannot serve") as e:
         load_bundle(bundle_dir, target_pin=other_table.pin())
     assert "\n" not in str(e.value)
 
 
-
 def test_processes_that_find_no_cache_at_once_build_it_once(tmp_path, monkeypatch):
-    """Two test workers (or stages) starting on a fresh machine: the second waits for the first's cache."""
+    """Two test workers (or stages) starting on a fresh machine: the second waits for the first's
+    cache."""
     import threading
     import time
 
@@ -280,7 +330,9 @@ def test_processes_that_find_no_cache_at_once_build_it_once(tmp_path, monkeypatc
 
     monkeypatch.setattr(gc, "_build", build)
     got = []
-    threads = [threading.Thread(target=lambda: got.append(gc.prepare_gguf_cache(None))) for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: got.append(gc.prepare_gguf_cache(None))) for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,4 +1,5 @@
-"""The distillation prompt pool and the held-out prompts (synth/pool.py; issue 14 items 1 and 4). No model."""
+"""The distillation prompt pool and the held-out prompts (synth/pool.py; issue 14 items 1 and 4). No
+model."""
 
 from __future__ import annotations
 
@@ -13,11 +14,24 @@ from polyspec import heldout
 from polyspec.errors import PolyspecError
 from polyspec.languages import get_language
 from synth import pool
-from synth.pool import HeldoutPrompt, benchmark_turns, build_pool, load_heldout, load_tasks, pool_items
+from synth.pool import (
+    HeldoutPrompt,
+    benchmark_turns,
+    build_pool,
+    load_heldout,
+    load_tasks,
+    pool_items,
+)
 
 LANGS = ["en", "de", "fr", "es", "zh", "ja", "vi"]
-STEP_BY_STEP = {"Explain step by step.", "Erkläre Schritt für Schritt.", "Explique étape par étape.",
-                "Explica paso a paso.", "順を追って説明してください。", "Hãy giải thích từng bước."}
+STEP_BY_STEP = {
+    "Explain step by step.",
+    "Erkläre Schritt für Schritt.",
+    "Explique étape par étape.",
+    "Explica paso a paso.",
+    "順を追って説明してください。",
+    "Hãy giải thích từng bước.",
+}
 TASK_KINDS = {"seed", "qa", "rag", "summarization", "translation", "math", "code", "multiturn"}
 
 
@@ -34,8 +48,18 @@ def _write_synth(run, lang: str, instructions: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for i, text in enumerate(instructions):
-            f.write(json.dumps({"id": f"{lang}-{i}", "conversations": [{"from": "human", "value": text},
-                                                                        {"from": "gpt", "value": "…"}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"{lang}-{i}",
+                        "conversations": [
+                            {"from": "human", "value": text},
+                            {"from": "gpt", "value": "…"},
+                        ],
+                    }
+                )
+                + "\n"
+            )
 
 
 @pytest.mark.parametrize("lang", LANGS)
@@ -52,46 +76,64 @@ def test_every_language_has_a_broad_pool_of_every_kind(lang):
 @pytest.mark.parametrize("lang", LANGS)
 def test_pool_never_contains_heldout_or_benchmark_text(lang, tmp_path):
     forbidden = _heldout_turns() | benchmark_turns()
-    # the task files themselves (before the guard): no filled prompt, question or passage is benchmark or held-out
-    # text, nor a seed's instruction
+    # the task files themselves (before the guard): no filled prompt, question or passage is
+    # benchmark or held-out text, nor a seed's instruction
     raw = [t for ps in pool.task_prompts(lang).values() for p in ps for t in p.turns]
     assert not {_norm(t) for t in raw} & forbidden
     tasks = load_tasks(lang)
-    atoms = [p.text for p in tasks.passages] + [p.question for p in tasks.passages] + tasks.qa + tasks.math \
-        + tasks.code + [t for pair in tasks.multiturn for t in pair]
+    atoms = (
+        [p.text for p in tasks.passages]
+        + [p.question for p in tasks.passages]
+        + tasks.qa
+        + tasks.math
+        + tasks.code
+        + [t for pair in tasks.multiturn for t in pair]
+    )
     for atom in atoms:
         hits = [t for t in forbidden if _norm(atom) in t]
         assert not hits, f"{lang}: {atom!r} occurs in held-out/benchmark prompt {hits[0]!r}"
     seeds = {_norm(s.instruction) for s in get_language(lang).seeds}
     assert not seeds & {_norm(a) for a in atoms}
-    # nor does any sentence of a benchmark / held-out prompt occur inside a pool prompt, except the instruction
-    # wording the templates share with the benchmark on purpose
-    shared = "\x00".join(list(tasks.templates.rag) + list(tasks.templates.summarization)
-                          + [tasks.templates.translation_into, tasks.templates.translation_out_of or ""])
+    # nor does any sentence of a benchmark / held-out prompt occur inside a pool prompt, except the
+    # instruction wording the templates share with the benchmark on purpose
+    shared = "\x00".join(
+        list(tasks.templates.rag)
+        + list(tasks.templates.summarization)
+        + [tasks.templates.translation_into, tasks.templates.translation_out_of or ""]
+    )
     pool_text = "\x00".join(_norm(t) for t in raw)
     for turn in forbidden:
         for piece in re.split(r"(?<=[.!?。！？])\s*|\n+|[:：]\s", turn):
             piece = _norm(piece)
             if len(piece) >= 12 and piece not in shared and piece not in STEP_BY_STEP:
                 assert piece not in pool_text, f"{lang}: {piece!r} of {turn!r} is in the pool"
-    # the guard: benchmark and held-out prompts coming in through synth data (or the seeds) are dropped
+    # the guard: benchmark and held-out prompts coming in through synth data (or the seeds) are
+    # dropped
     bench = sorted(benchmark_turns())[0]
     held = load_heldout(lang)[0]["turns"][0]
-    _write_synth(tmp_path, lang, [bench, held, "  " + held.replace(" ", "  ") + " ", "A fresh instruction."])
+    _write_synth(
+        tmp_path, lang, [bench, held, "  " + held.replace(" ", "  ") + " ", "A fresh instruction."]
+    )
     texts = {_norm(m["content"]) for msgs in build_pool(lang, str(tmp_path)) for m in msgs}
     assert not texts & forbidden
     assert "A fresh instruction." in texts
 
 
 def test_heldout_has_twenty_four_valid_prompts_per_language():
-    lines = [json.loads(x) for x in pool.HELDOUT.read_text(encoding="utf-8").splitlines() if x.strip()]
+    lines = [
+        json.loads(x) for x in pool.HELDOUT.read_text(encoding="utf-8").splitlines() if x.strip()
+    ]
     assert len(lines) == 24 * len(LANGS) and len({r["id"] for r in lines}) == len(lines)
     for lang in LANGS:
         recs = load_heldout(lang)
         assert len(recs) == 24
-        assert all(HeldoutPrompt.model_validate(r).lang == lang and r["id"].startswith(f"{lang}-heldout-")
-                   for r in recs)
-        assert {"qa", "rag", "translation", "summarization", "code", "math"} <= {r["category"] for r in recs}
+        assert all(
+            HeldoutPrompt.model_validate(r).lang == lang and r["id"].startswith(f"{lang}-heldout-")
+            for r in recs
+        )
+        assert {"qa", "rag", "translation", "summarization", "code", "math"} <= {
+            r["category"] for r in recs
+        }
     # held-out prompts are not benchmark prompts either
     assert not _heldout_turns() & benchmark_turns()
 
@@ -117,7 +159,8 @@ def test_limit_keeps_every_kind(tmp_path, limit):
 
 @pytest.fixture
 def broken_tasks(tmp_path, monkeypatch):
-    """A copy of the task files in tmp_path that a test may break (the cache is cleared around it)."""
+    """A copy of the task files in tmp_path that a test may break (the cache is cleared around
+    it)."""
     shutil.copytree(pool.TASKS_DIR, tmp_path / "tasks")
     monkeypatch.setattr(pool, "TASKS_DIR", tmp_path / "tasks")
     load_tasks.cache_clear()
@@ -125,7 +168,9 @@ def broken_tasks(tmp_path, monkeypatch):
     load_tasks.cache_clear()
 
 
-@pytest.mark.parametrize("breakage", ["not yaml", "few passages", "template", "unknown key", "lang"])
+@pytest.mark.parametrize(
+    "breakage", ["not yaml", "few passages", "template", "unknown key", "lang"]
+)
 def test_malformed_task_file_is_a_one_line_error(broken_tasks, breakage):
     path = broken_tasks / "fr.yaml"
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -137,7 +182,11 @@ def test_malformed_task_file_is_a_one_line_error(broken_tasks, breakage):
         data["qestions"] = ["?"]
     elif breakage == "lang":
         data["lang"] = "es"
-    text = "passages: [unclosed\n" if breakage == "not yaml" else yaml.safe_dump(data, allow_unicode=True)
+    text = (
+        "passages: [unclosed\n"
+        if breakage == "not yaml"
+        else yaml.safe_dump(data, allow_unicode=True)
+    )
     path.write_text(text, encoding="utf-8")
     with pytest.raises(PolyspecError) as e:
         build_pool("fr", None)
@@ -147,7 +196,10 @@ def test_malformed_task_file_is_a_one_line_error(broken_tasks, breakage):
 
 def test_malformed_heldout_is_a_one_line_error(tmp_path, monkeypatch):
     bad = tmp_path / "heldout.jsonl"
-    bad.write_text(json.dumps({"id": "de-heldout-01", "lang": "de", "category": "poetry", "turns": ["x"]}) + "\n")
+    bad.write_text(
+        json.dumps({"id": "de-heldout-01", "lang": "de", "category": "poetry", "turns": ["x"]})
+        + "\n"
+    )
     monkeypatch.setattr(heldout, "HELDOUT", bad)
     heldout.heldout_all.cache_clear()
     try:
@@ -159,22 +211,32 @@ def test_malformed_heldout_is_a_one_line_error(tmp_path, monkeypatch):
 
 
 def test_corpus_paragraphs_become_prompts_after_the_pool(tmp_path):
-    """``corpus_prompts``: the corpus stage's paragraphs of 200–1,200 characters, each in one of the language's
-    summarization templates, follow the pool's own prompts (the pool's order and content unchanged); short and long
-    paragraphs are left out; held-out text never gets in; a missing corpus is one line."""
+    """``corpus_prompts``: the corpus stage's paragraphs of 200–1,200 characters, each in one of the
+    language's summarization templates, follow the pool's own prompts (the pool's order and content
+    unchanged); short and long paragraphs are left out; held-out text never gets in; a missing
+    corpus is one line."""
     tpl = load_tasks("en").templates.summarization
-    good = [(f"Paragraph {i}: " + "the quick brown fox jumps over the lazy dog. " * 6).strip() for i in range(5)]
+    good = [
+        (f"Paragraph {i}: " + "the quick brown fox jumps over the lazy dog. " * 6).strip()
+        for i in range(5)
+    ]
     held = load_heldout("en")[0]["turns"][0]
-    docs = [{"id": "a", "text": "\n\n".join([good[0], "too short", good[1], "x" * 1300])},
-            {"id": "b", "text": "\n\n".join(good[2:])}]
+    docs = [
+        {"id": "a", "text": "\n\n".join([good[0], "too short", good[1], "x" * 1300])},
+        {"id": "b", "text": "\n\n".join(good[2:])},
+    ]
     (tmp_path / "corpus" / "en").mkdir(parents=True)
-    (tmp_path / "corpus" / "en" / "data.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "corpus" / "en" / "data.jsonl").write_text(
+        "".join(json.dumps(d) + "\n" for d in docs)
+    )
     base = build_pool("en", str(tmp_path))
     more = build_pool("en", str(tmp_path), corpus=4)
     assert more[: len(base)] == base and len(more) == len(base) + 4
-    added = [p[0]["content"] for p in more[len(base):]]
+    added = [p[0]["content"] for p in more[len(base) :]]
     assert all(any(t.replace("{passage}", g) == a for t in tpl for g in good) for a in added)
-    assert {a for a in added} != {tpl[0].replace("{passage}", g) for g in good[:4]}, "the templates alternate"
+    assert {a for a in added} != {tpl[0].replace("{passage}", g) for g in good[:4]}, (
+        "the templates alternate"
+    )
     assert held not in added
     with pytest.raises(PolyspecError, match="corpus prompts: .* not found"):
         build_pool("en", str(tmp_path / "nowhere"), corpus=2)

@@ -1,16 +1,19 @@
-"""The device machine's Python image, as far as imports go: on ``PYTHONPATH`` (scripts/gpu/gpu-check.sh's CPU rehearsal,
-tests/test_gpu_smoke.py), the packages the GPU image lacks and scripts/gpu/gpu-wheels.sh does not carry cannot be
-imported — ``importlib.util.find_spec`` answers None for them, as for any missing package, so optional-import
-probes (transformers' ``is_*_available``) behave as they do there. A rehearsal that passes here does not fail on
-the device for an import (two such imports were found this way before the first GPU run)."""
+"""The device machine's Python image, as far as imports go: on ``PYTHONPATH``
+(scripts/gpu/gpu-check.sh's CPU rehearsal, tests/test_gpu_smoke.py), the packages the GPU image
+lacks and scripts/gpu/gpu-wheels.sh does not carry cannot be imported — ``importlib.util.find_spec``
+answers None for them, as for any missing package, so optional-import probes (transformers'
+``is_*_available``) behave as they do there. A rehearsal that passes here does not fail on the
+device for an import (two such imports were found this way before the first GPU run)."""
 
 import sys
 
-ABSENT = {"datasets", "wordfreq", "langcodes", "wandb", "deepspeed", "vllm", "speculators"}  # gguf: carried
+# gguf: carried
+ABSENT = {"datasets", "wordfreq", "langcodes", "wandb", "deepspeed", "vllm", "speculators"}
 
 
 class _HideAbsent:
-    """Wraps one meta-path finder: None for the absent packages, the finder's own answer otherwise."""
+    """Wraps one meta-path finder: None for the absent packages, the finder's own answer
+    otherwise."""
 
     def __init__(self, inner):
         self.inner = inner
