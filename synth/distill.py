@@ -74,6 +74,8 @@ def load_prompts(cfg: DistillConfig) -> list:
 
 
 def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = None) -> dict:
+    """The target's answers to every prompt at every temperature, committed batch by batch into
+    ``<run>/synth/<lang>-<out_name>/`` (a rerun resumes); the session's stats."""
     lang = get_language(cfg.lang)
     prompts = load_prompts(cfg)
     target, engine = open_engine(
@@ -83,27 +85,7 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
     temps = cfg.temperatures
     out_dir = Path(cfg.run) / "synth" / f"{lang.code}-{cfg.out_name}"
     aux = eagle3_layers(target.num_layers) if cfg.feature_layers == "eagle3" else []
-    args = {
-        **cfg.model_dump(
-            include={
-                "seed",
-                "temperatures",
-                "continuation",
-                "sampling",
-                "capture_features",
-                "lid_filter",
-            }
-        ),
-        "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest(),
-        "batch": cfg.engine.batch_size,
-        "per_commit": cfg.batches_per_commit,
-        "tokenizer": target.tokenizer_sha256,
-    }
-    if cfg.capture_features:
-        args["aux_layers"] = aux
-    store = SynthStore(
-        out_dir, hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
-    )
+    store = SynthStore(out_dir, _args_hash(cfg, prompts, target, aux))
     meta = {
         "target": target.spec.name,
         "tokenizer": target.tokenizer_sha256,
@@ -123,93 +105,24 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
     histories = _EarlierTurns(engine, target, prompts, temps, cfg, stop, total)
     while store.next_attempt < total:
         t_batch = time.perf_counter()
-        # one engine call per commit: its rows are refilled from its waiting prompts (continuous
-        # batching)
-        attempts = list(
-            range(
-                store.next_attempt,
-                min(store.next_attempt + cfg.engine.batch_size * cfg.batches_per_commit, total),
-            )
-        )
+        attempts = _next_attempts(cfg, store, total)
         asked = {a: prompts[a // len(temps)] for a in attempts}
         earlier_nll: dict[int, list] = {}
         # multi-turn: the target's own answers to the earlier turns become the history
         if not cfg.continuation:
             asked, earlier_nll = histories.get(attempts)
-        reqs = []
-        for a in attempts:
-            p, t = asked[a], temps[a % len(temps)]
-            text = p if cfg.continuation else render(fmt, target.tokenizer, p)
-            reqs.append(
-                Request(
-                    text,
-                    derive_seed(cfg.seed, a, "distill"),
-                    t,
-                    cfg.sampling.top_p,
-                    cfg.sampling.max_new_tokens,
-                    stop,
-                )
-            )
+        reqs = _requests(cfg, target, attempts, asked, stop)
         results = engine.generate(reqs, capture=aux if capture else None)
-        accepted, rejected, rows = [], [], {}
         shard = f"features/a{attempts[0]:07d}.safetensors"
-        for a, r in zip(attempts, results):
-            p, t = asked[a], temps[a % len(temps)]
-            resp = r.text.strip() if cfg.continuation else strip_leakage(r.text, fmt.stop)
-            question = p if cfg.continuation else p[-1]["content"]
-            label, prob = identify(question + "\n" + resp)
-            rec = {
-                "id": f"{lang.code}-distill-s{cfg.seed}-{a // len(temps):06d}-t{t:g}",
-                "lang": lang.code,
-                "source": "self-distill",
-                "temperature": t,
-                "conversations": _conversation(
-                    p, resp, cfg.continuation, [*earlier_nll.get(a, []), r.nll]
-                ),
-                "lid": {"label": label, "prob": round(prob, 4)},
-                "target": target.spec.name,
-                "attempt": a,
-                "tokens": {"instruction": 0, "response": r.num_tokens},
-                "finished": r.finished,
-            }
-            if cfg.continuation:
-                rec["text"] = p + r.text
-            reason = None if resp else "empty_response"
-            # greedy answers are the decoder's own path (math, code, loops in any script): kept
-            # whatever their language
-            if reason is None and cfg.lid_filter and not cfg.continuation and t > 0:
-                reason = _off_language(lang, question, resp)
-            if reason:
-                rejected.append({**rec, "reason": reason})
-                continue
-            if capture and r.features is not None:
-                rows[rec["id"]] = {"ids": r.ids, "start": r.prompt_tokens, **r.features}
-                rec["features_file"] = shard
-            accepted.append(rec)
-        if rows:  # the shard lands before the records that name it (a resume rewrites it)
-            used = disk_bytes(out_dir)
-            if used > cfg.max_feature_gb * 2**30:
-                tqdm.write(
-                    f"distill {lang.code}: features use {used / 2**30:.1f} GB > max_feature_gb "
-                    f"{cfg.max_feature_gb}: capture stops, records go on"
-                )
-                capture = False
-                for rec in accepted:
-                    rec.pop("features_file", None)
-            else:
-                write_shard(out_dir / shard, rows, meta)
+        accepted, rejected, rows = _sort_results(
+            cfg, lang, target, attempts, asked, earlier_nll, results, capture, shard
+        )
+        # the shard lands before the records that name it (a resume rewrites it)
+        if rows and not _write_features(cfg, lang, out_dir, shard, rows, meta, accepted):
+            capture = False
         store.commit(accepted, rejected, attempts[-1] + 1, seconds=time.perf_counter() - t_batch)
         bar.update(len(attempts))
-        if (
-            cfg.max_seconds is not None
-            and time.perf_counter() - wall > cfg.max_seconds
-            and store.next_attempt < total
-        ):
-            tqdm.write(
-                f"distill {lang.code}: max_seconds {cfg.max_seconds:g} passed at attempt "
-                f"{store.next_attempt:,} "
-                f"of {total:,}: stopping here (a rerun goes on)"
-            )
+        if _out_of_time(cfg, lang, store, total, wall):
             break
     bar.close()
     stats = store.write_stats(
@@ -224,12 +137,170 @@ def run_distill(cfg: DistillConfig, target: Any = None, engine: Engine | None = 
             **engine_record(cfg.engine, engine),
         }
     )
+    _print_summary(lang, stats, out_dir)
+    return stats
+
+
+def _args_hash(cfg: DistillConfig, prompts: list, target: Any, aux: list[int]) -> str:
+    """The store's key: a hash of the settings and prompts that decide the records."""
+    args = {
+        **cfg.model_dump(
+            include={
+                "seed",
+                "temperatures",
+                "continuation",
+                "sampling",
+                "capture_features",
+                "lid_filter",
+            }
+        ),
+        "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest(),
+        "batch": cfg.engine.batch_size,
+        "per_commit": cfg.batches_per_commit,
+        "tokenizer": target.tokenizer_sha256,
+    }
+    if cfg.capture_features:
+        args["aux_layers"] = aux
+    return hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _next_attempts(cfg: DistillConfig, store: SynthStore, total: int) -> list[int]:
+    """The attempts of the next commit, from the store's next one."""
+    # one engine call per commit: its rows are refilled from its waiting prompts (continuous
+    # batching)
+    return list(
+        range(
+            store.next_attempt,
+            min(store.next_attempt + cfg.engine.batch_size * cfg.batches_per_commit, total),
+        )
+    )
+
+
+def _requests(
+    cfg: DistillConfig, target: Any, attempts: list[int], asked: dict, stop: list[str]
+) -> list[Request]:
+    """One engine request per attempt: its prompt at its temperature with its own seed."""
+    fmt, temps = target.spec.prompt_format, cfg.temperatures
+    reqs = []
+    for a in attempts:
+        p, t = asked[a], temps[a % len(temps)]
+        text = p if cfg.continuation else render(fmt, target.tokenizer, p)
+        reqs.append(
+            Request(
+                text,
+                derive_seed(cfg.seed, a, "distill"),
+                t,
+                cfg.sampling.top_p,
+                cfg.sampling.max_new_tokens,
+                stop,
+            )
+        )
+    return reqs
+
+
+def _sort_results(
+    cfg: DistillConfig,
+    lang,
+    target: Any,
+    attempts: list[int],
+    asked: dict,
+    earlier_nll: dict[int, list],
+    results: list,
+    capture: bool,
+    shard: str,
+) -> tuple[list[dict], list[dict], dict]:
+    """The batch's accepted and rejected records, and the accepted ones' features by record id."""
+    accepted, rejected, rows = [], [], {}
+    for a, r in zip(attempts, results):
+        rec, reason = _record(cfg, lang, target, a, asked[a], r, earlier_nll)
+        if reason:
+            rejected.append({**rec, "reason": reason})
+            continue
+        if capture and r.features is not None:
+            rows[rec["id"]] = {"ids": r.ids, "start": r.prompt_tokens, **r.features}
+            rec["features_file"] = shard
+        accepted.append(rec)
+    return accepted, rejected, rows
+
+
+def _record(
+    cfg: DistillConfig, lang, target: Any, a: int, p, r, earlier_nll: dict[int, list]
+) -> tuple[dict, str | None]:
+    """Attempt ``a``'s synth record and why it is rejected (None: it is kept)."""
+    fmt, temps = target.spec.prompt_format, cfg.temperatures
+    t = temps[a % len(temps)]
+    resp = r.text.strip() if cfg.continuation else strip_leakage(r.text, fmt.stop)
+    question = p if cfg.continuation else p[-1]["content"]
+    label, prob = identify(question + "\n" + resp)
+    rec = {
+        "id": f"{lang.code}-distill-s{cfg.seed}-{a // len(temps):06d}-t{t:g}",
+        "lang": lang.code,
+        "source": "self-distill",
+        "temperature": t,
+        "conversations": _conversation(p, resp, cfg.continuation, [*earlier_nll.get(a, []), r.nll]),
+        "lid": {"label": label, "prob": round(prob, 4)},
+        "target": target.spec.name,
+        "attempt": a,
+        "tokens": {"instruction": 0, "response": r.num_tokens},
+        "finished": r.finished,
+    }
+    if cfg.continuation:
+        rec["text"] = p + r.text
+    reason = None if resp else "empty_response"
+    # greedy answers are the decoder's own path (math, code, loops in any script): kept
+    # whatever their language
+    if reason is None and cfg.lid_filter and not cfg.continuation and t > 0:
+        reason = _off_language(lang, question, resp)
+    return rec, reason
+
+
+def _write_features(
+    cfg: DistillConfig,
+    lang,
+    out_dir: Path,
+    shard: str,
+    rows: dict,
+    meta: dict,
+    accepted: list[dict],
+) -> bool:
+    """The batch's feature shard, or (past ``max_feature_gb``) none: capture stops and the
+    records lose their ``features_file``; whether it was written."""
+    used = disk_bytes(out_dir)
+    if used > cfg.max_feature_gb * 2**30:
+        tqdm.write(
+            f"distill {lang.code}: features use {used / 2**30:.1f} GB > max_feature_gb "
+            f"{cfg.max_feature_gb}: capture stops, records go on"
+        )
+        for rec in accepted:
+            rec.pop("features_file", None)
+        return False
+    write_shard(out_dir / shard, rows, meta)
+    return True
+
+
+def _out_of_time(cfg: DistillConfig, lang, store: SynthStore, total: int, wall: float) -> bool:
+    """Whether ``max_seconds`` has passed with attempts left (said on the console)."""
+    if (
+        cfg.max_seconds is not None
+        and time.perf_counter() - wall > cfg.max_seconds
+        and store.next_attempt < total
+    ):
+        tqdm.write(
+            f"distill {lang.code}: max_seconds {cfg.max_seconds:g} passed at attempt "
+            f"{store.next_attempt:,} "
+            f"of {total:,}: stopping here (a rerun goes on)"
+        )
+        return True
+    return False
+
+
+def _print_summary(lang, stats: dict, out_dir: Path) -> None:
+    """The session's one-line summary on the console."""
     tqdm.write(
         f"distill {lang.code}: {stats['accepted']} records, {stats['tokens']} tokens at "
         f"{stats['tokens_per_second']} tok/s (generation {stats['seconds']} s), features "
         f"{stats['feature_bytes'] / 2**20:.0f} MB in {out_dir}"
     )
-    return stats
 
 
 class _EarlierTurns:

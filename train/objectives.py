@@ -168,16 +168,8 @@ def eagle_loss(
     eagle3 = is_eagle3(drafter)
     ids, mask = batch["input_ids"], batch["loss_mask"]
     T = ids.shape[1]
-    with torch.no_grad():
-        # a bf16 target's embedding feeds the fp32 drafter (autocast on CUDA)
-        emb = embed(ids).float()
-        # prompt-lookup hints of every prefix (``eagle.lookup_hint``): entry t+1+i reads those of
-        # ids[..t+1+i]
-        hints = hint_inputs(embed, *hint_tensors(ids)) if uses_hints(drafter) else None
-    g = (aux if aux is not None else f)[:, :-1]
-    if cfg.feature_noise > 0:
-        noise = torch.rand(g.shape, generator=generator, device="cpu").to(g.device, g.dtype)
-        g = g + (noise * 2 - 1) * cfg.feature_noise
+    emb, hints = _drafter_inputs(drafter, embed, ids)
+    g = _step0_input(f, aux, cfg, generator)
     total, metrics = 0.0, {}
     # EAGLE-3's training-time test: step i's entry t attends as the decoder's (i+1)-th draft does —
     # to the entries of the verified prefix (step 0, entries ≤ t: true features) and to its own
@@ -187,63 +179,16 @@ def eagle_loss(
     ttt = eagle3 and cfg.ttt_steps > 1
     masks = [loss_rows(mask, i) for i in range(steps)]
     packs = _step_rows(masks) if eagle3 and packed else None
-    cache, lengths = (DynamicCache() if ttt else None), []
+    unroll = _Unroll(drafter, emb, hints, ids, packs, ttt)
     for i in range(steps):
         L = T - 1 - i  # positions t = 0..T-2-i
         pos = torch.arange(1 + i, T, device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
         m = masks[i]
         at = m.nonzero(as_tuple=True)  # the loss rows (batch row, position), in row-major order
-        if packs is not None:
-            rows, where = packs[i]
-            if i == 0:
-                pred, cache = drafter(
-                    emb[:, 1:],
-                    g[:, :L],
-                    position_ids=pos,
-                    past_key_values=cache,
-                    use_cache=ttt,
-                    query_rows=rows,
-                )
-            # the entries at ``rows`` only, each reading the previous step's output at its position
-            else:
-                prev = gather_rows(packs[i - 1][1], rows)
-                mask4 = ttt_mask_rows(T - 1, [r for r, _ in packs[1 : i + 1]], emb.dtype)
-                pred, cache = drafter(
-                    gather_rows(emb[:, 1 + i :], rows),
-                    gather_rows(g, prev),
-                    position_ids=gather_rows(pos, rows),
-                    attention_mask=mask4,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-            out = pred[at[0], where[at]]
-        else:
-            kw = {} if hints is None else {"hints": (hints[0][:, 1 + i :], hints[1][:, 1 + i :])}
-            if ttt:
-                mask4 = (
-                    ttt_mask(lengths, L, ids.shape[0], emb.dtype, ids.device) if lengths else None
-                )
-                pred, cache = drafter(
-                    emb[:, 1 + i :],
-                    g[:, :L],
-                    position_ids=pos,
-                    attention_mask=mask4,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                lengths.append(L)
-            else:
-                pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos, **kw)
-            out = pred[at]
+        pred, out = unroll.forward(i, L, pos, g, at)
         denom = m.sum().clamp_min(1.0)
         w_rows = m[at]
-        if eagle3:  # its features are its own (no regression target)
-            feat = torch.zeros((), device=pred.device)
-        else:
-            tgt = f[:, 1 + i :]
-            feat = (
-                F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1) * m
-            ).sum() / denom
+        feat = _feature_loss(pred, f, m, i, denom, eagle3)
         # the head only where the loss reads it (prompt and padding rows are ~40 % of a finetune
         # batch): rows are picked before the [·, s] GEMMs, forward and backward
         if i == 0:
@@ -261,8 +206,7 @@ def eagle_loss(
         ce = (-(p * logq).sum(-1) * w_rows).sum() / tok_denom
         w = cfg.ttt_decay**i
         total = total + w * (cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce)
-        with torch.no_grad():
-            acc = ((logq.argmax(-1) == p.argmax(-1)).float() * w_rows).sum() / tok_denom
+        acc = _top1(logq, p, w_rows, tok_denom)
         metrics.update(
             {
                 f"feat_loss_{i}": float(feat.detach()),
@@ -272,6 +216,125 @@ def eagle_loss(
         )
         g = pred  # next step reads the drafter's own features
     return total, metrics
+
+
+def _drafter_inputs(drafter, embed, ids: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
+    """The tokens' embeddings (fp32) and, for a hint-reading drafter, every prefix's hints."""
+    with torch.no_grad():
+        # a bf16 target's embedding feeds the fp32 drafter (autocast on CUDA)
+        emb = embed(ids).float()
+        # prompt-lookup hints of every prefix (``eagle.lookup_hint``): entry t+1+i reads those of
+        # ids[..t+1+i]
+        hints = hint_inputs(embed, *hint_tensors(ids)) if uses_hints(drafter) else None
+    return emb, hints
+
+
+def _step0_input(
+    f: torch.Tensor, aux: torch.Tensor | None, cfg, generator: torch.Generator | None
+) -> torch.Tensor:
+    """g at step 0: the target's features (EAGLE-3: ``aux``), with ``feature_noise`` added."""
+    g = (aux if aux is not None else f)[:, :-1]
+    if cfg.feature_noise > 0:
+        noise = torch.rand(g.shape, generator=generator, device="cpu").to(g.device, g.dtype)
+        g = g + (noise * 2 - 1) * cfg.feature_noise
+    return g
+
+
+class _Unroll:
+    """The drafter's forward at each unrolled step of one :func:`eagle_loss` call, and what the
+    steps share: the inputs, the packed steps' rows, the TTT KV cache and its keys' lengths."""
+
+    def __init__(self, drafter, emb: torch.Tensor, hints, ids: torch.Tensor, packs, ttt: bool):
+        self.drafter, self.emb, self.hints, self.ids, self.packs, self.ttt = (
+            drafter,
+            emb,
+            hints,
+            ids,
+            packs,
+            ttt,
+        )
+        self.cache, self.lengths = (DynamicCache() if ttt else None), []
+
+    def forward(self, i: int, L: int, pos: torch.Tensor, g: torch.Tensor, at) -> tuple:
+        """Step i's drafter output and its entries at the loss rows ``at``: packed, TTT or plain."""
+        if self.packs is not None:
+            return self.packed(i, L, pos, g, at)
+        h = self.hints
+        kw = {} if h is None else {"hints": (h[0][:, 1 + i :], h[1][:, 1 + i :])}
+        if self.ttt:
+            return self.ttt_step(i, L, pos, g, at)
+        return self.plain(i, L, pos, g, at, kw)
+
+    def packed(self, i: int, L: int, pos: torch.Tensor, g: torch.Tensor, at) -> tuple:
+        """A packed step (EAGLE-3): the entries at step i's rows only; step 0's others give keys
+        and values only."""
+        rows, where = self.packs[i]
+        if i == 0:
+            pred, self.cache = self.drafter(
+                self.emb[:, 1:],
+                g[:, :L],
+                position_ids=pos,
+                past_key_values=self.cache,
+                use_cache=self.ttt,
+                query_rows=rows,
+            )
+        # the entries at ``rows`` only, each reading the previous step's output at its position
+        else:
+            T = self.ids.shape[1]
+            prev = gather_rows(self.packs[i - 1][1], rows)
+            mask4 = ttt_mask_rows(T - 1, [r for r, _ in self.packs[1 : i + 1]], self.emb.dtype)
+            pred, self.cache = self.drafter(
+                gather_rows(self.emb[:, 1 + i :], rows),
+                gather_rows(g, prev),
+                position_ids=gather_rows(pos, rows),
+                attention_mask=mask4,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+        return pred, pred[at[0], where[at]]
+
+    def ttt_step(self, i: int, L: int, pos: torch.Tensor, g: torch.Tensor, at) -> tuple:
+        """An unpacked TTT step (EAGLE-3): every entry, attending through the shared KV cache."""
+        ids, emb = self.ids, self.emb
+        mask4 = (
+            ttt_mask(self.lengths, L, ids.shape[0], emb.dtype, ids.device) if self.lengths else None
+        )
+        pred, self.cache = self.drafter(
+            emb[:, 1 + i :],
+            g[:, :L],
+            position_ids=pos,
+            attention_mask=mask4,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.lengths.append(L)
+        return pred, pred[at]
+
+    def plain(self, i: int, L: int, pos: torch.Tensor, g: torch.Tensor, at, kw: dict) -> tuple:
+        """A step without a cache (EAGLE-1, or EAGLE-3 with one step): every entry."""
+        pred, _ = self.drafter(self.emb[:, 1 + i :], g[:, :L], position_ids=pos, **kw)
+        return pred, pred[at]
+
+
+def _feature_loss(
+    pred: torch.Tensor, f: torch.Tensor, m: torch.Tensor, i: int, denom, eagle3: bool
+) -> torch.Tensor:
+    """Step i's SmoothL1 to the target's next features at the loss rows (0 for EAGLE-3)."""
+    if eagle3:  # its features are its own (no regression target)
+        feat = torch.zeros((), device=pred.device)
+    else:
+        tgt = f[:, 1 + i :]
+        feat = (
+            F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1) * m
+        ).sum() / denom
+    return feat
+
+
+def _top1(logq: torch.Tensor, p: torch.Tensor, w_rows: torch.Tensor, tok_denom) -> torch.Tensor:
+    """The weighted share of loss rows whose draft argmax is the target's (no gradient)."""
+    with torch.no_grad():
+        acc = ((logq.argmax(-1) == p.argmax(-1)).float() * w_rows).sum() / tok_denom
+    return acc
 
 
 def _step_rows(masks: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:

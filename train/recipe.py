@@ -92,13 +92,48 @@ class DrafterRecipe:
         are made, so nothing is written into the run (with ``features: offline``, only the feature
         store training builds too)."""
         cfg = self.cfg
-        # 1. accelerator (DDP / DeepSpeed / mixed precision come from `accelerate launch`). A
-        #    distributed launch without CUDA names the process-group backend: left unset,
-        #    DeepSpeed's CPU accelerator starts the group itself and accelerate counts one process
-        #    while DeepSpeed sees all of them (train_batch_size mismatch); a plain process must not
-        #    name one (accelerate would take it for a distributed run)
+        # 1. accelerator (DDP / DeepSpeed / mixed precision come from `accelerate launch`)
         mp = resolve_mixed_precision(cfg.mixed_precision)
         log_with = None if cfg.report_to == "none" else cfg.report_to
+        self.acc = self._make_accelerator(mp, log_with)
+        self._batch_shape_from_config()
+        set_seed(cfg.seed, device_specific=False)
+        # 2. frozen target, its embedding and head (never trained, never saved with the drafter); it
+        #    and the drafter are built whole, also under ZeRO-3 (prepare shards the drafter)
+        whole = self._whole_models()
+        self._load_frozen_target(target)
+        # 3. data: pretrain = general text, every token; finetune = synth data, response tokens only
+        captured = cfg.features == "captured"
+        ds = self._build_train_data(captured)
+        held = self._split_held_out(ds, captured)
+        self._keep_data_facts(ds, captured)
+        # 4. the language's reduced vocabulary (top-s ranked ids) and the head rows it keeps
+        self._draft_vocabulary()
+        self._offline_features(ds.files)
+        # 5. drafter, optimizer, cosine schedule with warmup (Yi et al. 2024, "Towards Fast
+        #    Multilingual LLM Inference", Appendix F)
+        self.model = self._build_drafter()
+        self._check_shard_layers(held)
+        # EAGLE-3: aux
+        self.eval_seqs = (
+            [] if timing_only else self._eval_sequences(held[: cfg.data.eval_max_examples])
+        )
+        whole.close()
+        self._optimizer_and_schedule()
+        # 6. counters, resume, trackers (feature noise draws from the global torch RNG, which
+        #    save_state keeps per process)
+        self.step, self.best = 0, -1.0
+        if not timing_only:
+            self._resume()
+        if log_with:
+            self._init_trackers()
+
+    def _make_accelerator(self, mp: str, log_with: str | None) -> Accelerator:
+        """The stage's Accelerator, its process-group backend named for a CPU distributed launch."""
+        # A distributed launch without CUDA names the process-group backend: left unset,
+        # DeepSpeed's CPU accelerator starts the group itself and accelerate counts one process
+        # while DeepSpeed sees all of them (train_batch_size mismatch); a plain process must not
+        # name one (accelerate would take it for a distributed run)
         # by torchrun (accelerate launch, several processes)
         launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
         handlers = (
@@ -106,27 +141,28 @@ class DrafterRecipe:
             if launched and not torch.cuda.is_available()
             else []
         )
-        self.acc = Accelerator(
+        return Accelerator(
             mixed_precision=mp,
-            gradient_accumulation_steps=cfg.optim.grad_accum,
+            gradient_accumulation_steps=self.cfg.optim.grad_accum,
             log_with=log_with,
             project_dir=str(self.out),
             kwargs_handlers=handlers,
         )
-        self._batch_shape_from_config()
-        set_seed(cfg.seed, device_specific=False)
-        # 2. frozen target, its embedding and head (never trained, never saved with the drafter); it
-        #    and the drafter are built whole, also under ZeRO-3 (prepare shards the drafter)
-        whole = self._whole_models()
+
+    def _load_frozen_target(self, target) -> None:
+        """The frozen target (the one given, or loaded), its input embedding and logit softcap."""
+        cfg = self.cfg
         self.target = target or load_target(
             cfg.target, device=self.acc.device, dtype=cfg.target_dtype
         )
         self.embed = self.target.model.get_input_embeddings()
         self.softcap = getattr(self.target.model.config, "final_logit_softcapping", None)
-        # 3. data: pretrain = general text, every token; finetune = synth data, response tokens only
+
+    def _build_train_data(self, captured: bool):
+        """The stage's dataset: its data files' examples (response tokens only when finetuning)."""
+        cfg = self.cfg
         patterns = cfg.data.pretrain if self.stage == "pretrain" else cfg.data.finetune
-        captured = cfg.features == "captured"
-        ds = build_dataset(
+        return build_dataset(
             patterns,
             self.target,
             cfg.run,
@@ -136,6 +172,11 @@ class DrafterRecipe:
             captured=captured,
             split_text=cfg.data.split_text,
         )
+
+    def _split_held_out(self, ds, captured: bool) -> list:
+        """``self.train_set`` and the held-out examples (returned): a finetune's ``eval_file``, or
+        a split of the dataset."""
+        cfg = self.cfg
         # an independent test set (held-out prompts)
         if self.stage == "finetune" and cfg.data.eval_file:
             self.train_set = ds.examples
@@ -150,14 +191,22 @@ class DrafterRecipe:
             ).examples
         else:
             self.train_set, held = split(ds, cfg.data.eval_fraction, cfg.seed)
+        return held
+
+    def _keep_data_facts(self, ds, captured: bool) -> None:
+        """The data files, skipped lines, lengths (``group_by_length``) and the feature reader."""
         self.data_files, self.skipped = ds.files, ds.skipped
         self.lengths = (
-            [len(e.input_ids) for e in self.train_set] if cfg.data.group_by_length else None
+            [len(e.input_ids) for e in self.train_set] if self.cfg.data.group_by_length else None
         )
         self.reader = (
             FeatureReader(self.target.spec.name, self.target.tokenizer_sha256) if captured else None
         )
-        # 4. the language's reduced vocabulary (top-s ranked ids) and the head rows it keeps
+
+    def _draft_vocabulary(self) -> None:
+        """The draft ids and their target head rows, the kept target distributions, the mask of
+        draft ids (``eagle.mask_out_of_vocab``)."""
+        cfg = self.cfg
         self.ids_s, self.vocab_meta = self._reduced_vocab()
         self.head_w = self.target.model.get_output_embeddings().weight[self.ids_s].detach()
         gb = cfg.eagle.target_probs_gb
@@ -169,6 +218,11 @@ class DrafterRecipe:
             full = self.target.model.get_output_embeddings().weight
             self.in_draft = torch.zeros(full.shape[0], dtype=torch.bool, device=full.device)
             self.in_draft[self.ids_s] = True
+
+    def _offline_features(self, files: list[str]) -> None:
+        """``features: offline`` (EAGLE-1 only): the target's features of the training examples,
+        stored once under the run."""
+        cfg = self.cfg
         self.features = None
         if cfg.features == "offline" and cfg.drafter_kind is DrafterKind.EAGLE3:
             raise PolyspecError(
@@ -186,7 +240,7 @@ class DrafterRecipe:
                         cfg.data.max_length,
                         cfg.seed,
                         cfg.data.eval_fraction,
-                        _fingerprint(ds.files),
+                        _fingerprint(files),
                     ]
                 ).encode()
             ).hexdigest()[:16]
@@ -195,10 +249,9 @@ class DrafterRecipe:
                 root, self.train_set, self.target, is_main=self.acc.is_main_process
             )
             self.acc.wait_for_everyone()
-        # 5. drafter, optimizer, cosine schedule with warmup (Yi et al. 2024, "Towards Fast
-        #    Multilingual LLM Inference", Appendix F)
-        self.model = self._build_drafter()
-        # the shards must hold this drafter's layers
+
+    def _check_shard_layers(self, held: list) -> None:
+        """Captured features' shards must hold the target layers this EAGLE-3 drafter reads."""
         if self.reader is not None and self.aux_layers:
             for path in sorted({ex.feat[0] for ex in self.train_set + held if ex.feat}):
                 got = self.reader.aux_layers(path)
@@ -208,11 +261,10 @@ class DrafterRecipe:
                         f"{self.aux_layers}: "
                         "distill with feature_layers=eagle3 (or train with features=online)"
                     )
-        # EAGLE-3: aux
-        self.eval_seqs = (
-            [] if timing_only else self._eval_sequences(held[: cfg.data.eval_max_examples])
-        )
-        whole.close()
+
+    def _optimizer_and_schedule(self) -> None:
+        """AdamW on the drafter's trainable parameters, the warmup-cosine schedule, ``prepare``."""
+        cfg = self.cfg
         steps = self.steps = self._steps()
         lr = self.stage_cfg.lr or cfg.optim.lr
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -223,13 +275,6 @@ class DrafterRecipe:
         self.planned = {"warmup": math.ceil(cfg.optim.warmup_ratio * steps), "total": steps}
         self.sched = LambdaLR(self.opt, cosine_with_warmup(self.planned))
         self.model, self.opt = self.acc.prepare(self.model, self.opt)
-        # 6. counters, resume, trackers (feature noise draws from the global torch RNG, which
-        #    save_state keeps per process)
-        self.step, self.best = 0, -1.0
-        if not timing_only:
-            self._resume()
-        if log_with:
-            self._init_trackers()
 
     def _batch_shape_from_config(self) -> None:
         """The train config owns the batch shape (``batches`` feeds optim.batch_size × grad_accum

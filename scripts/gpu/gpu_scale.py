@@ -121,7 +121,8 @@ def run_module(*args: str, log: Path) -> None:
         raise RuntimeError(f"python -m {args[0]} exited {rc}: {tail}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The harness's command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument(
@@ -170,22 +171,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--bench-reserve", type=float, default=130, help="seconds kept for export and the bench"
     )
-    args = ap.parse_args(argv)
-    # the corpus is tokenized twice (its count here, the pretrain's pieces): on the device's 16
-    # cores in parallel
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"
-    run, out = Path(args.run).resolve(), Path(args.out).resolve()
-    run.mkdir(parents=True, exist_ok=True)
-    # the child processes' output (what comes back is 8 files: scale.json has their errors)
-    log = run / "steps.log"
-    deadline = time.time() + args.budget
-    fig = Figures(out, vars(args))
-    left = lambda: deadline - time.time()  # noqa: E731
-    state: dict = {}
+    return ap.parse_args(argv)
 
-    def load():
-        t = load_target(args.target, device=args.device)
-        state["target"] = t
+
+class ScaleRun:
+    """One harness run: its folders, deadline, figures and loaded target, and its steps."""
+
+    def __init__(self, args: argparse.Namespace):
+        """The run and out folders, the child processes' log, the deadline and ``scale.json``."""
+        self.args = args
+        self.run, self.out = Path(args.run).resolve(), Path(args.out).resolve()
+        self.run.mkdir(parents=True, exist_ok=True)
+        # the child processes' output (what comes back is 8 files: scale.json has their errors)
+        self.log = self.run / "steps.log"
+        self.deadline = time.time() + args.budget
+        self.fig = Figures(self.out, vars(args))
+        self.state: dict = {}
+
+    def left(self) -> float:
+        """Seconds left of the budget."""
+        return self.deadline - time.time()
+
+    def load(self):
+        """Step ``load``: the target, loaded once for every in-process step."""
+        t = load_target(self.args.target, device=self.args.device)
+        self.state["target"] = t
         return {
             "device": str(t.device),
             "dtype": str(t.dtype).removeprefix("torch."),
@@ -194,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
             "tokenizer_sha256": t.tokenizer_sha256,
         }
 
-    def corpus():
-        tok, langs, counts = state["target"].tokenizer, [], {}
+    def corpus(self):
+        """Step ``corpus``: each language's documents into the run, and their target tokens."""
+        args, run = self.args, self.run
+        tok, langs, counts = self.state["target"].tokenizer, [], {}
         for src in sorted(Path(args.corpus).glob("*.jsonl*")):
             lang = src.name.split(".")[0]
             dest = run / "corpus" / lang / "data.jsonl"
@@ -213,20 +225,22 @@ def main(argv: list[str] | None = None) -> int:
             langs.append(lang)
         if args.lang not in langs:
             raise RuntimeError(f"no {args.lang} corpus in {args.corpus}")
-        state["corpus_langs"] = langs
+        self.state["corpus_langs"] = langs
         return {"langs": counts, "tokens": sum(c["tokens"] for c in counts.values())}
 
-    def distill(name: str, prompts: str, temps: list[float], extra: list[str]):
+    def distill(self, name: str, prompts: str, temps: list[float], extra: list[str]):
+        """``synth.distill`` in this process with the loaded target; its stats' figures."""
         from synth.config import DistillConfig
         from synth.distill import run_distill
 
+        args = self.args
         cfg = load_config(
             DistillConfig,
             REPO / "configs" / "synth" / "distill.yaml",
             [
                 f"lang={args.lang}",
                 f"target={args.target}",
-                f"run={run}",
+                f"run={self.run}",
                 f"prompts={prompts}",
                 f"out_name={name}",
                 f"temperatures={temps}",
@@ -238,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 *extra,
             ],
         )
-        stats = run_distill(cfg, target=state["target"])
+        stats = run_distill(cfg, target=self.state["target"])
         keep = (
             "prompts",
             "attempted",
@@ -250,7 +264,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         return {k: stats.get(k) for k in keep}
 
-    def vocab():
+    def heldout(self):
+        """Step ``heldout``: the held-out prompts answered greedily."""
+        return self.distill("heldout", "heldout", [0.0], [])
+
+    def distill_pool(self):
+        """Step ``distill``: the pool and corpus prompts at T = 0, 0.7, 1.0 within its share."""
+        args = self.args
+        return self.distill(
+            "distill",
+            "pool",
+            [0.0, 0.7, 1.0],
+            [
+                f"corpus_prompts={args.corpus_prompts}",
+                *([f"limit={args.limit}"] if args.limit else []),
+                f"max_seconds={max(5.0, args.distill_share * self.left())}",
+            ],
+        )
+
+    def vocab(self):
+        """Step ``vocab``: ``python -m vocab`` on the corpus and the distilled answers."""
+        args, run = self.args, self.run
         files = ",".join(f"files={run}/corpus/{lang}/data.jsonl" for lang in [args.lang])
         run_module(
             "vocab",
@@ -265,14 +299,16 @@ def main(argv: list[str] | None = None) -> int:
             "--run",
             str(run),
             f"mask_sizes=[{args.sizes}]",
-            log=log,
+            log=self.log,
         )
         return {"files": sorted(p.name for p in (run / "vocab").glob("*"))[:20]}
 
-    def train(stage: str, seconds: float, data: list[str]):
+    def train(self, stage: str, seconds: float, data: list[str]):
+        """One training stage in this process with the loaded target; its figures."""
         from train.config import TrainConfig
         from train.drafter import run as train_run
 
+        args, run = self.args, self.run
         lr = [f"optim.lr={args.lr}"] if args.lr else []
         ov = [
             f"lang={args.lang}",
@@ -298,31 +334,39 @@ def main(argv: list[str] | None = None) -> int:
         if stage == "finetune":
             ov.append(f"init_from={run}/train/{args.lang}/pretrain/final")
         cfg = load_config(TrainConfig, REPO / "configs" / "train" / "eagle3-cpu.yaml", ov)
-        res = train_run(cfg, target=state["target"])[-1]
-        metrics = [
-            json.loads(x)
-            for x in (run / "train" / args.lang / stage / "metrics.jsonl").read_text().splitlines()
-        ]
-        start = next(m for m in metrics if m.get("event") == "start")
-        steps = [m for m in metrics if "loss" in m]
-        ev = res.get("eval") or {}
-        return {
-            "steps": res["steps"],
-            "train_examples": start["train_examples"],
-            "train_tokens": int(
-                res["train_tokens_per_s"]
-                * next(m["seconds"] for m in metrics if m.get("event") == "end")
-            ),
-            "train_tokens_per_s": res["train_tokens_per_s"],
-            "final_loss": res["final_loss"],
-            "stopped_by_time": any(m.get("event") == "max_seconds" for m in metrics),
-            "heldout": {
-                k: v for k, v in ev.items() if not isinstance(v, (list, dict)) or k == "alpha"
-            },
-            "first_loss": steps[0]["loss"] if steps else None,
-        }
+        res = train_run(cfg, target=self.state["target"])[-1]
+        return train_figures(res, run / "train" / args.lang / stage / "metrics.jsonl")
 
-    def export():
+    def pretrain_files(self) -> str:
+        """The pretrain's files: every corpus language's documents and the distilled answers."""
+        return ",".join(
+            [
+                *(
+                    f"{self.run}/corpus/{lang}/data.jsonl"
+                    for lang in self.state.get("corpus_langs", [])
+                ),
+                f"{self.run}/synth/{self.args.lang}-distill/data.jsonl",
+            ]
+        )
+
+    def pretrain(self, files: str):
+        """Step ``pretrain``: 62 % of the time left before the bench's reserve."""
+        seconds = 0.62 * (self.left() - self.args.bench_reserve)
+        return self.train("pretrain", seconds, [f"data.pretrain=[{files}]"])
+
+    def finetune(self):
+        """Step ``finetune``: the distilled answers, scored on the held-out answers."""
+        run, lang = self.run, self.args.lang
+        seconds = self.left() - self.args.bench_reserve
+        held = [
+            f"data.finetune=[{run}/synth/{lang}-distill/data.jsonl]",
+            f"data.eval_file=[{run}/synth/{lang}-heldout/data.jsonl]",
+        ]
+        return self.train("finetune", seconds, held)
+
+    def export(self):
+        """Step ``export``: the bundle, the engines' folders and ``drafter.tar.gz``'s parts."""
+        args, run = self.args, self.run
         sizes = args.sizes
         run_module(
             "export",
@@ -336,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             str(run / "export" / "bundle"),
             "--sizes",
             sizes,
-            log=log,
+            log=self.log,
         )
         run_module(
             "export",
@@ -351,11 +395,19 @@ def main(argv: list[str] | None = None) -> int:
             str(run / "export" / "engines"),
             "--sizes",
             sizes,
-            log=log,
+            log=self.log,
         )
-        return {"parts": pack_drafter(run, args.lang, out)}
+        return {"parts": pack_drafter(run, args.lang, self.out)}
 
-    def bench(dtype: str):
+    def release_target(self) -> None:
+        """Drops the loaded target (the bench loads its own)."""
+        if "target" in self.state:
+            del self.state["target"]
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+    def bench(self, dtype: str):
+        """Step ``bench-<dtype>``: ``decoder.bench`` on the bundle; its report into ``out``."""
+        args, run = self.args, self.run
         name = f"bench-{dtype}"
         run_module(
             "decoder.bench",
@@ -378,71 +430,79 @@ def main(argv: list[str] | None = None) -> int:
             "--out",
             str(run / name),
             *(["--dtype", "float32"] if dtype == "fp32" else []),
-            log=log,
+            log=self.log,
         )
-        shutil.copy(run / name / "report.json", out / f"{name}.json")
+        shutil.copy(run / name / "report.json", self.out / f"{name}.json")
         return {"report": f"{name}.json"}
 
-    held = [
-        f"data.finetune=[{run}/synth/{args.lang}-distill/data.jsonl]",
-        f"data.eval_file=[{run}/synth/{args.lang}-heldout/data.jsonl]",
-    ]
-    fig.step("load", load)
-    fig.step("corpus", corpus, "load")
-    fig.step("heldout", lambda: distill("heldout", "heldout", [0.0], []), "load")
-    fig.step(
-        "distill",
-        lambda: distill(
-            "distill",
-            "pool",
-            [0.0, 0.7, 1.0],
-            [
-                f"corpus_prompts={args.corpus_prompts}",
-                *([f"limit={args.limit}"] if args.limit else []),
-                f"max_seconds={max(5.0, args.distill_share * left())}",
-            ],
+    def benches(self) -> None:
+        """The bench steps: the device's dtype first; fp32 (the identity check) if time is left."""
+        for dtype in self.args.bench.split(","):
+            if dtype and (dtype == "bf16" or self.left() > 60):
+                self.fig.step(f"bench-{dtype}", lambda d=dtype: self.bench(d), "export")
+
+    def finish(self) -> int:
+        """The token totals into ``scale.json``, the summary line; 0 if every step but the bench's
+        is ok."""
+        fig = self.fig
+        steps = fig.data["steps"]
+        fig.data["tokens"] = {
+            "corpus": (steps.get("corpus") or {}).get("tokens"),
+            "distilled": (steps.get("distill") or {}).get("tokens"),
+            "heldout": (steps.get("heldout") or {}).get("tokens"),
+        }
+        fig.write()
+        ok = all(s.get("ok") for k, s in steps.items() if not k.startswith("bench"))
+        failed = ", ".join(k for k, s in steps.items() if not s.get("ok"))
+        print(
+            f"[scale] done in {time.time() - fig.t0:.0f} s: "
+            f"{'ok' if ok else 'FAILED steps: ' + failed}"
+        )
+        return 0 if ok else 1
+
+
+def train_figures(res: dict, metrics_file: Path) -> dict:
+    """A training stage's figures from its result and its ``metrics.jsonl``."""
+    metrics = [json.loads(x) for x in metrics_file.read_text().splitlines()]
+    start = next(m for m in metrics if m.get("event") == "start")
+    steps = [m for m in metrics if "loss" in m]
+    ev = res.get("eval") or {}
+    return {
+        "steps": res["steps"],
+        "train_examples": start["train_examples"],
+        "train_tokens": int(
+            res["train_tokens_per_s"]
+            * next(m["seconds"] for m in metrics if m.get("event") == "end")
         ),
-        "corpus",
-    )
-    fig.step("vocab", vocab, "distill")
-    pre = ",".join(
-        [
-            *(f"{run}/corpus/{lang}/data.jsonl" for lang in state.get("corpus_langs", [])),
-            f"{run}/synth/{args.lang}-distill/data.jsonl",
-        ]
-    )
-    fig.step(
-        "pretrain",
-        lambda: train("pretrain", 0.62 * (left() - args.bench_reserve), [f"data.pretrain=[{pre}]"]),
-        "vocab",
-    )
-    fig.step(
-        "finetune",
-        lambda: train("finetune", left() - args.bench_reserve, held),
-        "pretrain",
-        "heldout",
-    )
-    fig.step("export", export, "finetune")
-    if "target" in state:  # the bench loads its own
-        del state["target"]
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    # the device's dtype first; fp32 (the identity check) if time is left
-    for dtype in args.bench.split(","):
-        if dtype and (dtype == "bf16" or left() > 60):
-            fig.step(f"bench-{dtype}", lambda d=dtype: bench(d), "export")
-    steps = fig.data["steps"]
-    fig.data["tokens"] = {
-        "corpus": (steps.get("corpus") or {}).get("tokens"),
-        "distilled": (steps.get("distill") or {}).get("tokens"),
-        "heldout": (steps.get("heldout") or {}).get("tokens"),
+        "train_tokens_per_s": res["train_tokens_per_s"],
+        "final_loss": res["final_loss"],
+        "stopped_by_time": any(m.get("event") == "max_seconds" for m in metrics),
+        "heldout": {k: v for k, v in ev.items() if not isinstance(v, (list, dict)) or k == "alpha"},
+        "first_loss": steps[0]["loss"] if steps else None,
     }
-    fig.write()
-    ok = all(s.get("ok") for k, s in steps.items() if not k.startswith("bench"))
-    print(
-        f"[scale] done in {time.time() - fig.t0:.0f} s: "
-        f"{'ok' if ok else 'FAILED steps: ' + ', '.join(k for k, s in steps.items() if not s.get('ok'))}"  # noqa: E501
-    )
-    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The steps in order, each recorded in ``<out>/scale.json``; 0 if all but the bench's are
+    ok."""
+    args = parse_args(argv)
+    # the corpus is tokenized twice (its count here, the pretrain's pieces): on the device's 16
+    # cores in parallel
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    s = ScaleRun(args)
+    step = s.fig.step
+    step("load", s.load)
+    step("corpus", s.corpus, "load")
+    step("heldout", s.heldout, "load")
+    step("distill", s.distill_pool, "corpus")
+    step("vocab", s.vocab, "distill")
+    pretrain_files = s.pretrain_files()  # the corpus languages the corpus step found
+    step("pretrain", lambda: s.pretrain(pretrain_files), "vocab")
+    step("finetune", s.finetune, "pretrain", "heldout")
+    step("export", s.export, "finetune")
+    s.release_target()
+    s.benches()
+    return s.finish()
 
 
 def pack_drafter(run: Path, lang: str, out: Path) -> list[str]:
