@@ -30,6 +30,24 @@ from polyspec.languages import parse_languages
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
+    """Write a bundle, check one (``--check``), convert one (``--format``) or ``engines``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["engines"]:
+        return engines_main(argv[1:])
+    args = parse_args(argv)
+    if args.format != "polyspec":
+        return convert_bundle(args)
+    from polyspec.targets import load_target
+
+    # the pin needs tokenizer + config only
+    target = load_target(args.target, device="cpu", with_model=False)
+    if args.check:
+        return check_bundle(args.check, target)
+    return write_new_bundle(args, target)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``python -m export``'s command line (see the module docstring)."""
     ap = argparse.ArgumentParser(
         prog="python -m export", description="Write or check a polyspec bundle."
     )
@@ -68,83 +86,97 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="interop formats: the bundle to convert (default <run>/export/bundle)",
     )
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["engines"]:
-        return engines_main(argv[1:])
-    args = ap.parse_args(argv)
-    from export.bundle import load_bundle, write_bundle
+    return ap.parse_args(argv)
+
+
+def convert_bundle(args: argparse.Namespace) -> int:
+    """``--format``: the bundle's drafters converted and checked (+ ``--reference``'s logits)."""
+    from export.bundle import load_bundle
+    from export.interop import write_hf_assistant
     from polyspec.targets import load_target
 
-    if args.format != "polyspec":
-        from export.interop import (
-            check_speculators,
-            write_hf_assistant,
-            write_speculators,
-            write_speculators_reference,
-        )
+    # the weights are needed: vocab_size of the head and, for hf-assistant, the tokenizer files;
+    # the reference logits are computed in float32 (the precision speculators' check runs in)
+    target = load_target(args.target, device="cpu", dtype="float32" if args.reference else None)
+    b = load_bundle(args.bundle or Path(args.run) / "export" / "bundle", target_pin=target.pin())
+    fmt = "speculators" if args.format == "vllm-eagle3" else args.format
+    out = Path(args.out or Path(args.run) / "export" / fmt)
+    if fmt == "hf-assistant":
+        folders = write_hf_assistant(b, target, out)
+    else:
+        folders, multi = speculators_folders(b, target, out, args.speculative_tokens)
+    report = {"format": fmt, "folders": [str(f) for f in folders]}
+    if args.reference and fmt == "speculators":
+        report["reference"] = reference_logits(b, target, args.reference, multi)
+    print(json.dumps(report))
+    return 0
 
-        # the weights are needed: vocab_size of the head and, for hf-assistant, the tokenizer files;
-        # the reference logits are computed in float32 (the precision speculators' check runs in)
-        target = load_target(args.target, device="cpu", dtype="float32" if args.reference else None)
-        b = load_bundle(
-            args.bundle or Path(args.run) / "export" / "bundle", target_pin=target.pin()
-        )
-        fmt = "speculators" if args.format == "vllm-eagle3" else args.format
-        out = Path(args.out or Path(args.run) / "export" / fmt)
-        if fmt == "hf-assistant":
-            folders = write_hf_assistant(b, target, out)
-        else:
-            from export.engines import MULTILINGUAL, multilingual_drafter
-            from export.interop import write_speculators_folder
 
-            folders = write_speculators(b, target, out, speculative_tokens=args.speculative_tokens)
-            # an engines export's bundle (python -m export engines): its multilingual drafter too
-            multi = multilingual_drafter(b.root.parent)
-            if multi is not None:
-                folders.append(
-                    write_speculators_folder(
-                        multi[0],
-                        target,
-                        out / MULTILINGUAL,
-                        args.speculative_tokens,
-                        {"lang": MULTILINGUAL, "target": b.manifest["target"]},
-                    )
-                )
-            for f in folders:
-                check_speculators(f, target.vocab_size)
-        report = {"format": fmt, "folders": [str(f) for f in folders]}
-        if args.reference and fmt == "speculators":
-            report["reference"] = [
-                str(r)
-                for r in write_speculators_reference(
-                    b,
-                    target,
-                    args.reference,
-                    extra={MULTILINGUAL: multi} if multi is not None else None,
-                )
-            ]
-        print(json.dumps(report))
-        return 0
-    # the pin needs tokenizer + config only
-    target = load_target(args.target, device="cpu", with_model=False)
-    if args.check:
-        from export.engines import describe
+def speculators_folders(b, target, out: Path, speculative_tokens: int) -> tuple[list, tuple | None]:
+    """The speculators folders (an engines export's multilingual drafter too), each checked."""
+    from export.engines import MULTILINGUAL, multilingual_drafter
+    from export.interop import check_speculators, write_speculators, write_speculators_folder
 
-        b = load_bundle(args.check, target_pin=target.pin())
-        print(
-            f"ok: {b.root} — {b.manifest['drafter_type']} drafters for {', '.join(b.languages)}, "
-            f"sizes {b.vocab_sizes}"
+    folders = write_speculators(b, target, out, speculative_tokens=speculative_tokens)
+    # an engines export's bundle (python -m export engines): its multilingual drafter too
+    multi = multilingual_drafter(b.root.parent)
+    if multi is not None:
+        folders.append(
+            write_speculators_folder(
+                multi[0],
+                target,
+                out / MULTILINGUAL,
+                speculative_tokens,
+                {"lang": MULTILINGUAL, "target": b.manifest["target"]},
+            )
         )
-        # which engine loads which drafter: the engines export beside the bundle (or the bundle
-        # inside one)
-        for where in (b.root.parent / "engines", b.root.parent):
-            if lines := describe(where):
-                print(f"engines ({where}):")
-                print("\n".join(f"  {line}" for line in lines))
-                break
-        else:
-            print("engines: no engines export beside this bundle (python -m export engines)")
-        return 0
+    for f in folders:
+        check_speculators(f, target.vocab_size)
+    return folders, multi
+
+
+def reference_logits(b, target, out: str, multi: tuple | None) -> list[str]:
+    """``--reference DIR``: polyspec's logits on real target features, for the speculators check."""
+    from export.engines import MULTILINGUAL
+    from export.interop import write_speculators_reference
+
+    return [
+        str(r)
+        for r in write_speculators_reference(
+            b,
+            target,
+            out,
+            extra={MULTILINGUAL: multi} if multi is not None else None,
+        )
+    ]
+
+
+def check_bundle(path: str, target) -> int:
+    """``--check``: the bundle checked against the target's pin; the engines export beside it."""
+    from export.bundle import load_bundle
+    from export.engines import describe
+
+    b = load_bundle(path, target_pin=target.pin())
+    print(
+        f"ok: {b.root} — {b.manifest['drafter_type']} drafters for {', '.join(b.languages)}, "
+        f"sizes {b.vocab_sizes}"
+    )
+    # which engine loads which drafter: the engines export beside the bundle (or the bundle
+    # inside one)
+    for where in (b.root.parent / "engines", b.root.parent):
+        if lines := describe(where):
+            print(f"engines ({where}):")
+            print("\n".join(f"  {line}" for line in lines))
+            break
+    else:
+        print("engines: no engines export beside this bundle (python -m export engines)")
+    return 0
+
+
+def write_new_bundle(args: argparse.Namespace, target) -> int:
+    """The default: a bundle from the run's drafters and vocabularies, its summary as JSON."""
+    from export.bundle import write_bundle
+
     langs = [lang.code for lang in parse_languages(args.langs)]
     sizes = parse_sizes(args.sizes)
     out = Path(args.out or Path(args.run) / "export" / "bundle")

@@ -189,9 +189,52 @@ def measured_engines(run: Path) -> list[str]:
 
 
 def build_report(run: Path) -> tuple[Path, list[str]]:
+    """``<run>/report/``: report.md, summary.json, the figures and the offline wandb run."""
     run = Path(run)
     out = run / "report"
     out.mkdir(parents=True, exist_ok=True)
+    langs, sets, synth_rows = synth_sets(run)
+    copy_figures(run / "vocab", out, ("coverage.png", "overlap.png"))
+    coverage = read_json_or_none(run / "vocab" / "coverage.json") or {}
+    curves = training_curves(run, out)
+    calib = read_json_or_none(run / "export" / "bundle" / "calibration.json") or {}
+    ev = read_json_or_none(run / "eval" / "report.json")
+    copy_figures(
+        run / "eval", out, ("speedup.png", "tau.png", "accept_hist.png", "adaptive_trace.png")
+    )
+    commands = provenance(run)
+    summary = adaspec_summary(ev)
+    v = versions()
+    lines = [
+        *head_section(run, langs, v, summary, ev),
+        *synth_section(synth_rows),
+        *vocab_section(coverage),
+        *engines_section(run),
+        *training_section(curves),
+        *calibration_section(calib),
+        *evaluation_section(run, ev),
+        "## Provenance",
+        "",
+        *(f"- {c}" for c in commands),
+        "",
+    ]
+    atomic_write_text(out / "report.md", "\n".join(lines))
+    atomic_write_json(
+        out / "summary.json",
+        {
+            "summary": summary,
+            "versions": v,
+            "langs": sorted(langs),
+            "synth_sets": sets,
+            "eval": ev and {m: d["overall"] for m, d in ev["methods"].items()},
+        },
+    )
+    _wandb(run, ev, curves)
+    return out / "report.md", summary
+
+
+def synth_sets(run: Path) -> tuple[set, list[str], list[str]]:
+    """The synth sets with stats: their languages, their folder names and their table rows."""
     langs, sets, synth_rows = set(), [], []
     for stats_path in sorted((run / "synth").glob("*/stats.json")):
         s = read_json_or_none(stats_path)
@@ -199,28 +242,33 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
             continue
         sets.append(stats_path.parent.name)  # <lang> (self-synth) or <lang>-<name> (distilled)
         langs.add(s.get("lang") or stats_path.parent.name)
-        rejects = (
-            ", ".join(f"{k} {v}" for k, v in s.get("lid_labels_of_rejects", {}).items()) or "–"
-        )
-        reasons = ", ".join(f"{k} {v}" for k, v in s.get("rejected_by_reason", {}).items()) or "–"
-        engine = s.get("engine", "transformers") + (
-            f" {s['engine_version']}" if s.get("engine_version") else ""
-        )
-        synth_rows.append(
-            f"| {stats_path.parent.name} | {s['accepted']}/{s['attempted']} | {reasons} | "
-            f"{rejects} | "
-            f"{s.get('tokens_per_second', 0)} | {engine} |"
-        )
-    for png in ("coverage.png", "overlap.png"):
-        if (run / "vocab" / png).is_file():
-            shutil.copy2(run / "vocab" / png, out / png)
-    coverage = read_json_or_none(run / "vocab" / "coverage.json") or {}
-    curves = training_curves(run, out)
-    calib = read_json_or_none(run / "export" / "bundle" / "calibration.json") or {}
-    ev = read_json_or_none(run / "eval" / "report.json")
-    for png in ("speedup.png", "tau.png", "accept_hist.png", "adaptive_trace.png"):
-        if (run / "eval" / png).is_file():
-            shutil.copy2(run / "eval" / png, out / png)
+        synth_rows.append(synth_row(stats_path.parent.name, s))
+    return langs, sets, synth_rows
+
+
+def synth_row(name: str, s: dict) -> str:
+    """One synth set's row: kept/attempted, rejects by reason and LID label, speed, engine."""
+    rejects = ", ".join(f"{k} {v}" for k, v in s.get("lid_labels_of_rejects", {}).items()) or "–"
+    reasons = ", ".join(f"{k} {v}" for k, v in s.get("rejected_by_reason", {}).items()) or "–"
+    engine = s.get("engine", "transformers") + (
+        f" {s['engine_version']}" if s.get("engine_version") else ""
+    )
+    return (
+        f"| {name} | {s['accepted']}/{s['attempted']} | {reasons} | "
+        f"{rejects} | "
+        f"{s.get('tokens_per_second', 0)} | {engine} |"
+    )
+
+
+def copy_figures(src: Path, out: Path, names: tuple[str, ...]) -> None:
+    """The figures of ``names`` that ``src`` holds, copied into ``out``."""
+    for png in names:
+        if (src / png).is_file():
+            shutil.copy2(src / png, out / png)
+
+
+def provenance(run: Path) -> list[str]:
+    """Each finished stage's command and seconds from its DONE record, in order of finishing."""
     commands = []
     for done in sorted(
         run.glob("**/DONE.json"), key=lambda p: (read_json_or_none(p) or {}).get("finished", "")
@@ -228,6 +276,11 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
         d = read_json_or_none(done) or {}
         if d.get("cmd"):
             commands.append(f"{d['stage']} ({d.get('seconds', '?')} s): `{' '.join(d['cmd'][1:])}`")
+    return commands
+
+
+def adaspec_summary(ev: dict | None) -> list[str]:
+    """adaspec's τ, speedup and identity to ar per language and overall (none without its eval)."""
     summary = []
     if ev and "adaspec" in ev["methods"]:
         a = ev["methods"]["adaspec"]
@@ -245,8 +298,12 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
             f"all: adaspec τ {a['overall']['tau']:.2f}, speedup {a['overall']['speedup']:.2f}×"
             + (f", identical to ar: {identity(ev, 'adaspec')}" if ev.get("agreement") else "")
         )
-    v = versions()
-    lines = [
+    return summary
+
+
+def head_section(run: Path, langs: set, v: dict, summary: list[str], ev: dict | None) -> list[str]:
+    """The title, the run's languages and versions, the summary and the results table."""
+    return [
         "# polyspec run report",
         "",
         f"Run `{run}` · languages {', '.join(sorted(langs))} · "
@@ -258,6 +315,12 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
         "",
         *(results_table(run, ev) if ev else []),
         "",
+    ]
+
+
+def synth_section(synth_rows: list[str]) -> list[str]:
+    """Section 1: the synth sets' table."""
+    return [
         "## 1 synth (ADASPEC Alg. 1)",
         "",
         "| synth set | kept/attempted | rejected by reason | LID labels of rejects | tokens/s | "
@@ -265,9 +328,12 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
         "|---|---|---|---|---|---|",
         *synth_rows,
         "",
-        "## 2 vocab",
-        "",
     ]
+
+
+def vocab_section(coverage: dict) -> list[str]:
+    """Section 2: the vocabularies' coverage figures and numbers."""
+    lines = ["## 2 vocab", ""]
     if coverage:
         lines += [
             "Coverage of held-out text by the top-k ids: see `coverage.png`; top-8K overlap: "
@@ -278,8 +344,12 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
             "```",
             "",
         ]
-    lines += engines_section(run)
-    lines += [
+    return lines
+
+
+def training_section(curves: dict) -> list[str]:
+    """Section 3: the training figure and each curve's points."""
+    lines = [
         "## 3 training (held-out simulated acceptance length)",
         "",
         "![training](training.png)",
@@ -288,10 +358,20 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
     lines += [
         f"- {k}: " + ", ".join(f"step {s}: {a:.3f}" for s, a in pts) for k, pts in curves.items()
     ]
-    lines += ["", "## 4 calibration (UNISPEC)", ""]
+    return lines
+
+
+def calibration_section(calib: dict) -> list[str]:
+    """Section 4: one line per calibrated device."""
+    lines = ["", "## 4 calibration (UNISPEC)", ""]
     for dev, c in calib.items():
         lines.append(calibration_line(dev, c))
-    lines += ["", "## 5 evaluation", ""]
+    return lines
+
+
+def evaluation_section(run: Path, ev: dict | None) -> list[str]:
+    """Section 5: the eval's own report (less its title) and its figures."""
+    lines = ["", "## 5 evaluation", ""]
     if ev:
         lines += [(run / "eval" / "report.md").read_text(encoding="utf-8").split("\n", 2)[2], ""]
         lines += [
@@ -299,20 +379,7 @@ def build_report(run: Path) -> tuple[Path, list[str]]:
             "![trace](adaptive_trace.png)",
             "",
         ]
-    lines += ["## Provenance", "", *(f"- {c}" for c in commands), ""]
-    atomic_write_text(out / "report.md", "\n".join(lines))
-    atomic_write_json(
-        out / "summary.json",
-        {
-            "summary": summary,
-            "versions": v,
-            "langs": sorted(langs),
-            "synth_sets": sets,
-            "eval": ev and {m: d["overall"] for m, d in ev["methods"].items()},
-        },
-    )
-    _wandb(run, ev, curves)
-    return out / "report.md", summary
+    return lines
 
 
 def calibration_line(dev: str, c: dict) -> str:

@@ -543,20 +543,73 @@ def bench(
 
     s = settings or Settings()
     out = Path(out)
-    folders = resolve_drafters(drafters, target_name, out, log=log)
-    plan = bench_plan(folders, langs)
-    folders = {name: folders[name] for name in dict.fromkeys(name for name, _ in plan if name)}
+    plan, folders = _plan_drafters(drafters, target_name, out, langs, log)
     target_gguf, drafts = convert_all(
         llama, target_name, folders, out, outtype, models_dir, log=log
     )
     target = load_target(target_name, device="cpu", with_model=False)  # tokenizer + prompt format
     adds_bos = probe_adds_bos(llama, target_gguf, target.tokenizer.bos_token_id, s, out / "logs")
-    rows, errors, cmd_example, skip = [], {}, {}, set()
     load_start = os.getloadavg()
 
     def count_tokens(text: str) -> int:
         return len(target.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    rows, errors, cmd_example, skip = _run_heldout(
+        llama, s, target, target_gguf, drafts, plan, prompts, adds_bos, out, count_tokens, log
+    )
+    curve = cost_curve(llama, target_gguf, s, out / "logs", log=log) if s.cost_k > 0 else None
+    modes = ("eagle3", *(f"eagle3@{k}" for k in sorted(set(s.sweep) - {s.draft})), "ngram")
+    lengths = (
+        choose_draft_lengths(rows, s, curve, engines_json, modes) if s.sweep and curve else None
+    )
+    extra = sorted({d["draft_n"] for d in (lengths or {}).values()} - set(s.sweep) - {s.draft})
+    if extra:  # a chosen length not run yet: run it too, so the choice is checked by a measurement
+        _run_chosen_lengths(
+            llama, s, target_gguf, drafts, rows, skip, extra, out, count_tokens, log
+        )
+        modes = (*modes[:-1], *(f"eagle3@{k}" for k in extra), modes[-1])
+        lengths = choose_draft_lengths(rows, s, curve, engines_json, modes)
+    report = {
+        **_setup_record(llama, load_start, target, target_gguf, outtype),
+        "drafters": {lang: str(p) for lang, p in drafts.items()},
+        "settings": _settings_record(s, prompts, plan, adds_bos),
+        "commands": cmd_example,
+        "eagle3_error": errors or None,
+        "rows": rows,
+        "overall": summarize(rows, modes, curve=curve["t_s"] if curve else None),
+        "cost_curve": curve,
+        "draft_length": lengths,
+        "definitions": dict(DEFINITIONS),
+    }
+    write(out, report)
+    return report
+
+
+def _plan_drafters(
+    drafters: str | Path | None, target_name: str, out: Path, langs: list[str] | None, log
+) -> tuple[list, dict]:
+    """The (drafter, language) pairs to run and the drafters' folders they use."""
+    folders = resolve_drafters(drafters, target_name, out, log=log)
+    plan = bench_plan(folders, langs)
+    folders = {name: folders[name] for name in dict.fromkeys(name for name, _ in plan if name)}
+    return plan, folders
+
+
+def _run_heldout(
+    llama: LlamaCpp,
+    s: Settings,
+    target,
+    target_gguf: Path,
+    drafts: dict,
+    plan: list,
+    prompts: int,
+    adds_bos: bool,
+    out: Path,
+    count_tokens,
+    log,
+) -> tuple[list[dict], dict, dict, set]:
+    """Each planned pair's held-out prompts through the modes: rows, refusals, commands, skips."""
+    rows, errors, cmd_example, skip = [], {}, {}, set()
     for name, lang in plan:
         for q in heldout_prompts(lang, prompts):
             text, ids = llama_prompt(
@@ -581,56 +634,85 @@ def bench(
                     "on with plain + ngram"
                 )
                 skip.add(name)
-            pids = res["plain"].pop("prompt_ids")
-            rows.append(
-                {
-                    "drafter": name,
-                    "lang": lang,
-                    "id": q["id"],
-                    "category": q["category"],
-                    "prompt_tokens": len(ids),
-                    "prompt_tokens_equal": pids == ids if pids is not None else None,
-                    **res,
-                }
+            rows.append(_prompt_row(name, lang, q, ids, res))
+    return rows, errors, cmd_example, skip
+
+
+def _prompt_row(name: str | None, lang: str, q: dict, ids: list[int], res: dict) -> dict:
+    """One prompt's row: its drafter, language, id and category, its ids checked, the modes."""
+    pids = res["plain"].pop("prompt_ids")
+    return {
+        "drafter": name,
+        "lang": lang,
+        "id": q["id"],
+        "category": q["category"],
+        "prompt_tokens": len(ids),
+        "prompt_tokens_equal": pids == ids if pids is not None else None,
+        **res,
+    }
+
+
+def _run_chosen_lengths(
+    llama: LlamaCpp,
+    s: Settings,
+    target_gguf: Path,
+    drafts: dict,
+    rows: list[dict],
+    skip: set,
+    extra: list[int],
+    out: Path,
+    count_tokens,
+    log,
+) -> None:
+    """The drafter rows' prompts again at the chosen draft lengths not run yet, into the rows."""
+    for row in rows:
+        if not row.get("drafter") or row["drafter"] in skip:
+            continue
+        logs = out / "logs" / row["drafter"] / row["id"]
+        for k in extra:
+            got = _run_at_length(
+                llama, s, target_gguf, drafts[row["drafter"]], row, logs, k, count_tokens, log
             )
-    curve = cost_curve(llama, target_gguf, s, out / "logs", log=log) if s.cost_k > 0 else None
-    modes = ("eagle3", *(f"eagle3@{k}" for k in sorted(set(s.sweep) - {s.draft})), "ngram")
-    lengths = (
-        choose_draft_lengths(rows, s, curve, engines_json, modes) if s.sweep and curve else None
+            if "error" not in got:
+                row[f"eagle3@{k}"] = {
+                    **got,
+                    "speedup": got["tok_s"] / row["plain"]["tok_s"]
+                    if row["plain"].get("tok_s")
+                    else None,
+                }
+
+
+def _run_at_length(
+    llama: LlamaCpp,
+    s: Settings,
+    target_gguf: Path,
+    draft_gguf: Path,
+    row: dict,
+    logs: Path,
+    k: int,
+    count_tokens,
+    log,
+) -> dict:
+    """One row's prompt (``logs/prompt.txt``) run plain + EAGLE-3 at draft length k: EAGLE-3's."""
+    cmd = commands(
+        llama, replace(s, draft=k, sweep=()), target_gguf, logs / "prompt.txt", draft_gguf
     )
-    extra = sorted({d["draft_n"] for d in (lengths or {}).values()} - set(s.sweep) - {s.draft})
-    if extra:  # a chosen length not run yet: run it too, so the choice is checked by a measurement
-        for row in rows:
-            if not row.get("drafter") or row["drafter"] in skip:
-                continue
-            logs = out / "logs" / row["drafter"] / row["id"]
-            for k in extra:
-                cmd = commands(
-                    llama,
-                    replace(s, draft=k, sweep=()),
-                    target_gguf,
-                    logs / "prompt.txt",
-                    drafts[row["drafter"]],
-                )
-                log(f"[llamacpp] {row['id']}: the chosen draft length {k}")
-                # as written above, less its newline
-                text = (logs / "prompt.txt").read_text(encoding="utf-8")[:-1]
-                got = run_prompt(
-                    {"plain": cmd["plain"], f"eagle3@{k}": cmd["eagle3"]},
-                    text,
-                    logs / f"draft-{k}",
-                    count_tokens,
-                )[f"eagle3@{k}"]
-                if "error" not in got:
-                    row[f"eagle3@{k}"] = {
-                        **got,
-                        "speedup": got["tok_s"] / row["plain"]["tok_s"]
-                        if row["plain"].get("tok_s")
-                        else None,
-                    }
-        modes = (*modes[:-1], *(f"eagle3@{k}" for k in extra), modes[-1])
-        lengths = choose_draft_lengths(rows, s, curve, engines_json, modes)
-    report = {
+    log(f"[llamacpp] {row['id']}: the chosen draft length {k}")
+    # as written above, less its newline
+    text = (logs / "prompt.txt").read_text(encoding="utf-8")[:-1]
+    return run_prompt(
+        {"plain": cmd["plain"], f"eagle3@{k}": cmd["eagle3"]},
+        text,
+        logs / f"draft-{k}",
+        count_tokens,
+    )[f"eagle3@{k}"]
+
+
+def _setup_record(
+    llama: LlamaCpp, load_start: tuple, target, target_gguf: Path, outtype: str
+) -> dict:
+    """The report's ``llamacpp`` build, ``machine`` (its load at start and now) and ``target``."""
+    return {
         "llamacpp": {
             "package": f"{PACKAGE}=={VERSION}",
             "src": str(llama.src),
@@ -647,26 +729,20 @@ def bench(
             "gguf": str(target_gguf),
             "outtype": outtype,
         },
-        "drafters": {lang: str(p) for lang, p in drafts.items()},
-        "settings": {
-            "n": s.n,
-            "plain_n": s.plain_n,
-            "draft_n_max": s.draft,
-            "ngram": {"type": "ngram-simple", "size_n": s.ngram_n, "size_m": s.m},
-            "threads": s.t,
-            "ctx": s.ctx,
-            "prompts_per_lang": prompts,
-            "langs": list(dict.fromkeys(lang for _, lang in plan)),
-            "temp": 0,
-            "llama_adds_bos": adds_bos,
-        },
-        "commands": cmd_example,
-        "eagle3_error": errors or None,
-        "rows": rows,
-        "overall": summarize(rows, modes, curve=curve["t_s"] if curve else None),
-        "cost_curve": curve,
-        "draft_length": lengths,
-        "definitions": dict(DEFINITIONS),
     }
-    write(out, report)
-    return report
+
+
+def _settings_record(s: Settings, prompts: int, plan: list, adds_bos: bool) -> dict:
+    """The report's ``settings``: what every run was given."""
+    return {
+        "n": s.n,
+        "plain_n": s.plain_n,
+        "draft_n_max": s.draft,
+        "ngram": {"type": "ngram-simple", "size_n": s.ngram_n, "size_m": s.m},
+        "threads": s.t,
+        "ctx": s.ctx,
+        "prompts_per_lang": prompts,
+        "langs": list(dict.fromkeys(lang for _, lang in plan)),
+        "temp": 0,
+        "llama_adds_bos": adds_bos,
+    }

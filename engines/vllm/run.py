@@ -460,44 +460,86 @@ def run_spec(ctx: Context, mode: Mode, log, tries: int = 2) -> None:
 
 def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dict:
     """The report from the runs so far (margins of divergences probed on the plain engine)."""
+    entries = [_mode_entry(ctx, mode, plain_engine) for mode in modes if mode.runs]
+    lengths = _draft_lengths(ctx, modes)
+    return {
+        "vllm": {
+            "version": plain_engine.version,
+            "python": ctx.python,
+            "eagle3_for_target": ctx.eagle3,
+        },
+        "machine": _machine_record(ctx),
+        "target": {
+            "name": ctx.target.spec.name,
+            "path": ctx.path,
+            "architecture": (getattr(ctx.target.config, "architectures", None) or ["?"])[0],
+        },
+        "settings": _settings_record(ctx),
+        "plain": _plain_record(ctx),
+        "prefill_seconds": {lang: round(x, 3) for lang, x in ctx.prefill.items()},
+        "modes": entries,
+        "refused": ctx.refused or None,
+        "failed": ctx.failed or None,
+        "draft_length": lengths,
+        "definitions": dict(DEFINITIONS),
+    }
+
+
+def _mode_entry(ctx: Context, mode: Mode, plain_engine: VLLMProcess) -> dict:
+    """One mode's report entry: its configuration and, per batch size, its runs against plain's."""
+    mine = ctx.rows_of(mode.langs)
+    e = {
+        "mode": mode.name,
+        "drafter": mode.drafter,
+        "langs": mode.langs,
+        "speculative_config": mode.speculative_config,
+        "by_batch": {},
+    }
+    for b, run in mode.runs.items():
+        e["by_batch"][b] = _batch_entry(ctx, mode, b, run, mine, plain_engine)
+    return e
+
+
+def _batch_entry(
+    ctx: Context, mode: Mode, b: int, run: dict, mine: list[dict], plain_engine: VLLMProcess
+) -> dict:
+    """One mode's run at batch size ``b`` against plain's: its figures, identity, divergences."""
+    ref = _subset(ctx.plain[b], mine)
+    same = compare(ref["outputs"], run["outputs"])
+    _probe_margins(plain_engine, same, mine, ref)
+    entry = {
+        **summarize_run(run, ref, len(mine)),
+        "identical": sum(c["identical"] for c in same.values()),
+        "prompts": len(same),
+        "divergences": {p: c for p, c in same.items() if not c["identical"]},
+    }
+    # its steps without a match carry no draft and vLLM does not count them
+    if mode.name == "ngram":
+        entry.pop("tau", None)
+    return entry
+
+
+def _probe_margins(
+    plain_engine: VLLMProcess, same: dict[str, dict], mine: list[dict], ref: dict
+) -> None:
+    """Each divergence of ``same`` gets plain's margin at its first differing position."""
+    for pid, c in same.items():
+        if not c["identical"] and c["plain"] is not None and c["mode"] is not None:
+            r = next(x for x in mine if x["id"] == pid)
+            c.update(
+                margin_at(
+                    plain_engine,
+                    r["ids"],
+                    ref["outputs"][pid][: c["at"]],
+                    c["plain"],
+                    c["mode"],
+                )
+            )
+
+
+def _draft_lengths(ctx: Context, modes: list[Mode]) -> dict:
+    """Per drafter: the length chosen at the smallest batch, the best measured at the largest."""
     s = ctx.s
-    entries = []
-    for mode in modes:
-        if not mode.runs:
-            continue
-        mine = ctx.rows_of(mode.langs)
-        e = {
-            "mode": mode.name,
-            "drafter": mode.drafter,
-            "langs": mode.langs,
-            "speculative_config": mode.speculative_config,
-            "by_batch": {},
-        }
-        for b, run in mode.runs.items():
-            ref = _subset(ctx.plain[b], mine)
-            same = compare(ref["outputs"], run["outputs"])
-            for pid, c in same.items():
-                if not c["identical"] and c["plain"] is not None and c["mode"] is not None:
-                    r = next(x for x in mine if x["id"] == pid)
-                    c.update(
-                        margin_at(
-                            plain_engine,
-                            r["ids"],
-                            ref["outputs"][pid][: c["at"]],
-                            c["plain"],
-                            c["mode"],
-                        )
-                    )
-            e["by_batch"][b] = {
-                **summarize_run(run, ref, len(mine)),
-                "identical": sum(c["identical"] for c in same.values()),
-                "prompts": len(same),
-                "divergences": {p: c for p, c in same.items() if not c["identical"]},
-            }
-            # its steps without a match carry no draft and vLLM does not count them
-            if mode.name == "ngram":
-                e["by_batch"][b].pop("tau", None)
-        entries.append(e)
     lengths = {}
     low, big = min(s.batches), max(s.batches)
     for key, mine in _sweep(modes).items():
@@ -521,50 +563,45 @@ def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dic
                 )
             }
             lengths[key] = pick
+    return lengths
+
+
+def _machine_record(ctx: Context) -> dict:
+    """The report's ``machine``: the host, its threads and its load when the bench started."""
     return {
-        "vllm": {
-            "version": plain_engine.version,
-            "python": ctx.python,
-            "eagle3_for_target": ctx.eagle3,
+        "host": host_kind(),
+        "threads": int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0))),
+        "loadavg_1m_start": round(ctx.load_start[0], 2),
+    }
+
+
+def _plain_record(ctx: Context) -> dict:
+    """The report's ``plain``: the target alone per batch size (tok/s, tokens, seconds)."""
+    return {
+        b: {
+            "tok_s": round_or_none(r["tok_s"], 2),
+            "tokens": r["tokens"],
+            "seconds": round(r["seconds"], 3),
+        }
+        for b, r in ctx.plain.items()
+    }
+
+
+def _settings_record(ctx: Context) -> dict:
+    """The report's ``settings``: what every engine was given."""
+    s = ctx.s
+    return {
+        "n": s.n,
+        "prompts_per_lang": s.prompts,
+        "batches": list(s.batches),
+        "dtype": s.dtype,
+        "prompts": {
+            lang: len(ctx.rows_of([lang])) for lang in dict.fromkeys(r["lang"] for r in ctx.rows)
         },
-        "machine": {
-            "host": host_kind(),
-            "threads": int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0))),
-            "loadavg_1m_start": round(ctx.load_start[0], 2),
-        },
-        "target": {
-            "name": ctx.target.spec.name,
-            "path": ctx.path,
-            "architecture": (getattr(ctx.target.config, "architectures", None) or ["?"])[0],
-        },
-        "settings": {
-            "n": s.n,
-            "prompts_per_lang": s.prompts,
-            "batches": list(s.batches),
-            "dtype": s.dtype,
-            "prompts": {
-                lang: len(ctx.rows_of([lang]))
-                for lang in dict.fromkeys(r["lang"] for r in ctx.rows)
-            },
-            "sweep": list(s.sweep),
-            "ngram": {"k": s.ngram_k, "n_max": s.ngram_n, "n_min": 1},
-            "enforce_eager": s.eager,
-            "temperature": 0,
-        },
-        "plain": {
-            b: {
-                "tok_s": round_or_none(r["tok_s"], 2),
-                "tokens": r["tokens"],
-                "seconds": round(r["seconds"], 3),
-            }
-            for b, r in ctx.plain.items()
-        },
-        "prefill_seconds": {lang: round(x, 3) for lang, x in ctx.prefill.items()},
-        "modes": entries,
-        "refused": ctx.refused or None,
-        "failed": ctx.failed or None,
-        "draft_length": lengths,
-        "definitions": dict(DEFINITIONS),
+        "sweep": list(s.sweep),
+        "ngram": {"k": s.ngram_k, "n_max": s.ngram_n, "n_min": 1},
+        "enforce_eager": s.eager,
+        "temperature": 0,
     }
 
 
