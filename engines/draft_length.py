@@ -52,7 +52,9 @@ def ratio(curve: dict[int, float], k: float) -> float:
 def fit_step_cost(runs: dict[int, dict], plain_s_per_token: float, curve: dict[int, float]) -> dict:
     """``runs``: {draft length: {"decode_s", "steps", "mean_draft"}} measured in the engine; → {"a",
     "c", "points"}: the least-squares a, c of step cost − t(1 + mean draft)/t(1) = a + c · mean
-    draft, in plain forwards. With one run (or one mean draft) c is taken as 0."""
+    draft, in plain forwards. With one run (or one mean draft) c is taken as 0, and so is a negative
+    slope (a longer draft never makes a step cheaper: the slope is noise there, and extrapolated it
+    would make every longer length look faster)."""
     pts = []
     for k, r in sorted(runs.items()):
         if not r.get("steps") or r.get("decode_s") is None or r.get("mean_draft") is None:
@@ -70,10 +72,11 @@ def fit_step_cost(runs: dict[int, dict], plain_s_per_token: float, curve: dict[i
         raise ValueError("no run with steps to fit the step cost from")
     md = np.array([p["mean_draft"] for p in pts])
     extra = np.array([p["extra"] for p in pts])
+    c, a = 0.0, float(extra.mean())
     if len(pts) > 1 and np.ptp(md) > 1e-6:
-        c, a = np.polyfit(md, extra, 1)
-    else:
-        c, a = 0.0, float(extra.mean())
+        slope, intercept = np.polyfit(md, extra, 1)
+        if slope > 0:
+            c, a = slope, intercept
     return {"a": float(a), "c": float(c), "points": pts}
 
 

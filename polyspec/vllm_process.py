@@ -86,9 +86,16 @@ def root_cause(log: str) -> str:
 class VLLMProcess:
     """One vLLM ``LLM`` in a worker process. ``llm``: its keyword arguments (``model``, ``dtype``,
     ``speculative_config``, …), or None for a process that only answers :meth:`probe`. ``log``:
-    where the worker's stderr goes (default a temporary file)."""
+    where the worker's stderr goes (default a temporary file). ``env``: variables set for the worker
+    on top of :func:`cpu_env`'s."""
 
-    def __init__(self, llm: dict | None, log: str | Path | None = None, python: str | None = None):
+    def __init__(
+        self,
+        llm: dict | None,
+        log: str | Path | None = None,
+        python: str | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.python = python or vllm_python()
         self.log_path = (
             Path(log) if log else Path(tempfile.mkstemp(prefix="polyspec-vllm-", suffix=".log")[1])
@@ -100,7 +107,7 @@ class VLLMProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
-            env=cpu_env(),
+            env={**cpu_env(), **(env or {})},
             text=True,
             start_new_session=True,
         )

@@ -73,7 +73,8 @@ def choose_length(
 ) -> dict | None:
     """``mode_runs``: draft length → batch-1 run of one drafter. The step cost fit, vLLM's α (the
     longest run's), the predicted and measured speedups, and the chosen ``draft_n``
-    (engines.draft_length)."""
+    (engines.draft_length), no longer than the longest length measured: past it both α and the
+    step cost would be extrapolated."""
     runs = {
         k: {"decode_s": r["seconds"] - prefill_s, "steps": r["spec"]["drafts"], "mean_draft": k}
         for k, r in mode_runs.items()
@@ -86,6 +87,7 @@ def choose_length(
     longest = mode_runs[max(runs)]["spec"]
     alpha = [a / longest["drafts"] for a in longest["accepted_per_pos"]]
     measured = {k: r["tok_s"] / plain["tok_s"] for k, r in mode_runs.items() if r["tok_s"]}
+    k_max = min(k_max, max(runs))
     pick = draft_length.choose(alpha, FLAT, fit["a"], fit["c"], k_max=k_max, measured=measured)
     return {
         **pick,

@@ -71,6 +71,11 @@ SPEC_COUNTERS = {
     "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
 }
 
+# vLLM 0.32 on CPU: a start-up that loads a torch.compile artifact another engine cached can fail
+# ("'function' object has no attribute 'finalize_loading'") and overflow the stack recompiling; a
+# retry compiles afresh (evidence: docs/experiments.md#vllm-for-real-on-the-amd-epyc-zen-4-host)
+NO_COMPILE_CACHE = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
+
 
 @dataclass
 class Settings:
@@ -420,10 +425,10 @@ def probe_target(target, name: str, python: str, out: Path) -> bool:
 
 def run_spec(ctx: Context, mode: Mode, log, tries: int = 2) -> None:
     """One speculative mode's engine: its runs into ``mode.runs``. An engine that fails is started
-    again (vLLM's start-up can fail on its own torch.compile cache: a stack overflow recompiling
-    after a cache load failure, seen here); failing ``tries`` times, vLLM's error line goes into
-    ``ctx.failed`` and the bench goes on. Drafters the probe found unservable (``ctx.refused``) are
-    skipped."""
+    again without vLLM's compile cache (its start-up can fail on that cache: a stack overflow
+    recompiling after a load failure of a cached artifact, seen here; :data:`NO_COMPILE_CACHE`);
+    failing ``tries`` times, vLLM's error line goes into ``ctx.failed`` and the bench goes on.
+    Drafters the probe found unservable (``ctx.refused``) are skipped."""
     if _key(mode) in ctx.refused:
         return
     cfg = {**ctx.base, "speculative_config": mode.speculative_config}
@@ -431,7 +436,10 @@ def run_spec(ctx: Context, mode: Mode, log, tries: int = 2) -> None:
     for attempt in range(1, tries + 1):
         try:
             with VLLMProcess(
-                cfg, log=ctx.out / "logs" / f"{stem}-{attempt}.log", python=ctx.python
+                cfg,
+                log=ctx.out / "logs" / f"{stem}-{attempt}.log",
+                python=ctx.python,
+                env=NO_COMPILE_CACHE if attempt > 1 else None,
             ) as eng:
                 log(
                     f"[vllm] {mode.name} ({mode.drafter or 'no drafter'}): up in "

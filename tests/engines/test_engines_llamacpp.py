@@ -564,6 +564,12 @@ def test_the_draft_length_follows_a_made_up_cost_curve_and_acceptance():
     assert long["draft_n"] == min(k for k in s if s[k] >= (1 - dl.TOLERANCE) * max(s.values())) >= 4
     fit = dl.fit_step_cost(runs(steep), plain_s, steep)
     assert dl.choose(alpha, steep, fit["a"], fit["c"])["draft_n"] <= 2
+    # a step that measured cheaper at a longer draft (noise): no negative per-draft cost
+    noisy = runs(flat)
+    noisy[4]["decode_s"] *= 0.7
+    fit = dl.fit_step_cost(noisy, plain_s, flat)
+    extras = [p["extra"] for p in fit["points"]]
+    assert fit["c"] == 0 and fit["a"] == pytest.approx(sum(extras) / len(extras))
     assert dl.choose([0.2, 0.04], flat, a, c)["draft_n"] == 1
     assert dl.expected_tokens([0.8, 0.4], 4) == pytest.approx(1 + 0.8 + 0.4 + 0.2 + 0.1)
     over = dl.choose(alpha, flat, a, c, k_max=4, measured={1: 1.3, 2: 1.1, 3: 1.0, 4: 0.9})

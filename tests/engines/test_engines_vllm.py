@@ -32,10 +32,13 @@ class FakeProcess:
     diverge: tuple[str, int] | None = None
     started: list[dict] = []
     fail: dict[str, int] = {}  # mode name → how many of its next starts fail
+    envs: list[tuple[str, dict | None]] = []  # (mode name, the extra environment) of each start
 
-    def __init__(self, llm, log=None, python=None):
+    def __init__(self, llm, log=None, python=None, env=None):
         self.llm, self.python, self.version, self.load_seconds = llm, python, "fake", 0.0
         self.spec = (llm or {}).get("speculative_config")
+        if self.spec:
+            FakeProcess.envs.append((_mode(self.spec), env))
         if self.spec and self.fail.get(_mode(self.spec), 0) > 0:
             self.fail[_mode(self.spec)] -= 1
             raise PolyspecError("vLLM failed: RuntimeError: cancelled — log: x.log")
@@ -127,6 +130,7 @@ def fake(monkeypatch):
         [],
         {},
     )
+    FakeProcess.envs = []
     return FakeProcess
 
 
@@ -200,6 +204,7 @@ def test_bench_measures_speedup_acceptance_step_cost_and_draft_length(
         "c"
     ] == pytest.approx(C, abs=0.005)
     predicted = {int(k): v for k, v in d["predicted_speedup"].items()}
+    assert set(predicted) == {1, 2, 3, 4}  # no length past the sweep's longest is predicted
     expect = {k: (1 + sum(ACCEPT[:k])) / (1 + A + C * k) for k in range(1, 5)}
     assert max(expect, key=expect.get) == 2 == d["draft_n"]
     for k in range(1, 5):
@@ -399,6 +404,10 @@ def test_an_engine_that_fails_to_start_is_tried_again_then_recorded(
         and rep["refused"] is None
     )
     assert "**en: eagle3@2 failed in vLLM (twice):**" in (tmp_path / "out" / "vllm.md").read_text()
+    # a retry starts vLLM without its compile cache; a first start keeps it
+    tries = [env for mode, env in fake.envs if mode == "eagle3@3"]
+    assert tries == [None, vb.NO_COMPILE_CACHE]
+    assert all(env is None for mode, env in fake.envs if mode == "eagle3@1")
 
 
 def test_draft_models_run_as_vllms_draft_model_on_the_runs_languages(
