@@ -73,7 +73,8 @@ SPEC_COUNTERS = {
 
 # vLLM 0.32 on CPU: a start-up that loads a torch.compile artifact another engine cached can fail
 # ("'function' object has no attribute 'finalize_loading'") and overflow the stack recompiling; a
-# retry compiles afresh (evidence: docs/experiments.md#vllm-for-real-on-the-amd-epyc-zen-4-host)
+# retry compiles afresh (evidence:
+# docs/experiments.md#vllm-for-real-on-the-amd-epyc-zen-4-host-the-chat-drafter-from-a-fresh-clone-every-draft-length-and-the-compile-cache-failure-2026-12-02-code-5335322)  # noqa: E501
 NO_COMPILE_CACHE = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
 
 
