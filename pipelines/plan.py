@@ -253,9 +253,47 @@ def _capturing_distill_stage(
         f"seed={plan.profile.seed}",
         *distill.overrides,
     ]
+    return _synth_distill_stage(
+        plan,
+        f"{out_name}:{lang}",
+        lang,
+        out_name,
+        ["--prompts", prompts],
+        temperatures,
+        overrides,
+        deps=deps,
+        data=[f for f in files if Path(f).is_file()],
+    )
+
+
+def _continuation_stage(plan: _PlanInputs, lang: str) -> Stage:
+    """distill:<lang> (distill.mode=continuation): free-text continuations of the seeds, for the
+    pretrain."""
+    distill = plan.profile.distill
+    temperatures = ",".join(str(t) for t in distill.temperatures)
+    overrides = [f"seed={plan.profile.seed}", *distill.overrides]
+    return _synth_distill_stage(
+        plan, f"distill:{lang}", lang, "pretrain", ["--continuation"], temperatures, overrides
+    )
+
+
+def _synth_distill_stage(
+    plan: _PlanInputs,
+    name: str,
+    lang: str,
+    out_name: str,
+    source: list[str],
+    temperatures: str,
+    overrides: list[str],
+    deps: list[str] | None = None,
+    data: list[str] | None = None,
+) -> Stage:
+    """A ``python -m synth distill`` stage writing ``synth/<lang>-<out_name>``: ``source`` says
+    what it answers (``--prompts <set>`` or ``--continuation``)."""
+    distill = plan.profile.distill
     out = plan.run / "synth" / f"{lang}-{out_name}"
     return Stage(
-        f"{out_name}:{lang}",
+        name,
         "distill",
         plan.command(
             "synth",
@@ -264,8 +302,7 @@ def _capturing_distill_stage(
             distill.config,
             "--lang",
             lang,
-            "--prompts",
-            prompts,
+            *source,
             "--out-name",
             out_name,
             "--temperatures",
@@ -277,52 +314,14 @@ def _capturing_distill_stage(
             *overrides,
         ),
         out / "DONE.json",
-        deps=deps,
+        deps=deps or [],
         work=[out],
         check=(
             DistillConfig,
             distill.config,
             [f"lang={lang}", f"target={plan.target}", *overrides],
         ),
-        data=[f for f in files if Path(f).is_file()],
-    )
-
-
-def _continuation_stage(plan: _PlanInputs, lang: str) -> Stage:
-    """distill:<lang> (distill.mode=continuation): free-text continuations of the seeds, for the
-    pretrain."""
-    distill = plan.profile.distill
-    temperatures = ",".join(str(t) for t in distill.temperatures)
-    overrides = [f"seed={plan.profile.seed}", *distill.overrides]
-    out = plan.run / "synth" / f"{lang}-pretrain"
-    return Stage(
-        f"distill:{lang}",
-        "distill",
-        plan.command(
-            "synth",
-            "distill",
-            "--config",
-            distill.config,
-            "--lang",
-            lang,
-            "--continuation",
-            "--out-name",
-            "pretrain",
-            "--temperatures",
-            temperatures,
-            "--target",
-            plan.target,
-            "--run",
-            plan.run_arg,
-            *overrides,
-        ),
-        out / "DONE.json",
-        work=[out],
-        check=(
-            DistillConfig,
-            distill.config,
-            [f"lang={lang}", f"target={plan.target}", *overrides],
-        ),
+        data=data or [],
     )
 
 
