@@ -10,8 +10,10 @@ docs/experiments.md#lossless-in-bf16-shape-invariant-forwards-2026-11-28-code-91
   already differs in the last bit; by the head the logits differ by up to 0.4, enough to flip a
   near-tie.
 - the oneDNN-prepacked linears (``polyspec.packed``), norms, rotary embeddings and the head: bitwise
-  the same row at 1 and at k rows on this CPU (packed bf16 and fp32 weights; fp32 weights too small
-  to pack are multiplied by MKL, whose 1-row GEMV and k-row GEMM round differently).
+  the same row at 1 and at k rows on the Intel Xeon (AMX) where this was measured (packed bf16 and
+  fp32 weights; fp32 weights too small to pack are multiplied by MKL, whose 1-row GEMV and k-row
+  GEMM round differently). On AMD Zen 4 (AVX512-BF16, no AMX) a packed layer (bf16 or fp32) with
+  more than 1024 input features is not: a lone row takes another kernel.
 
 The invariant mode (``POLYSPEC_EXACT``, ``load_target(..., exact=…)``, ``--exact``) therefore
 
@@ -31,7 +33,9 @@ The invariant mode (``POLYSPEC_EXACT``, ``load_target(..., exact=…)``, ``--exa
 2. makes every linear layer row-invariant: packed where this CPU can pack (every size, not only the
    large ones), else (CUDA, CPUs without oneDNN bf16) ``polyspec.packed.RowInvariantLinear``,
    zero-padded to ``ROW_BLOCK`` rows so that one GEMM shape serves 1 to ``ROW_BLOCK`` rows (not
-   measured on a GPU yet).
+   measured on a GPU yet). A packed shape is probed once at load (``rows_invariant``) and padded
+   too where this CPU's kernel rounds a lone row otherwise (AMD Zen 4 without AMX: inputs wider
+   than 1024 features).
 
     # or exact="auto" (POLYSPEC_EXACT, else off)
     target = load_target("gemma3-270m", exact=True)
@@ -320,13 +324,19 @@ def _allowed(mask: torch.Tensor | None, W: int, L: int, device) -> torch.Tensor:
 def make_exact(model: nn.Module, pack: bool = True) -> dict[str, int]:
     """Switch ``model`` (a transformers causal LM) to the invariant mode: the attention above, and
     every linear layer packed (CPU, where oneDNN can and ``pack``) or row-padded
-    (``RowInvariantLinear``). Idempotent. Returns {"packed": n, "row_padded": n} (linears of each
-    kind now)."""
+    (``RowInvariantLinear``); a packed layer whose kernel a probe finds rounding 1 row otherwise
+    than several (``polyspec.packed.rows_invariant``) is both. Idempotent. Returns {"packed": n,
+    "row_padded": n} (linears of each kind now; a packed and padded one counts in both)."""
     from torch import nn
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
-    from polyspec.packed import PackedLinear, RowInvariantLinear, pack_linears, packing_available
+    from polyspec.packed import (
+        PackedLinear,
+        RowInvariantLinear,
+        pack_linears,
+        rows_invariant,
+    )
 
     AttentionInterface.register(NAME, exact_attention)
     # always a 4D mask, never "None = causal"
@@ -335,10 +345,22 @@ def make_exact(model: nn.Module, pack: bool = True) -> dict[str, int]:
     # every size: fp32 weights below packed.MIN_NUMEL would stay MKL's, which is not row-invariant
     if pack:
         pack_linears(model, min_numel=0)
+    probed: dict[tuple, bool] = {}  # per (features in, out, dtype, bias): the probe's answer
     for parent in list(model.modules()):
+        if isinstance(parent, RowInvariantLinear):  # already padded (idempotent)
+            continue
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and not (pack and packing_available(child.weight)):
+            # not packed: CUDA, a CPU without oneDNN for the dtype, ``pack=False``, POLYSPEC_PACK=0
+            if type(child) is nn.Linear:
                 setattr(parent, name, RowInvariantLinear(child))
+            elif type(child) is PackedLinear:
+                w = child.weight
+                shape = (child.in_features, child.out_features, w.dtype, child.bias is not None)
+                if shape not in probed:
+                    probed[shape] = rows_invariant(child)
+                # a packed kernel that rounds one row otherwise than several (AMD Zen 4): padded
+                if not probed[shape]:
+                    setattr(parent, name, RowInvariantLinear(child))
     kinds = [type(m) for m in model.modules()]
     return {"packed": kinds.count(PackedLinear), "row_padded": kinds.count(RowInvariantLinear)}
 

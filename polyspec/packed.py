@@ -161,6 +161,28 @@ class RowInvariantLinear(nn.Module):
         return self.inner(flat)[:n].view(*x.shape[:-1], self.out_features)
 
 
+# Output elements a row-invariance probe compares (over as many random rows as that takes): a
+# kernel that rounds otherwise at 1 row flips ~1 bf16 element in 4,000, so the probe sees ~16.
+_PROBE_ELEMENTS = 1 << 16
+
+
+@torch.inference_mode()
+def rows_invariant(layer: nn.Module) -> bool:
+    """Whether ``layer`` (a linear) gives each row bitwise the same output alone (a plain decoding
+    step) as inside a ``ROW_BLOCK``-row GEMM (a verification), probed on seeded random rows. Not
+    everywhere so: on AMD Zen 4 (AVX512-BF16, no AMX) oneDNN's packed GEMM, bf16 and fp32, takes
+    another kernel for 1 row than for 2 or more once the input has over 1024 features (evidence:
+    docs/experiments.md#exact-mode-on-amd-zen-4-a-lone-rows-kernel-2026-12-02-code-d2a9b6a--this-fix)."""
+    w = layer.weight
+    rows = min(1024, max(ROW_BLOCK, -(-_PROBE_ELEMENTS // layer.out_features)))
+    rows = -(-rows // ROW_BLOCK) * ROW_BLOCK
+    g = torch.Generator(device=w.device).manual_seed(0)
+    x = torch.randn(rows, layer.in_features, generator=g, device=w.device).to(w.dtype)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
+    together = torch.cat([layer(x[i : i + ROW_BLOCK]) for i in range(0, rows, ROW_BLOCK)])
+    return torch.equal(alone, together)
+
+
 def pack_linears(model: nn.Module, min_numel: int | None = None) -> int:
     """Nothing when the environment sets ``POLYSPEC_PACK=0`` (every stage then runs plain
     ``nn.Linear``: to measure a benchmark both ways). Otherwise replace every ``nn.Linear`` of

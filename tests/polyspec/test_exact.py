@@ -155,6 +155,62 @@ def test_row_padded_linears_give_a_row_the_same_bits_at_1_and_at_k_rows():
         assert inv.weight is lin.weight
 
 
+def _row_mismatches(layer, rows: int, k: int) -> int:
+    """Output elements where a row computed alone differs from the same row among k."""
+    x = torch.randn(rows, layer.in_features).to(layer.weight.dtype)
+    with torch.inference_mode():
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
+        among = torch.cat([layer(x[i : i + k]) for i in range(0, rows, k)])
+    return int((alone != among).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_linear_of_the_invariant_mode_gives_a_row_the_same_bits_alone_and_among_k(dtype):
+    """A down projection wider than 1024 features (Gemma-3-270m's is 2048): packed on AMD Zen 4
+    without AMX (bf16 and fp32), it rounds a lone row otherwise; the mode must pad it (measured:
+    that layer unpadded flips ~10 of 40,960 bf16 elements there)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from polyspec.exact import make_exact
+    from polyspec.packed import PackedLinear
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=256,
+        intermediate_size=2048,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+    )
+    model = LlamaForCausalLM(cfg).to(dtype).eval()
+    make_exact(model)
+    assert make_exact(model) == make_exact(model)  # idempotent: nothing wrapped twice
+    layers = [
+        m
+        for parent in model.modules()
+        if not isinstance(parent, RowInvariantLinear)
+        for m in parent.children()
+        if isinstance(m, (nn.Linear, PackedLinear, RowInvariantLinear))
+    ]
+    assert not any(type(m) is nn.Linear for m in layers)
+    for layer in layers:
+        for k in (3, ROW_BLOCK):
+            assert _row_mismatches(layer, 256, k) == 0, (layer, k)
+
+
+def test_the_row_invariance_probe_tells_a_kernel_that_rounds_a_lone_row_otherwise():
+    from polyspec.packed import rows_invariant
+
+    class LoneRowOtherwise(nn.Linear):
+        def forward(self, x):
+            y = super().forward(x)
+            return y + (1e-3 if x.shape[0] == 1 else 0.0)
+
+    assert not rows_invariant(LoneRowOtherwise(64, 32))
+    assert rows_invariant(RowInvariantLinear(LoneRowOtherwise(64, 32)))
+
+
 def test_the_switch(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert exact_wanted(True, cuda, torch.float32) and not exact_wanted(False, cpu, torch.bfloat16)
