@@ -329,6 +329,19 @@ def _needs_eagle3(b: BenchInputs) -> str | None:
     return None
 
 
+def _eagle3_preset(name: str, title: str, paper: str, whole_head: bool) -> Method:
+    """A bench column running the engines' EAGLE-3 drafter alone (``_eagle3``) through adaspec."""
+    return Method(
+        name,
+        title,
+        paper,
+        kind="preset",
+        runs="adaspec",
+        requires=_needs_eagle3,
+        options=lambda b: _eagle3(b, whole_head=whole_head),
+    )
+
+
 def _needs_small_lm(b: BenchInputs) -> str | None:
     if b.assistant is None and (
         b.bundle is None or b.bundle.manifest["drafter_type"] != "small-lm"
@@ -484,25 +497,19 @@ _ENTRIES = (
         options=_fr_spec,
         bench_default=True,
     ),
-    Method(
+    _eagle3_preset(
         "eagle3",
         "EAGLE-3",
         "EAGLE-3 as engines serve it: the language's drafter alone with its whole head, "
         "chain γ 4, no lookup",
-        kind="preset",
-        runs="adaspec",
-        requires=_needs_eagle3,
-        options=lambda b: _eagle3(b, whole_head=True),
+        whole_head=True,
     ),
-    Method(
+    _eagle3_preset(
         "eagle3-adaptive",
         "EAGLE-3, adaptive head",
         "ablation: eagle3 with ADASPEC's vocabulary-size choice "
         "(Alg. 2 lines 29–41: the smaller head rows where recent tokens fit them)",
-        kind="preset",
-        runs="adaspec",
-        requires=_needs_eagle3,
-        options=lambda b: _eagle3(b, whole_head=False),
+        whole_head=False,
     ),
     # transformers' own generate loop (bench columns)
     Method(

@@ -95,6 +95,16 @@ class _PlanInputs:
         return str(self.run)
 
     @property
+    def target_run_args(self) -> list[str]:
+        """``--target <target> --run <run>``, as the data stages' commands pass them."""
+        return ["--target", self.target, "--run", self.run_arg]
+
+    @property
+    def export_args(self) -> list[str]:
+        """``--langs <langs> --run <run> --target <target>``, as both export commands start."""
+        return ["--langs", self.langs_arg, "--run", self.run_arg, "--target", self.target]
+
+    @property
     def langs_arg(self) -> str:
         return ",".join(self.langs)
 
@@ -171,12 +181,17 @@ def _resolve_paths(profile: Profile) -> Profile:
     return profile
 
 
+def _store_stage(name: str, kind: str, cmd: list[str], out: Path, **fields) -> Stage:
+    """A stage that writes the folder ``out``: its resumable work, its DONE record inside."""
+    return Stage(name, kind, cmd, out / "DONE.json", work=[out], **fields)
+
+
 def _synth_stage(plan: _PlanInputs, lang: str) -> Stage:
     """synth:<lang>: the target's self-synthesised instructions and answers in the language."""
     synth = plan.profile.synth
     overrides = [f"seed={plan.profile.seed}", *synth.overrides]
     out = plan.run / "synth" / lang
-    return Stage(
+    return _store_stage(
         f"synth:{lang}",
         "synth",
         plan.command(
@@ -187,14 +202,10 @@ def _synth_stage(plan: _PlanInputs, lang: str) -> Stage:
             lang,
             "--n",
             str(synth.n),
-            "--target",
-            plan.target,
-            "--run",
-            plan.run_arg,
+            *plan.target_run_args,
             *overrides,
         ),
-        out / "DONE.json",
-        work=[out],
+        out,
         check=(
             SynthConfig,
             synth.config,
@@ -292,7 +303,7 @@ def _synth_distill_stage(
     what it answers (``--prompts <set>`` or ``--continuation``)."""
     distill = plan.profile.distill
     out = plan.run / "synth" / f"{lang}-{out_name}"
-    return Stage(
+    return _store_stage(
         name,
         "distill",
         plan.command(
@@ -307,15 +318,11 @@ def _synth_distill_stage(
             out_name,
             "--temperatures",
             temperatures,
-            "--target",
-            plan.target,
-            "--run",
-            plan.run_arg,
+            *plan.target_run_args,
             *overrides,
         ),
-        out / "DONE.json",
+        out,
         deps=deps or [],
-        work=[out],
         check=(
             DistillConfig,
             distill.config,
@@ -329,7 +336,7 @@ def _corpus_stage(plan: _PlanInputs, lang: str) -> Stage:
     """corpus:<lang>: general text in the language (python -m corpus)."""
     corpus = plan.profile.corpus
     out = plan.run / "corpus" / lang
-    return Stage(
+    return _store_stage(
         f"corpus:{lang}",
         "corpus",
         plan.command(
@@ -338,14 +345,10 @@ def _corpus_stage(plan: _PlanInputs, lang: str) -> Stage:
             corpus.config,
             "--langs",
             lang,
-            "--target",
-            plan.target,
-            "--run",
-            plan.run_arg,
+            *plan.target_run_args,
             *corpus.overrides,
         ),
-        out / "DONE.json",
-        work=[out],
+        out,
         check=(
             CorpusConfig,
             corpus.config,
@@ -358,7 +361,7 @@ def _prefill_stage(plan: _PlanInputs, lang: str) -> Stage:
     """prefill:<lang>: the target's features on the first corpus.tokens tokens of corpus:<lang>."""
     corpus = plan.profile.corpus
     out = plan.run / "corpus" / f"{lang}-prefill"
-    return Stage(
+    return _store_stage(
         f"prefill:{lang}",
         "prefill",
         plan.command(
@@ -366,18 +369,14 @@ def _prefill_stage(plan: _PlanInputs, lang: str) -> Stage:
             "prefill",
             "--lang",
             lang,
-            "--target",
-            plan.target,
-            "--run",
-            plan.run_arg,
+            *plan.target_run_args,
             "--max-tokens",
             str(corpus.tokens),
             "--seq-len",
             str(corpus.seq_len),
         ),
-        out / "DONE.json",
+        out,
         deps=[f"corpus:{lang}"],
-        work=[out],
     )
 
 
@@ -397,10 +396,7 @@ def _vocab_stage(plan: _PlanInputs) -> Stage:
             plan.langs_arg,
             "--sources",
             vocab.sources,
-            "--target",
-            plan.target,
-            "--run",
-            plan.run_arg,
+            *plan.target_run_args,
             f"mask_sizes=[{','.join(map(str, sizes))}]",
             *vocab.overrides,
         ),
@@ -498,12 +494,11 @@ def _pretrain_stage(plan: _PlanInputs, track: _TrainTrack) -> Stage:
         *track.pretrain_overrides,
     ]
     out = plan.run / track.train_dir / first / "pretrain"
-    return Stage(
+    return _store_stage(
         f"{track.prefix}:pretrain",
         "pretrain",
         [*track.launch, *overrides],
-        out / "DONE.json",
-        work=[out],
+        out,
         deps=[
             "vocab",
             *(f"distill:{lang}" for lang in plan.langs),
@@ -555,12 +550,7 @@ def _export_stage(plan: _PlanInputs) -> Stage:
         "export",
         plan.command(
             "export",
-            "--langs",
-            plan.langs_arg,
-            "--run",
-            plan.run_arg,
-            "--target",
-            plan.target,
+            *plan.export_args,
             "--out",
             str(plan.bundle),
             "--sizes",
@@ -587,12 +577,7 @@ def _engines_export_stage(plan: _PlanInputs, track: _TrainTrack) -> Stage:
         plan.command(
             "export",
             "engines",
-            "--langs",
-            plan.langs_arg,
-            "--run",
-            plan.run_arg,
-            "--target",
-            plan.target,
+            *plan.export_args,
             "--train-dir",
             track.train_dir,
             "--out",

@@ -265,6 +265,15 @@ def corpus_prompts(lang: str, path: Path, n: int, seed: int = 0) -> list[PoolPro
     ]
 
 
+def _admit(prompt: PoolPrompt, seen: set[tuple[str, ...]], forbidden: set[str]) -> bool:
+    """Whether a prompt passes the pool's guard (no held-out turn, not a repeat); marks it seen."""
+    key = tuple(_norm(t) for t in prompt.turns)
+    if key in seen or forbidden.intersection(key):
+        return False
+    seen.add(key)
+    return True
+
+
 def pool_items(
     lang: str,
     run: str | None,
@@ -294,22 +303,13 @@ def pool_items(
     forbidden, seen = forbidden_turns(), set()
     # guard: drop held-out / benchmark prompts and repeats (first occurrence kept)
     for kind in KINDS:
-        kept = []
-        for p in by_kind[kind]:
-            key = tuple(_norm(t) for t in p.turns)
-            if key not in seen and not forbidden.intersection(key):
-                seen.add(key)
-                kept.append(p)
-        by_kind[kind] = kept
+        by_kind[kind] = [p for p in by_kind[kind] if _admit(p, seen, forbidden)]
     out: list[PoolPrompt] = []
     for i in range(max(len(v) for v in by_kind.values())):  # round robin over the kinds
         out += [by_kind[k][i] for k in KINDS if i < len(by_kind[k])]
     if corpus:  # after the pool's own prompts, guarded the same way
-        for p in corpus_prompts(lang, Path(run or ".") / "corpus" / lang / "data.jsonl", corpus):
-            key = tuple(_norm(t) for t in p.turns)
-            if key not in seen and not forbidden.intersection(key):
-                seen.add(key)
-                out.append(p)
+        corpus_file = Path(run or ".") / "corpus" / lang / "data.jsonl"
+        out += [p for p in corpus_prompts(lang, corpus_file, corpus) if _admit(p, seen, forbidden)]
     if not out:
         raise PolyspecError(f"no prompts for language {lang!r}: no task file, seeds or synth data")
     return out[:limit] if limit else out

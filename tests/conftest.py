@@ -52,6 +52,31 @@ SEED_TEXT = [
 ]
 
 
+# the stage packages, polyspec first (tests/test_cli.py, test_imports.py and test_packaging.py)
+PACKAGES = (
+    "polyspec",
+    "corpus",
+    "synth",
+    "vocab",
+    "train",
+    "export",
+    "decoder",
+    "pipelines",
+    "engines",
+)
+
+
+# synth for a tiny random target: short answers, filters off (prepare_run, tests/pipelines' profile)
+TINY_SYNTH = (
+    "instruction.max_new_tokens=12",
+    "response.max_new_tokens=24",
+    "filters.keep_unfinished_instructions=true",
+    "filters.min_response_chars=1",
+    "filters.min_instruction_chars=1",
+    "filters.require_language=false",
+)
+
+
 def prepare_run(
     run_dir: Path, target_dir: Path, lang: str = "vi", sources: list[dict] | None = None
 ) -> Path:
@@ -66,14 +91,6 @@ def prepare_run(
 
     if (run_dir / "vocab" / f"{lang}.safetensors").is_file():
         return run_dir
-    tiny = [
-        "instruction.max_new_tokens=12",
-        "response.max_new_tokens=24",
-        "filters.keep_unfinished_instructions=true",
-        "filters.min_response_chars=1",
-        "filters.min_instruction_chars=1",
-        "filters.require_language=false",
-    ]
     run_selfsynth(
         validate(
             SynthConfig,
@@ -85,7 +102,7 @@ def prepare_run(
                     f"run={run_dir}",
                     f"target={target_dir}",
                     "engine.batch_size=8",
-                    *tiny,
+                    *TINY_SYNTH,
                 ],
             ),
         ),
@@ -239,6 +256,24 @@ SHAPES = [
 ]
 
 
+# what a bench runs by default: decoder.methods.DEFAULT_BENCH as tests/decoder/test_methods.py pins
+# it (tests/decoder/test_bench.py runs them all)
+DEFAULT_BENCH_METHODS = (
+    "ar",
+    "hf-generate",
+    "adaspec",
+    "eagle-full",
+    "fr-spec",
+    "spide",
+    "pld",
+    "ngram-tree",
+    "spectra",
+    "hybrid",
+    "hf-pld",
+    "hf-assisted",
+)
+
+
 def random_prompts(target, n: int, seed: int, max_len: int = 40) -> list[list[int]]:
     import torch
 
@@ -309,19 +344,14 @@ def draw_pairs(dec, prompt, temperature, n) -> tuple[list[tuple[int, int]], floa
     return pairs, rejected / n
 
 
-def tcfg(run_dir, target_dir, *extra):
-    """A tiny training config (train.config.TrainConfig): a few steps of a small drafter; ``extra``:
-    overrides."""
-    from polyspec.config import apply_overrides, validate
-    from train.config import TrainConfig
-
-    base = [
+def tiny_train_overrides(run_dir, target_dir) -> list[str]:
+    """The overrides of every tiny training config: vi, a few finetune steps of a small drafter."""
+    return [
         f"run={run_dir}",
         f"target={target_dir}",
         "lang=vi",
         "eagle.vocab_size=128",
         "report_to=none",
-        "pretrain.steps=6",
         "finetune.steps=6",
         "eval_every=3",
         "checkpoint_every=2",
@@ -330,8 +360,88 @@ def tcfg(run_dir, target_dir, *extra):
         "data.max_length=64",
         "data.eval_max_examples=3",
         "eval_depth=3",
+    ]
+
+
+def tcfg(run_dir, target_dir, *extra):
+    """A tiny training config (train.config.TrainConfig): a few steps of a small drafter; ``extra``:
+    overrides."""
+    from polyspec.config import apply_overrides, validate
+    from train.config import TrainConfig
+
+    base = [
+        *tiny_train_overrides(run_dir, target_dir),
+        "pretrain.steps=6",
         "small_lm.hidden_size=32",
         "small_lm.intermediate_size=64",
         "small_lm.num_heads=2",
     ]
     return validate(TrainConfig, apply_overrides({}, [*base, *extra]))
+
+
+def drafter_argv(run_dir, target_dir, *extra: str) -> list[str]:
+    """``train/drafter.py`` and the overrides of tests/train's 8-step kill-and-resume finetune."""
+    return [
+        str(REPO / "train" / "drafter.py"),
+        f"run={run_dir}",
+        f"target={target_dir}",
+        "lang=vi",
+        "stage=finetune",
+        "eagle.vocab_size=128",
+        "report_to=none",
+        "finetune.steps=8",
+        "eval_every=4",
+        "checkpoint_every=2",
+        "log_every=1",
+        "optim.batch_size=2",
+        "data.max_length=64",
+        "data.eval_max_examples=2",
+        "eval_depth=2",
+        *extra,
+    ]
+
+
+# -- tests/export's runs: drafters trained for a few steps, vocabularies of two languages
+
+
+def export_train(run_dir, target_dir, *overrides: str) -> list[dict]:
+    """Train a drafter with tests/export's tiny settings (128 ids, 48 tokens, every 2 steps)."""
+    from polyspec.config import apply_overrides, validate
+    from train.config import TrainConfig
+    from train.drafter import run
+
+    base = [
+        f"run={run_dir}",
+        f"target={target_dir}",
+        "eagle.vocab_size=128",
+        "report_to=none",
+        "eval_every=2",
+        "checkpoint_every=2",
+        "optim.batch_size=2",
+        "data.max_length=48",
+        "data.eval_max_examples=1",
+        "eval_depth=2",
+    ]
+    return run(validate(TrainConfig, apply_overrides({}, [*base, *overrides])))
+
+
+def export_vocab(run_dir, target_dir) -> None:
+    """vi and de vocabularies from synth in one call (the masks need every ranked list)."""
+    from polyspec.config import validate
+    from vocab.build import run_vocab
+    from vocab.config import VocabConfig
+
+    run_vocab(
+        validate(
+            VocabConfig,
+            {
+                "langs": ["vi", "de"],
+                "target": str(target_dir),
+                "run": str(run_dir),
+                "mask_sizes": [64, 128],
+                "sources": [{"name": "synth"}],
+                "heldout": "seeds",
+            },
+        ),
+        log=lambda *_: None,
+    )

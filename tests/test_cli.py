@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import PACKAGES, REPO, run_cli
 
 
 def assert_one_line_error(proc, *needles):
@@ -106,17 +106,7 @@ def test_repo_layout():
         assert (REPO / f).is_file(), f
     import importlib
 
-    for pkg in (
-        "corpus",
-        "synth",
-        "vocab",
-        "train",
-        "export",
-        "decoder",
-        "pipelines",
-        "engines",
-        "polyspec",
-    ):
+    for pkg in PACKAGES:
         doc = importlib.import_module(pkg).__doc__
         assert doc and len(doc.split()) > 20, (
             f"{pkg} needs a module docstring saying what it reads and writes"
@@ -124,18 +114,6 @@ def test_repo_layout():
 
 
 # -- every command's --help, in this process (no interpreter start-up per command) -----------------
-
-PACKAGES = (
-    "polyspec",
-    "corpus",
-    "synth",
-    "vocab",
-    "train",
-    "export",
-    "decoder",
-    "pipelines",
-    "engines",
-)
 
 
 def cli_modules() -> list[str]:

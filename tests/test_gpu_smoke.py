@@ -24,6 +24,21 @@ def shards(folder) -> dict[str, torch.Tensor]:
     }
 
 
+def staging_env(tmp_path, **extra: str) -> dict[str, str]:
+    """A packing device script's environment: folders under ``tmp_path``, this Python, the CPU."""
+    folders = {k: str(tmp_path / k.lower()) for k in ("PACK", "STAGE", "SITE", "OUT")}
+    folders["WHEELS"] = str(tmp_path / "none")
+    return os.environ | folders | {"PY": sys.executable, "DEVICE": "cpu", **extra}
+
+
+def device_script(name: str, env: dict[str, str], timeout: int):
+    """``bash scripts/gpu/<name> <args>`` in ``env``, as a function of its arguments."""
+    path = str(REPO / "scripts" / "gpu" / name)
+    return lambda *args: subprocess.run(
+        ["bash", path, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_random_target_loads_like_any_target_and_follows_its_seed(tmp_path, tiny_llama_dir):
     quiet = dict(preset="tiny", tokenizer=str(tiny_llama_dir), device="cpu", log=lambda *_: None)
     a = build_random_target(tmp_path / "a", seed=0, **quiet)
@@ -276,26 +291,7 @@ def test_the_real_target_travels_in_parts_and_is_found_where_it_was_reassembled(
     (tmp_path / "bundle").mkdir()
     # exported before bundles pinned their id table
     (tmp_path / "bundle" / "manifest.json").write_text("{}")
-    env = os.environ | {
-        k: str(tmp_path / v)
-        for k, v in (
-            ("PACK", "pack"),
-            ("STAGE", "stage"),
-            ("SITE", "site"),
-            ("OUT", "out"),
-            ("WHEELS", "none"),
-        )
-    }
-    env |= {"PY": sys.executable, "DEVICE": "cpu", "BENCH": "0"}
-
-    def script(*args):
-        return subprocess.run(
-            ["bash", str(REPO / "scripts" / "gpu" / "gpu-real.sh"), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    script = device_script("gpu-real.sh", staging_env(tmp_path, BENCH="0"), timeout=300)
 
     old = script("pack", str(tmp_path / "bundle"))
     assert old.returncode != 0 and "export it again" in old.stdout, old.stdout + old.stderr
@@ -344,35 +340,16 @@ def test_the_data_scale_device_script_runs_every_step_on_the_tiny_target(tmp_pat
                 json.dumps({"id": f"doc{i}", "lang": "en", "source": "made-up", "text": text})
                 + "\n"
             )
-    env = os.environ | {
-        k: str(tmp_path / v)
-        for k, v in (
-            ("PACK", "pack"),
-            ("STAGE", "stage"),
-            ("SITE", "site"),
-            ("OUT", "out"),
-            ("WHEELS", "none"),
-        )
-    }
-    env |= {
-        "PY": sys.executable,
-        "DEVICE": "cpu",
-        "TARGET": str(tiny_llama_dir),
-        "LANGS": "en",
-        "BUDGET": "300",
-        "SCALE_ARGS": "--batch 8 --max-new-tokens 12 --limit 6 --corpus-prompts 4 --train-batch 4 "
+    env = staging_env(
+        tmp_path,
+        TARGET=str(tiny_llama_dir),
+        LANGS="en",
+        BUDGET="300",
+        SCALE_ARGS="--batch 8 --max-new-tokens 12 --limit 6 --corpus-prompts 4 --train-batch 4 "
         "--seq-len 64 --bench bf16 --bench-tokens 8 --bench-reserve 60 --draft-vocab 256 "
         "--sizes 128,256,512",
-    }
-
-    def script(*args):
-        return subprocess.run(
-            ["bash", str(REPO / "scripts" / "gpu" / "gpu-scale.sh"), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    )
+    script = device_script("gpu-scale.sh", env, timeout=600)
 
     for step in (["pack", str(tmp_path / "corpus-run")], ["stage", "1"], ["stage", "2"], ["run"]):
         done = script(*step)

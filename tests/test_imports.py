@@ -14,19 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
-
-PACKAGES = (
-    "polyspec",
-    "corpus",
-    "synth",
-    "vocab",
-    "train",
-    "export",
-    "decoder",
-    "pipelines",
-    "engines",
-)
+from conftest import PACKAGES, REPO
 
 # A stage's public modules: what other stages may import (DESIGN.md "Layout" and "Stage files").
 PUBLIC = {

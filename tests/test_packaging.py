@@ -16,22 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import PACKAGES, REPO
 
-SOURCES = (
-    "pyproject.toml",
-    "README.md",
-    "configs",
-    "polyspec",
-    "corpus",
-    "synth",
-    "vocab",
-    "train",
-    "export",
-    "decoder",
-    "pipelines",
-    "engines",
-)
+SOURCES = ("pyproject.toml", "README.md", "configs", *PACKAGES)
 
 
 @pytest.mark.slow

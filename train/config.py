@@ -26,10 +26,8 @@ class DataConfig(StrictModel):
         8,
         ge=1,
         description="batch length rounded up to a multiple of this: fewer distinct "
-        "shapes for the kernels (1: no rounding). With length-grouped batches 8 pads the demo's "
-        "vi data 7 % instead of 14 % at 32, 1,812 vs 1,719 tok/s (python -m train.bench, AVX2 "
-        "fp32, "
-        "4 interleaved rounds; 1: 1,774)",
+        "shapes for the kernels (1: no rounding); 8 trains fastest on CPU (evidence: "
+        "docs/experiments.md#stage-speed-measurements)",
     )
     split_text: bool = Field(
         False,
@@ -105,19 +103,16 @@ class EagleConfig(StrictModel):
     num_layers: int = Field(
         1,
         ge=1,
-        description="EAGLE-1: decoder layers of the drafter (1: the EAGLE form; measured "
-        "on vi demo data, 6 epochs from scratch: 2 layers τ 1.51 vs 1.46/1.49 for 1 layer, seeds "
-        "0/1, "
-        "at 1.6× the drafting cost: 7.9 vs 4.8 ms a drafted token, fp32, 8K head; so 1 stays the "
-        "default)",
+        description="EAGLE-1: decoder layers of the drafter (1: the EAGLE form; a second layer "
+        "gained less τ than its drafting cost, evidence: "
+        "docs/experiments.md#the-eagle-1-drafters-depth-and-its-layers-init)",
     )
     init_layer: Literal["random", "target"] = Field(
         "random",
         description="EAGLE-1 trained from scratch: its decoder layer and final norm start as a "
-        "random "
-        "init or as a copy of the target's last full-attention layer and final norm (measured on "
-        "vi demo data, 8 epochs from "
-        "scratch: held-out τ 1.45 with the copy vs 1.57 random, so random stays the default)",
+        "random init or as a copy of the target's last full-attention layer and final norm "
+        "(random scored higher, evidence: "
+        "docs/experiments.md#the-eagle-1-drafters-depth-and-its-layers-init)",
     )
 
     lookup_hint: bool = Field(

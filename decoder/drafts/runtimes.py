@@ -109,7 +109,36 @@ class HeadBank:
         return Head(b.weight[:size], b.ids[:size], b.softcap, b.pre)
 
 
-class EagleRuntime:
+class _CachedRuntime:
+    """What both runtimes share: verified entries cached once (``sync``), drafts run on top."""
+
+    @torch.inference_mode()
+    def sync(self, tokens: list[int], feats: torch.Tensor | None, pending: int) -> torch.Tensor:
+        if self.done < pending:
+            h = self._catch_up(tokens, feats, pending)
+            self.done, self.last = pending, h[-1]
+        return self.last
+
+    @torch.inference_mode()
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        parent_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        mask=None,
+        prefixes: list[list[int]] | None = None,
+    ):
+        """``prefixes``: for a hinted drafter, each draft entry's token prefix (verified tokens, the
+        draft's ancestors, the draft itself)."""
+        hints = self._draft_hints(prefixes, tokens.device)
+        return self._run(tokens, parent_hidden, positions.view(1, -1), mask, hints)
+
+    def _draft_hints(self, prefixes: list[list[int]] | None, device):
+        """The draft entries' prompt-lookup hint inputs; None: this drafter reads none."""
+        return None
+
+
+class EagleRuntime(_CachedRuntime):
     """Entry p = [embed(x_p) ‖ f_{p-1}] at position p → f̂_p, whose head logits propose x_{p+1}."""
 
     kind = "eagle"
@@ -133,50 +162,36 @@ class EagleRuntime:
         ``polyspec.lookup``)."""
         return bool(getattr(self.drafter, "lookup_hint", False))
 
-    @torch.inference_mode()
-    def sync(self, tokens: list[int], feats: torch.Tensor, pending: int) -> torch.Tensor:
-        if self.done < pending:
-            p = torch.arange(self.done + 1, pending + 1, device=feats.device)
-            x = torch.as_tensor(tokens[self.done + 1 : pending + 1], device=feats.device)
-            hints = None
-            # entry q reads the hint of tokens[..q]: a few entries one scan each, a prompt in one
-            # pass
-            if self.hinted:
-                if pending - self.done <= 8:
-                    hints = entry_hints(
-                        self.embed,
-                        [tokens[: q + 1] for q in range(self.done + 1, pending + 1)],
-                        feats.device,
-                    )
-                else:
-                    ids, n = (
-                        torch.tensor([v[self.done + 1 : pending + 1]], device=feats.device)
-                        for v in lookup_hints(tokens[: pending + 1])
-                    )
-                    hints = hint_inputs(self.embed, ids, n)
-            h = self._run(x, feats[p - 1], p.view(1, -1), None, hints)
-            self.done, self.last = pending, h[-1]
-        return self.last
-
-    @torch.inference_mode()
-    def extend(
-        self,
-        tokens: torch.Tensor,
-        parent_hidden: torch.Tensor,
-        positions: torch.Tensor,
-        mask=None,
-        prefixes: list[list[int]] | None = None,
-    ):
-        """``prefixes``: for a hinted drafter, each draft entry's token prefix (verified tokens, the
-        draft's ancestors, the draft itself)."""
+    def _catch_up(self, tokens: list[int], feats: torch.Tensor, pending: int) -> torch.Tensor:
+        """The hidden states of entries done+1..pending, run as one forward."""
+        p = torch.arange(self.done + 1, pending + 1, device=feats.device)
+        x = torch.as_tensor(tokens[self.done + 1 : pending + 1], device=feats.device)
         hints = None
+        # entry q reads the hint of tokens[..q]: a few entries one scan each, a prompt in one pass
         if self.hinted:
-            if prefixes is None:
-                raise PolyspecError(
-                    "this drafter reads prompt-lookup hints: extend() needs each draft's prefix"
+            if pending - self.done <= 8:
+                hints = entry_hints(
+                    self.embed,
+                    [tokens[: q + 1] for q in range(self.done + 1, pending + 1)],
+                    feats.device,
                 )
-            hints = entry_hints(self.embed, prefixes, tokens.device)
-        return self._run(tokens, parent_hidden, positions.view(1, -1), mask, hints)
+            else:
+                ids, n = (
+                    torch.tensor([v[self.done + 1 : pending + 1]], device=feats.device)
+                    for v in lookup_hints(tokens[: pending + 1])
+                )
+                hints = hint_inputs(self.embed, ids, n)
+        return self._run(x, feats[p - 1], p.view(1, -1), None, hints)
+
+    def _draft_hints(self, prefixes: list[list[int]] | None, device):
+        """The draft entries' prompt-lookup hint inputs (None for a drafter without hints)."""
+        if not self.hinted:
+            return None
+        if prefixes is None:
+            raise PolyspecError(
+                "this drafter reads prompt-lookup hints: extend() needs each draft's prefix"
+            )
+        return entry_hints(self.embed, prefixes, device)
 
     def _run(self, tokens, feats, positions, mask, hints=None):
         emb = self.embed(tokens.view(1, -1))
@@ -198,7 +213,7 @@ class EagleRuntime:
             self.cache.crop(-extra)
 
 
-class SmallLMRuntime:
+class SmallLMRuntime(_CachedRuntime):
     """A causal LM over the token stream: entry p = x_p; its hidden state proposes x_{p+1}."""
 
     kind = "small-lm"
@@ -216,31 +231,15 @@ class SmallLMRuntime:
         self.done = -1  # tokens 0..done are cached
         self.last = None
 
-    @torch.inference_mode()
-    def sync(self, tokens: list[int], feats: torch.Tensor | None, pending: int) -> torch.Tensor:
-        if self.done < pending:
-            dev = self.head_weight.device
-            p = torch.arange(self.done + 1, pending + 1, device=dev)
-            h = self._run(
-                torch.as_tensor(tokens[self.done + 1 : pending + 1], device=dev),
-                p.view(1, -1),
-                None,
-            )
-            self.done, self.last = pending, h[-1]
-        return self.last
+    def _catch_up(self, tokens: list[int], feats, pending: int) -> torch.Tensor:
+        """The hidden states of tokens done+1..pending, run as one forward."""
+        dev = self.head_weight.device
+        p = torch.arange(self.done + 1, pending + 1, device=dev)
+        x = torch.as_tensor(tokens[self.done + 1 : pending + 1], device=dev)
+        return self._run(x, None, p.view(1, -1), None)
 
-    @torch.inference_mode()
-    def extend(
-        self,
-        tokens: torch.Tensor,
-        parent_hidden: torch.Tensor,
-        positions: torch.Tensor,
-        mask=None,
-        prefixes: list[list[int]] | None = None,
-    ):
-        return self._run(tokens, positions.view(1, -1), mask)
-
-    def _run(self, tokens, positions, mask):
+    def _run(self, tokens, feats, positions, mask, hints=None):
+        """``feats`` and ``hints`` are not read: a small LM reads its tokens alone."""
         out = self.base(
             input_ids=tokens.view(1, -1),
             position_ids=positions,

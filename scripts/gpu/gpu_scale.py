@@ -367,36 +367,21 @@ class ScaleRun:
     def export(self):
         """Step ``export``: the bundle, the engines' folders and ``drafter.tar.gz``'s parts."""
         args, run = self.args, self.run
-        sizes = args.sizes
-        run_module(
-            "export",
-            "--langs",
-            args.lang,
-            "--run",
-            str(run),
-            "--target",
-            args.target,
-            "--out",
-            str(run / "export" / "bundle"),
-            "--sizes",
-            sizes,
-            log=self.log,
-        )
-        run_module(
-            "export",
-            "engines",
-            "--langs",
-            args.lang,
-            "--run",
-            str(run),
-            "--target",
-            args.target,
-            "--out",
-            str(run / "export" / "engines"),
-            "--sizes",
-            sizes,
-            log=self.log,
-        )
+        for command, folder in ((["export"], "bundle"), (["export", "engines"], "engines")):
+            run_module(
+                *command,
+                "--langs",
+                args.lang,
+                "--run",
+                str(run),
+                "--target",
+                args.target,
+                "--out",
+                str(run / "export" / folder),
+                "--sizes",
+                args.sizes,
+                log=self.log,
+            )
         return {"parts": pack_drafter(run, args.lang, self.out)}
 
     def release_target(self) -> None:

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from conftest import make_tiny_bundle, run_cli
+from conftest import DEFAULT_BENCH_METHODS, make_tiny_bundle, run_cli
 from polyspec.errors import PolyspecError
 from polyspec.targets import load_target
 
@@ -66,21 +66,8 @@ def test_every_method_runs_in_one_harness_and_lossless_ones_are_identical(
     from decoder.bench.run import load_questions, run_bench
 
     qs = load_questions(None, ["vi", "de"], per_cell=1, categories=["qa", "multiturn", "mixed"])
-    methods = [
-        "ar",
-        "hf-generate",
-        "adaspec",
-        "adaspec-fixsize",
-        "eagle-full",
-        "fr-spec",
-        "spide",
-        "pld",
-        "ngram-tree",
-        "spectra",
-        "hybrid",
-        "hf-pld",
-        "hf-assisted",
-    ]
+    # the default ones, adaspec-fixsize after adaspec
+    methods = [*DEFAULT_BENCH_METHODS[:3], "adaspec-fixsize", *DEFAULT_BENCH_METHODS[3:]]
     notes = []
     report = run_bench(
         llama, small_lm_bundle, qs, methods, 16, 2, tmp_path / "eval", log=notes.append

@@ -514,34 +514,18 @@ def test_bad_options_fail_in_one_line(llama, bundles):
         Decoder(llama, method="ar").generate([], 4)
 
 
+def decode_cli(target_dir, bundle, prompt: str, *extra: str):
+    """``python -m decoder run --target … --bundle … --prompt …``, then ``extra``."""
+    args = ["--target", str(target_dir), "--bundle", str(bundle), "--prompt", prompt, *extra]
+    return run_cli("-m", "decoder", "run", *args)
+
+
 def test_cli_prints_text_and_tau(tiny_llama_dir, bundles):
-    r = run_cli(
-        "-m",
-        "decoder",
-        "run",
-        "--target",
-        str(tiny_llama_dir),
-        "--bundle",
-        str(bundles[("llama", "oracle")]),
-        "--prompt",
-        "Xin chào",
-        "--max-new-tokens",
-        "16",
-        "--trace",
-        "--device",
-        "cpu",
+    oracle = bundles[("llama", "oracle")]
+    r = decode_cli(
+        tiny_llama_dir, oracle, "Xin chào", "--max-new-tokens", "16", "--trace", "--device", "cpu"
     )
     assert r.returncode == 0, r.stderr
     assert "τ = " in r.stderr and "step   0" in r.stderr and "lang vi" in r.stderr
-    bad = run_cli(
-        "-m",
-        "decoder",
-        "run",
-        "--target",
-        str(tiny_llama_dir),
-        "--bundle",
-        "/nonexistent",
-        "--prompt",
-        "x",
-    )
+    bad = decode_cli(tiny_llama_dir, "/nonexistent", "x")
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1

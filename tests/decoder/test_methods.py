@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, make_tiny_bundle
+from conftest import DEFAULT_BENCH_METHODS, REPO, make_tiny_bundle
 from polyspec.errors import PolyspecError
 from polyspec.targets import load_target
 
@@ -137,20 +137,7 @@ def test_method_lists_are_checked_against_the_registry():
     with pytest.raises(PolyspecError, match="unknown method\\(s\\) 'adaspek', 'nope'"):
         parse_methods("ar,adaspek,pld,nope")
     assert get_method("pld").title == "PLD"
-    assert set(DEFAULT_BENCH) == {
-        "ar",
-        "hf-generate",
-        "adaspec",
-        "eagle-full",
-        "fr-spec",
-        "spide",
-        "pld",
-        "ngram-tree",
-        "spectra",
-        "hybrid",
-        "hf-pld",
-        "hf-assisted",
-    }
+    assert set(DEFAULT_BENCH) == set(DEFAULT_BENCH_METHODS)
 
 
 def test_the_registry_and_the_bench_cli_load_no_torch():

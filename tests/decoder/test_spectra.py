@@ -95,25 +95,12 @@ def test_candidate_pool_learns_the_verifiers_predictions():
 def test_candidate_pool_explores_unseen_tokens():
     # τ = 0: always add the best token S_fwd has not seen after 9
     sp = Spectra(100, refine_threshold=0.0)
-    sp.update(
-        inputs=[9],
-        parents=[-1],
-        top_ids=[[42, 43, 44]],
-        top_probs=[[0.5, 0.3, 0.2]],
-        accepted=[0],
-        context=[9],
-    )
+    step = dict(inputs=[9], parents=[-1], top_ids=[[42, 43, 44]], top_probs=[[0.5, 0.3, 0.2]])
+    sp.update(**step, accepted=[0], context=[9])
     # the argmax last (most recent), S_bwd keeps the argmax
     assert list(sp.fwd[9]) == [(43,), (42,)]
     assert sp.bwd[(9,)] == 42
-    sp.update(
-        inputs=[9],
-        parents=[-1],
-        top_ids=[[42, 43, 44]],
-        top_probs=[[0.5, 0.3, 0.2]],
-        accepted=[0],
-        context=[9],
-    )
+    sp.update(**step, accepted=[0], context=[9])  # the same step again
     assert (44,) in sp.fwd[9]  # 43 is known now: the next unseen one
     low = Spectra(100, refine_threshold=0.0, min_prob=0.35)
     low.update(

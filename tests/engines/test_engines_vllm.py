@@ -145,6 +145,13 @@ def drafters(tmp_path_factory, tiny_llama_dir):
     return root / "speculators"
 
 
+def vllm_cli(target_dir, out, options: str, drafters=None, engines=None, draft_models=None) -> int:
+    """``python -m engines.vllm`` into ``out``: ``options`` (split at spaces), the paths given."""
+    paths = {"--drafters": drafters, "--engines": engines, "--draft-models": draft_models}
+    given = [x for flag, p in paths.items() if p is not None for x in (flag, str(p))]
+    return main(["--target", str(target_dir), "--out", str(out), *options.split(), *given])
+
+
 def _engines(path):
     path.write_text(
         json.dumps(
@@ -168,23 +175,8 @@ def test_bench_measures_speedup_acceptance_step_cost_and_draft_length(
     fake, drafters, tiny_llama_dir, tmp_path
 ):
     engines = _engines(tmp_path / "engines.json")
-    rc = main(
-        [
-            "--target",
-            str(tiny_llama_dir),
-            "--drafters",
-            str(drafters),
-            "--out",
-            str(tmp_path / "out"),
-            "--prompts",
-            "4",
-            "--n",
-            "80",
-            "--batch",
-            "1,2",
-            "--engines",
-            str(engines),
-        ]
+    rc = vllm_cli(
+        tiny_llama_dir, tmp_path / "out", "--prompts 4 --n 80 --batch 1,2", drafters, engines
     )
     assert rc == 0
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
@@ -242,23 +234,8 @@ def test_a_divergence_in_fp32_fails_with_its_margin(
     fake, drafters, tiny_llama_dir, tmp_path, capsys
 ):
     fake.diverge = ("eagle3@2", 1)
-    rc = main(
-        [
-            "--target",
-            str(tiny_llama_dir),
-            "--drafters",
-            str(drafters),
-            "--out",
-            str(tmp_path / "out"),
-            "--prompts",
-            "3",
-            "--n",
-            "12",
-            "--sweep",
-            "1,2",
-            "--batch",
-            "1",
-        ]
+    rc = vllm_cli(
+        tiny_llama_dir, tmp_path / "out", "--prompts 3 --n 12 --sweep 1,2 --batch 1", drafters
     )
     assert rc == 1 and "eagle3@2(en)@b1" in capsys.readouterr().err
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
@@ -274,24 +251,7 @@ def test_a_target_without_eagle3_in_vllm_runs_plain_and_ngram(
     fake.eagle3 = False
     engines = _engines(tmp_path / "engines.json")
     assert (
-        main(
-            [
-                "--target",
-                str(tiny_llama_dir),
-                "--drafters",
-                str(drafters),
-                "--out",
-                str(tmp_path / "out"),
-                "--prompts",
-                "2",
-                "--n",
-                "8",
-                "--batch",
-                "1",
-                "--engines",
-                str(engines),
-            ]
-        )
+        vllm_cli(tiny_llama_dir, tmp_path / "out", "--prompts 2 --n 8 --batch 1", drafters, engines)
         == 0
     )
     table = json.loads(engines.read_text())["engines"]["vllm"]
@@ -341,27 +301,8 @@ def test_the_run_report_carries_the_vllm_table(fake, drafters, tiny_llama_dir, t
     from pipelines.report import measured_engines
 
     run = tmp_path / "run"
-    assert (
-        main(
-            [
-                "--target",
-                str(tiny_llama_dir),
-                "--drafters",
-                str(drafters),
-                "--out",
-                str(run / "vllm"),
-                "--prompts",
-                "2",
-                "--n",
-                "12",
-                "--sweep",
-                "1,2",
-                "--batch",
-                "1",
-            ]
-        )
-        == 0
-    )
+    options = "--prompts 2 --n 12 --sweep 1,2 --batch 1"
+    assert vllm_cli(tiny_llama_dir, run / "vllm", options, drafters) == 0
     lines = measured_engines(run)
     assert lines[0] == "### vLLM (`vllm/vllm.md`)"
     # a heading one level down
@@ -378,25 +319,7 @@ def test_an_engine_that_fails_to_start_is_tried_again_then_recorded(
     failing twice is recorded with vLLM's line and the other draft lengths still run."""
     # eagle3@2 is also the chosen length: run again, failing again
     fake.fail = {"eagle3@2": 4, "eagle3@3": 1}
-    assert (
-        main(
-            [
-                "--target",
-                str(tiny_llama_dir),
-                "--drafters",
-                str(drafters),
-                "--out",
-                str(tmp_path / "out"),
-                "--prompts",
-                "2",
-                "--n",
-                "12",
-                "--batch",
-                "1",
-            ]
-        )
-        == 0
-    )
+    assert vllm_cli(tiny_llama_dir, tmp_path / "out", "--prompts 2 --n 12 --batch 1", drafters) == 0
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
     assert [m["mode"] for m in rep["modes"]] == ["ngram", "eagle3@1", "eagle3@3", "eagle3@4"]
     assert (
@@ -418,27 +341,8 @@ def test_draft_models_run_as_vllms_draft_model_on_the_runs_languages(
     small = tmp_path / "small" / "untrained"
     small.mkdir(parents=True)
     (small / "config.json").write_text("{}")
-    assert (
-        main(
-            [
-                "--target",
-                str(tiny_llama_dir),
-                "--draft-models",
-                str(small.parent),
-                "--out",
-                str(tmp_path / "o"),
-                "--prompts",
-                "2",
-                "--n",
-                "12",
-                "--sweep",
-                "1,2",
-                "--batch",
-                "1",
-            ]
-        )
-        == 0
-    )
+    options = "--prompts 2 --n 12 --sweep 1,2 --batch 1"
+    assert vllm_cli(tiny_llama_dir, tmp_path / "o", options, draft_models=small.parent) == 0
     rep = json.loads((tmp_path / "o" / "vllm.json").read_text())
     got = {m["mode"]: m for m in rep["modes"]}
     d = rep["draft_length"]["untrained (draft_model)"]

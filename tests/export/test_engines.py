@@ -8,12 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import prepare_run
-from polyspec.config import apply_overrides, validate
+from conftest import export_train, export_vocab, prepare_run
 from polyspec.errors import PolyspecError
 from polyspec.targets import load_target
-from train.config import TrainConfig
-from train.drafter import run as train_run
 
 
 def test_interleave_ranked_keeps_every_languages_top_ids():
@@ -56,66 +53,27 @@ def test_rehead_moves_shared_rows_and_takes_new_ones_from_the_target():
 def eagle3_run(tmp_path_factory, tiny_llama_dir):
     """vi + de: an EAGLE-3 multilingual pretrain (interleaved draft vocabulary) and two finetunes
     from it, written under train-eagle3/ as a profile's engine track does."""
-    from vocab.build import run_vocab
-    from vocab.config import VocabConfig
-
     run_dir = tmp_path_factory.mktemp("run-engines")
     for lang in ("vi", "de"):
         prepare_run(run_dir, tiny_llama_dir, lang)
-    run_vocab(
-        validate(
-            VocabConfig,
-            {
-                "langs": ["vi", "de"],
-                "target": str(tiny_llama_dir),
-                "run": str(run_dir),
-                "mask_sizes": [64, 128],
-                "sources": [{"name": "synth"}],
-                "heldout": "seeds",
-            },
-        ),
-        log=lambda *_: None,
-    )
-    common = [
-        f"run={run_dir}",
-        f"target={tiny_llama_dir}",
-        "train_dir=train-eagle3",
-        "eagle.arch=eagle3",
-        "eagle.vocab_size=128",
-        "report_to=none",
-        "eval_every=2",
-        "checkpoint_every=2",
-        "optim.batch_size=2",
-        "data.max_length=48",
-        "data.eval_max_examples=1",
-        "eval_depth=2",
-        "eagle.ttt_steps=2",
-    ]
+    export_vocab(run_dir, tiny_llama_dir)
+    common = ["train_dir=train-eagle3", "eagle.arch=eagle3", "eagle.ttt_steps=2"]
     pre = [
         f"data.pretrain=[{run_dir}/synth/vi/data.jsonl,{run_dir}/synth/de/data.jsonl]",
         "eagle.vocab_langs=[vi,de]",
     ]
-    train_run(
-        validate(
-            TrainConfig,
-            apply_overrides({}, [*common, *pre, "lang=vi", "stage=pretrain", "pretrain.steps=2"]),
-        )
+    export_train(
+        run_dir, tiny_llama_dir, *common, *pre, "lang=vi", "stage=pretrain", "pretrain.steps=2"
     )
     for lang in ("vi", "de"):
-        train_run(
-            validate(
-                TrainConfig,
-                apply_overrides(
-                    {},
-                    [
-                        *common,
-                        f"lang={lang}",
-                        "stage=finetune",
-                        "finetune.steps=2",
-                        f"init_from={run_dir}/train-eagle3/vi/pretrain/final",
-                    ],
-                ),
-            )
+        export_train(
+            run_dir,
+            tiny_llama_dir,
+            *common,
+            f"lang={lang}",
+            "stage=finetune",
+            "finetune.steps=2",
+            f"init_from={run_dir}/train-eagle3/vi/pretrain/final",
         )
     return run_dir, load_target(str(tiny_llama_dir))
 

@@ -6,13 +6,16 @@ import shutil
 import pytest
 import torch
 
-from conftest import prepare_run
-from polyspec.config import apply_overrides, validate
+from conftest import export_train, export_vocab, prepare_run, run_cli
 from polyspec.errors import PolyspecError
 from polyspec.targets import load_target
-from train.config import TrainConfig
-from train.drafter import run as train_run
 from vocab.masks import load_masks
+
+
+def export_cli(run_dir, target_dir, out, langs: str, sizes: str):
+    """``python -m export`` of ``langs`` from ``run_dir`` into ``out`` with masks of ``sizes``."""
+    args = ["--langs", langs, "--run", str(run_dir), "--target", str(target_dir), "--out", str(out)]
+    return run_cli("-m", "export", *args, "--sizes", sizes)
 
 
 @pytest.fixture(scope="module")
@@ -21,46 +24,9 @@ def trained(tmp_path_factory, tiny_llama_dir):
     run_dir = tmp_path_factory.mktemp("run-export")
     for lang in ("vi", "de"):
         prepare_run(run_dir, tiny_llama_dir, lang)
-        cfg = validate(
-            TrainConfig,
-            apply_overrides(
-                {},
-                [
-                    f"run={run_dir}",
-                    f"target={tiny_llama_dir}",
-                    f"lang={lang}",
-                    "stage=finetune",
-                    "eagle.vocab_size=128",
-                    "report_to=none",
-                    "finetune.steps=2",
-                    "eval_every=2",
-                    "checkpoint_every=2",
-                    "optim.batch_size=2",
-                    "data.max_length=48",
-                    "data.eval_max_examples=1",
-                    "eval_depth=2",
-                ],
-            ),
-        )
-        train_run(cfg)
+        export_train(run_dir, tiny_llama_dir, f"lang={lang}", "stage=finetune", "finetune.steps=2")
     # vocab for both languages in one call (the masks need every ranked list)
-    from vocab.build import run_vocab
-    from vocab.config import VocabConfig
-
-    run_vocab(
-        validate(
-            VocabConfig,
-            {
-                "langs": ["vi", "de"],
-                "target": str(tiny_llama_dir),
-                "run": str(run_dir),
-                "mask_sizes": [64, 128],
-                "sources": [{"name": "synth"}],
-                "heldout": "seeds",
-            },
-        ),
-        log=lambda *_: None,
-    )
+    export_vocab(run_dir, tiny_llama_dir)
     return run_dir, load_target(str(tiny_llama_dir))
 
 
@@ -182,24 +148,9 @@ def test_interrupted_export_leaves_no_half_bundle(tmp_path, trained):
 
 
 def test_cli_writes_and_checks(tmp_path, trained, tiny_llama_dir):
-    from conftest import run_cli
-
     run_dir, _ = trained
     out = tmp_path / "bundle"
-    proc = run_cli(
-        "-m",
-        "export",
-        "--langs",
-        "vi,de",
-        "--run",
-        str(run_dir),
-        "--target",
-        str(tiny_llama_dir),
-        "--out",
-        str(out),
-        "--sizes",
-        "64,128",
-    )
+    proc = export_cli(run_dir, tiny_llama_dir, out, "vi,de", "64,128")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["languages"] == ["vi", "de"]
     ok = run_cli("-m", "export", "--check", str(out), "--target", str(tiny_llama_dir))
@@ -257,29 +208,9 @@ def eagle3_bundle(tmp_path_factory, trained, tiny_llama_dir):
     run3 = tmp_path_factory.mktemp("run-eagle3")
     shutil.copytree(run_dir / "synth", run3 / "synth")
     shutil.copytree(run_dir / "vocab", run3 / "vocab")
-    cfg = validate(
-        TrainConfig,
-        apply_overrides(
-            {},
-            [
-                f"run={run3}",
-                f"target={tiny_llama_dir}",
-                "lang=vi",
-                "stage=finetune",
-                "eagle.vocab_size=128",
-                "eagle.arch=eagle3",
-                "report_to=none",
-                "finetune.steps=2",
-                "eval_every=2",
-                "checkpoint_every=2",
-                "optim.batch_size=2",
-                "data.max_length=48",
-                "data.eval_max_examples=1",
-                "eval_depth=2",
-            ],
-        ),
+    export_train(
+        run3, tiny_llama_dir, "lang=vi", "stage=finetune", "eagle.arch=eagle3", "finetune.steps=2"
     )
-    train_run(cfg)
     return write_bundle(
         tmp_path_factory.mktemp("b3") / "bundle", run3, ["vi"], target.pin(), [64, 128]
     )
@@ -395,27 +326,9 @@ def test_speculators_export_file_contract_and_exact_mapping(
 def test_speculators_refuses_eagle1_drafters_with_the_reason(
     tmp_path, trained, tiny_llama_dir, fmt
 ):
-    from conftest import run_cli
-
     run_dir, _ = trained
     out = tmp_path / "bundle"
-    assert (
-        run_cli(
-            "-m",
-            "export",
-            "--langs",
-            "vi",
-            "--run",
-            str(run_dir),
-            "--target",
-            str(tiny_llama_dir),
-            "--out",
-            str(out),
-            "--sizes",
-            "64",
-        ).returncode
-        == 0
-    )
+    assert export_cli(run_dir, tiny_llama_dir, out, "vi", "64").returncode == 0
     r = run_cli(
         "-m",
         "export",

@@ -9,7 +9,23 @@ import shutil
 import pytest
 import yaml
 
-from conftest import REPO, run_cli
+from conftest import REPO, TINY_SYNTH, run_cli
+
+
+def train_overrides(steps: str, eval_every: int, *extra: str) -> list[str]:
+    """A tiny profile's train stage: ``steps``, checkpoints every 2 steps, ``extra``, 48 tokens."""
+    return [
+        steps,
+        "checkpoint_every=2",
+        f"eval_every={eval_every}",
+        *extra,
+        "eagle.vocab_size=64",
+        "data.max_length=48",
+        "optim.batch_size=2",
+        "data.eval_max_examples=1",
+        "eval_depth=2",
+        "report_to=none",
+    ]
 
 
 def tiny_profile(path, target_dir) -> str:
@@ -20,15 +36,7 @@ def tiny_profile(path, target_dir) -> str:
         "target": str(target_dir),
         "synth": {
             "n": 6,
-            "overrides": [
-                "instruction.max_new_tokens=12",
-                "response.max_new_tokens=24",
-                "filters.keep_unfinished_instructions=true",
-                "filters.min_response_chars=1",
-                "filters.min_instruction_chars=1",
-                "filters.require_language=false",
-                "engine.batch_size=8",
-            ],
+            "overrides": [*TINY_SYNTH, "engine.batch_size=8"],
         },
         "distill": {
             "temperatures": [0.0, 1.0],
@@ -37,54 +45,12 @@ def tiny_profile(path, target_dir) -> str:
         },
         "vocab": {"sources": "synth", "overrides": ["heldout=seeds"]},
         "train": {
-            "pretrain_overrides": [
-                "pretrain.steps=4",
-                "checkpoint_every=2",
-                "eval_every=2",
-                "log_every=1",
-                "eagle.vocab_size=64",
-                "data.max_length=48",
-                "optim.batch_size=2",
-                "data.eval_max_examples=1",
-                "eval_depth=2",
-                "report_to=none",
-            ],
-            "finetune_overrides": [
-                "finetune.steps=3",
-                "checkpoint_every=2",
-                "eval_every=3",
-                "log_every=1",
-                "eagle.vocab_size=64",
-                "data.max_length=48",
-                "optim.batch_size=2",
-                "data.eval_max_examples=1",
-                "eval_depth=2",
-                "report_to=none",
-            ],
+            "pretrain_overrides": train_overrides("pretrain.steps=4", 2, "log_every=1"),
+            "finetune_overrides": train_overrides("finetune.steps=3", 3, "log_every=1"),
             # the EAGLE-3 drafters engines load, beside the default recipe's hinted EAGLE-1 ones
             "engine": {
-                "pretrain_overrides": [
-                    "pretrain.steps=2",
-                    "checkpoint_every=2",
-                    "eval_every=2",
-                    "eagle.vocab_size=64",
-                    "data.max_length=48",
-                    "optim.batch_size=2",
-                    "data.eval_max_examples=1",
-                    "eval_depth=2",
-                    "report_to=none",
-                ],
-                "finetune_overrides": [
-                    "finetune.steps=2",
-                    "checkpoint_every=2",
-                    "eval_every=2",
-                    "eagle.vocab_size=64",
-                    "data.max_length=48",
-                    "optim.batch_size=2",
-                    "data.eval_max_examples=1",
-                    "eval_depth=2",
-                    "report_to=none",
-                ],
+                "pretrain_overrides": train_overrides("pretrain.steps=2", 2),
+                "finetune_overrides": train_overrides("finetune.steps=2", 2),
             },
         },
         "export": {"sizes": [64, 128]},

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_cli, tiny_train_overrides
 from polyspec.config import apply_overrides, validate
 from polyspec.errors import PolyspecError
 from polyspec.features import FeatureReader
@@ -99,23 +99,11 @@ def dcfg(run_dir, target_dir, prompts, *extra) -> DistillConfig:
     return validate(DistillConfig, apply_overrides({}, [*base, *extra]))
 
 
-# conftest.tcfg's settings, finetune on captured data
+# conftest's tiny training settings (as tcfg's), finetune on captured data
 def tcfg(run_dir, target_dir, *extra) -> TrainConfig:
     base = [
-        f"run={run_dir}",
-        f"target={target_dir}",
-        "lang=vi",
-        "eagle.vocab_size=128",
-        "report_to=none",
+        *tiny_train_overrides(run_dir, target_dir),
         "stage=finetune",
-        "finetune.steps=6",
-        "eval_every=3",
-        "checkpoint_every=2",
-        "log_every=1",
-        "optim.batch_size=2",
-        "data.max_length=64",
-        "data.eval_max_examples=3",
-        "eval_depth=3",
         f"data.finetune=[{run_dir}/synth/vi-distill/data.jsonl]",
         "features=captured",
     ]

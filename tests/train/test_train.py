@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, prepare_run, run_cli, tcfg
+from conftest import REPO, drafter_argv, prepare_run, run_cli, tcfg
 from polyspec.config import apply_overrides, validate
 from polyspec.drafter_models import (
     EagleDrafter,
@@ -33,6 +33,15 @@ def gemma_run(tmp_path_factory, tiny_gemma_dir):
 @pytest.fixture(scope="module")
 def llama_run(tmp_path_factory, tiny_llama_dir):
     return prepare_run(tmp_path_factory.mktemp("run-llama"), tiny_llama_dir)
+
+
+def finetune(run_dir, target_dir, *overrides: str) -> list[dict]:
+    """``run`` of the tiny config's (``tcfg``) finetune stage with ``overrides``."""
+    return run(tcfg(run_dir, target_dir, "stage=finetune", *overrides))
+
+
+# a two-step finetune that checkpoints at its end and evaluates never
+TWO_STEPS = ("finetune.steps=2", "checkpoint_every=2", "eval_every=100")
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -494,7 +503,7 @@ def test_without_a_scored_held_out_sequence_export_ships_final(
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
     monkeypatch.setattr(DrafterRecipe, "evaluate", lambda self: summarize([], self.cfg.eval_depth))
-    run(tcfg(run_dir, tiny_llama_dir, "stage=finetune"))
+    finetune(run_dir, tiny_llama_dir)
     base = run_dir / "train" / "vi"
     assert not (base / "finetune" / "best").exists()
     assert (base / "final" / "model.safetensors").read_bytes() == (
@@ -530,14 +539,11 @@ def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tin
         with pytest.raises(
             PolyspecError, match="lookup_hint is False in the config, True in the drafter"
         ):
-            run(
-                tcfg(
-                    run_dir,
-                    tiny_llama_dir,
-                    "stage=finetune",
-                    f"init_from={base / 'final'}",
-                    "run=" + str(tmp_path / "other"),
-                )
+            finetune(
+                run_dir,
+                tiny_llama_dir,
+                f"init_from={base / 'final'}",
+                "run=" + str(tmp_path / "other"),
             )
     # EAGLE-3: own head over the language's top-128 ids, three target layers fused
     if arch == ["eagle.arch=eagle3"]:
@@ -559,16 +565,13 @@ def test_pretrain_then_finetune_writes_the_layout(kind, tmp_path, llama_run, tin
         echo_run = tmp_path / "echo-run"
         shutil.copytree(llama_run, echo_run)
         echo = echo_eagle(base / "finetune" / "final", tmp_path / "echo", target)
-        got = run(
-            tcfg(
-                echo_run,
-                tiny_llama_dir,
-                "drafter_type=eagle",
-                *arch,
-                "stage=finetune",
-                "eval_only=true",
-                f"init_from={echo}",
-            )
+        got = finetune(
+            echo_run,
+            tiny_llama_dir,
+            "drafter_type=eagle",
+            *arch,
+            "eval_only=true",
+            f"init_from={echo}",
         )[0]["eval"]
         want = echo_acceptance(echo_run / "train" / "vi" / "finetune", target, echo, k=3)
     assert want["accept_len"] > 0, (
@@ -591,19 +594,16 @@ def test_training_score_is_the_decoders_tau(tmp_path, llama_run, tiny_llama_dir)
     shutil.copytree(llama_run, run_dir)
     target = load_target(str(tiny_llama_dir))
     shutil.copytree(llama_run, tmp_path / "trained")
-    run(tcfg(tmp_path / "trained", tiny_llama_dir, "stage=finetune"))
+    finetune(tmp_path / "trained", tiny_llama_dir)
     # accepts drafts here
     echo = echo_eagle(tmp_path / "trained/train/vi/finetune/final", tmp_path / "echo", target)
-    [res] = run(
-        tcfg(
-            run_dir,
-            tiny_llama_dir,
-            "stage=finetune",
-            "eval_only=true",
-            f"init_from={echo}",
-            "data.eval_max_examples=6",
-            "data.eval_fraction=0.4",
-        )
+    [res] = finetune(
+        run_dir,
+        tiny_llama_dir,
+        "eval_only=true",
+        f"init_from={echo}",
+        "data.eval_max_examples=6",
+        "data.eval_fraction=0.4",
     )
     shutil.copytree(echo, run_dir / "train/vi/final")
     bundle = write_bundle(tmp_path / "bundle", run_dir, ["vi"], target.pin(), [128])
@@ -730,17 +730,14 @@ def test_training_reduces_the_loss(tmp_path, llama_run, tiny_llama_dir):
 
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
-    run(
-        tcfg(
-            run_dir,
-            tiny_llama_dir,
-            "stage=finetune",
-            "finetune.steps=40",
-            "optim.lr=3e-3",
-            "eval_every=100",
-            "checkpoint_every=100",
-            "log_every=1",
-        )
+    finetune(
+        run_dir,
+        tiny_llama_dir,
+        "finetune.steps=40",
+        "optim.lr=3e-3",
+        "eval_every=100",
+        "checkpoint_every=100",
+        "log_every=1",
     )
     losses = [
         json.loads(x)["loss"]
@@ -754,23 +751,7 @@ def test_training_reduces_the_loss(tmp_path, llama_run, tiny_llama_dir):
 def test_kill_9_then_resume_reaches_the_same_final_loss(tmp_path, llama_run, tiny_llama_dir):
     import shutil
 
-    args = lambda d: [  # noqa: E731
-        str(REPO / "train" / "drafter.py"),
-        f"run={d}",
-        f"target={tiny_llama_dir}",
-        "lang=vi",
-        "stage=finetune",
-        "eagle.vocab_size=128",
-        "report_to=none",
-        "finetune.steps=8",
-        "eval_every=4",
-        "checkpoint_every=2",
-        "log_every=1",
-        "optim.batch_size=2",
-        "data.max_length=64",
-        "data.eval_max_examples=2",
-        "eval_depth=2",
-    ]
+    args = lambda d: drafter_argv(d, tiny_llama_dir)  # noqa: E731
     for name in ("ref", "crash"):
         shutil.copytree(llama_run, tmp_path / name)
     ref = run_cli(*args(tmp_path / "ref"))
@@ -797,27 +778,11 @@ def test_ddp_two_processes_on_cpu_follow_the_single_process_trend(
 ):
     import shutil
 
-    common = [
-        f"target={tiny_llama_dir}",
-        "lang=vi",
-        "stage=finetune",
-        "eagle.vocab_size=128",
-        "report_to=none",
-        "finetune.steps=12",
-        "eval_every=100",
-        "checkpoint_every=100",
-        "log_every=1",
-        "optim.batch_size=2",
-        "data.max_length=64",
-        "data.eval_max_examples=2",
-        "eval_depth=2",
-        "optim.lr=3e-3",
-    ]
+    # drafter_argv's finetune for 12 steps, neither evaluated nor checkpointed on the way
+    common = ("finetune.steps=12", "eval_every=100", "checkpoint_every=100", "optim.lr=3e-3")
     for name in ("one", "two"):
         shutil.copytree(llama_run, tmp_path / name)
-    one = run_cli(
-        str(REPO / "train" / "drafter.py"), f"run={tmp_path / 'one'}", *common, "optim.grad_accum=2"
-    )
+    one = run_cli(*drafter_argv(tmp_path / "one", tiny_llama_dir, *common, "optim.grad_accum=2"))
     assert one.returncode == 0, one.stderr[-2000:]
     two = run_cli(
         "-m",
@@ -831,9 +796,7 @@ def test_ddp_two_processes_on_cpu_follow_the_single_process_trend(
         "no",
         "--dynamo_backend",
         "no",
-        str(REPO / "train" / "drafter.py"),
-        f"run={tmp_path / 'two'}",
-        *common,
+        *drafter_argv(tmp_path / "two", tiny_llama_dir, *common),
         env={"ACCELERATE_USE_CPU": "1"},
     )
     assert two.returncode == 0, two.stderr[-3000:]
@@ -853,14 +816,14 @@ def test_ddp_two_processes_on_cpu_follow_the_single_process_trend(
 
 def test_bad_input_fails_before_training(tmp_path, gemma_run, tiny_gemma_dir, tiny_llama_dir):
     with pytest.raises(PolyspecError, match="training data not found"):
-        run(tcfg(tmp_path, tiny_gemma_dir, "stage=finetune"))
+        finetune(tmp_path, tiny_gemma_dir)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{not json\n[1, 2]\n{"conversations": 3}\n')
     with pytest.raises(PolyspecError, match=r"no usable training example .*\(3 lines skipped\)"):
-        run(tcfg(gemma_run, tiny_gemma_dir, "stage=finetune", f"data.finetune=[{bad}]"))
+        finetune(gemma_run, tiny_gemma_dir, f"data.finetune=[{bad}]")
     # vocab built for the gemma tokenizer
     with pytest.raises(PolyspecError, match="another tokenizer"):
-        run(tcfg(gemma_run, tiny_llama_dir, "stage=finetune"))
+        finetune(gemma_run, tiny_llama_dir)
     # make vocab's lists span |V|; a shorter ranked list (another tool, a truncated file) is refused
     from vocab.files import RankedVocab, load_ranked, save_ranked
 
@@ -869,16 +832,11 @@ def test_bad_input_fails_before_training(tmp_path, gemma_run, tiny_gemma_dir, ti
         tmp_path / "short", RankedVocab("vi", full.ranked_ids[:100], full.counts[:100], full.meta)
     )
     with pytest.raises(PolyspecError, match="larger than the ranked list"):
-        run(
-            tcfg(
-                gemma_run,
-                tiny_gemma_dir,
-                "stage=finetune",
-                f"eagle.vocab_file={tmp_path / 'short' / 'vi.safetensors'}",
-            )
+        finetune(
+            gemma_run, tiny_gemma_dir, f"eagle.vocab_file={tmp_path / 'short' / 'vi.safetensors'}"
         )
     with pytest.raises(PolyspecError, match="larger than the target vocabulary"):
-        run(tcfg(gemma_run, tiny_gemma_dir, "stage=finetune", "eagle.vocab_size=100000"))
+        finetune(gemma_run, tiny_gemma_dir, "eagle.vocab_size=100000")
 
 
 def test_cli_script_entry_point_prints_one_line_errors(tmp_path, tiny_gemma_dir):
@@ -915,16 +873,7 @@ def test_wandb_offline_run_holds_the_logged_metrics(
     monkeypatch.delenv("WANDB_MODE", raising=False)  # the recipe must choose offline by itself
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
-    run(
-        tcfg(
-            run_dir,
-            tiny_llama_dir,
-            "stage=finetune",
-            "report_to=wandb",
-            "finetune.steps=3",
-            "log_every=1",
-        )
-    )
+    finetune(run_dir, tiny_llama_dir, "report_to=wandb", "finetune.steps=3", "log_every=1")
     runs = list((run_dir / "train/vi/finetune/wandb").glob("offline-run-*"))
     assert len(runs) == 1, list((run_dir / "train/vi/finetune").rglob("*"))[:20]
     logged = list(runs[0].glob("*.wandb"))
@@ -948,7 +897,7 @@ def test_compare_tables_untrained_and_trained_runs(tmp_path, llama_run, tiny_lla
 
     for name, extra in (("untrained", ["eval_only=true"]), ("f", [])):
         shutil.copytree(llama_run, tmp_path / name)
-        run(tcfg(tmp_path / name, tiny_llama_dir, "stage=finetune", *extra))
+        finetune(tmp_path / name, tiny_llama_dir, *extra)
     only = json.loads((tmp_path / "untrained/train/vi/finetune/eval_only.json").read_text())
     assert only["steps"] == 0 and only["init_from"] is None and only["eval"]["steps"] > 0
     assert not (tmp_path / "untrained/train/vi/finetune/final").exists(), "eval_only trains nothing"
@@ -1048,28 +997,19 @@ def test_eval_file_scores_an_independent_test_set(tmp_path, llama_run, tiny_llam
     scores = {}
     # same run folder: the cached sequences must follow the file
     for name, f in (("a", test_a), ("b", test_b)):
-        [res] = run(
-            tcfg(
-                run_dir,
-                tiny_llama_dir,
-                "stage=finetune",
-                "eval_only=true",
-                f"data.eval_file=[{f}]",
-                "data.eval_max_examples=50",
-            )
+        [res] = finetune(
+            run_dir,
+            tiny_llama_dir,
+            "eval_only=true",
+            f"data.eval_file=[{f}]",
+            "data.eval_max_examples=50",
         )
         scores[name] = res["eval"]["sequences"]
         assert len(json.loads(seqs.read_text())["sequences"]) == (2 if name == "a" else 5)
     assert scores["a"] < scores["b"]
     with pytest.raises(PolyspecError, match="not found"):
-        run(
-            tcfg(
-                run_dir,
-                tiny_llama_dir,
-                "stage=finetune",
-                "eval_only=true",
-                f"data.eval_file=[{tmp_path / 'none.jsonl'}]",
-            )
+        finetune(
+            run_dir, tiny_llama_dir, "eval_only=true", f"data.eval_file=[{tmp_path / 'none.jsonl'}]"
         )
     # with a test set, finetune trains on every record of its data
     recipe = DrafterRecipe(
@@ -1085,40 +1025,12 @@ def test_resume_refuses_checkpoints_of_another_data_config(tmp_path, llama_run, 
 
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
-    run(
-        tcfg(
-            run_dir,
-            tiny_llama_dir,
-            "stage=finetune",
-            "finetune.steps=2",
-            "checkpoint_every=2",
-            "eval_every=100",
-        )
-    )
-    run(
-        tcfg(
-            run_dir,
-            tiny_llama_dir,
-            "stage=finetune",
-            "finetune.steps=2",
-            "checkpoint_every=2",
-            "eval_every=100",
-        )
-    )
+    finetune(run_dir, tiny_llama_dir, *TWO_STEPS)
+    finetune(run_dir, tiny_llama_dir, *TWO_STEPS)
     # the data settings are part of the resume key
     for changed in ("data.max_length=48", "data.eval_fraction=0.2"):
         with pytest.raises(PolyspecError, match="another config or data"):
-            run(
-                tcfg(
-                    run_dir,
-                    tiny_llama_dir,
-                    "stage=finetune",
-                    "finetune.steps=2",
-                    "checkpoint_every=2",
-                    "eval_every=100",
-                    changed,
-                )
-            )
+            finetune(run_dir, tiny_llama_dir, *TWO_STEPS, changed)
 
 
 def test_train_bench_times_the_recipes_step_and_leaves_the_run_alone(
@@ -1130,16 +1042,7 @@ def test_train_bench_times_the_recipes_step_and_leaves_the_run_alone(
 
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
-    run(
-        tcfg(
-            run_dir,
-            tiny_llama_dir,
-            "stage=finetune",
-            "finetune.steps=2",
-            "checkpoint_every=2",
-            "eval_every=100",
-        )
-    )
+    finetune(run_dir, tiny_llama_dir, *TWO_STEPS)
     before = {p: p.stat().st_mtime_ns for p in (run_dir / "train").rglob("*")}
     # another data config than the finished stage's checkpoint: training would refuse to resume, the
     # bench starts fresh
@@ -1226,14 +1129,14 @@ def test_a_truncated_offline_feature_shard_is_a_one_line_error_naming_it(tmp_pat
 def test_a_damaged_checkpoint_is_a_one_line_error_naming_it(tmp_path, llama_run, tiny_llama_dir):
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
-    common = ["stage=finetune", "checkpoint_every=2", "eval_every=100", "keep_checkpoints=2"]
-    run(tcfg(run_dir, tiny_llama_dir, *common, "finetune.steps=4"))
+    common = ["checkpoint_every=2", "eval_every=100", "keep_checkpoints=2", "finetune.steps=4"]
+    finetune(run_dir, tiny_llama_dir, *common)
     ck = run_dir / "train/vi/finetune/checkpoint-4"
     weights = ck / "model.safetensors"
     _truncate(weights)
     # a rerun of the finished stage resumes from its last checkpoint
     with pytest.raises(PolyspecError) as e:
-        run(tcfg(run_dir, tiny_llama_dir, *common, "finetune.steps=4"))
+        finetune(run_dir, tiny_llama_dir, *common)
     msg = str(e.value)
     assert (
         "\n" not in msg
@@ -1242,9 +1145,9 @@ def test_a_damaged_checkpoint_is_a_one_line_error_naming_it(tmp_path, llama_run,
     )
     (ck / "trainer_state.json").write_text("{")
     with pytest.raises(PolyspecError, match=f"corrupt checkpoint {ck / 'trainer_state.json'}: "):
-        run(tcfg(run_dir, tiny_llama_dir, *common, "finetune.steps=4"))
+        finetune(run_dir, tiny_llama_dir, *common)
     shutil.rmtree(ck)  # as the message says: the stage resumes from the checkpoint before
-    assert run(tcfg(run_dir, tiny_llama_dir, *common, "finetune.steps=4"))[0]["steps"] == 4
+    assert finetune(run_dir, tiny_llama_dir, *common)[0]["steps"] == 4
 
 
 def test_compare_skips_a_torn_metrics_line(tmp_path):
@@ -1304,17 +1207,14 @@ def test_max_seconds_fits_the_schedule_to_the_budget_and_ends_with_final_weights
 
     run_dir = tmp_path / "run"
     shutil.copytree(llama_run, run_dir)
-    res = run(
-        tcfg(
-            run_dir,
-            tiny_llama_dir,
-            "stage=finetune",
-            "finetune.steps=4000",
-            "max_seconds=2",
-            "checkpoint_every=100000",
-            "eval_every=100000",
-            "optim.lr=1e-3",
-        )
+    res = finetune(
+        run_dir,
+        tiny_llama_dir,
+        "finetune.steps=4000",
+        "max_seconds=2",
+        "checkpoint_every=100000",
+        "eval_every=100000",
+        "optim.lr=1e-3",
     )
     assert REPLAN_AFTER <= res[-1]["steps"] < 4000
     metrics = [

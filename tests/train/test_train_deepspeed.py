@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import REPO, prepare_run, run_cli
+from conftest import REPO, drafter_argv, prepare_run, run_cli
 from polyspec.config import apply_overrides, validate
 from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError
@@ -36,22 +36,7 @@ def launch(config: str, run_dir, target_dir, *extra: str, env: dict | None = Non
         "accelerate.commands.launch",
         "--config_file",
         str(REPO / "configs" / "accelerate" / config),
-        str(REPO / "train" / "drafter.py"),
-        f"run={run_dir}",
-        f"target={target_dir}",
-        "lang=vi",
-        "stage=finetune",
-        "eagle.vocab_size=128",
-        "report_to=none",
-        "finetune.steps=8",
-        "eval_every=4",
-        "checkpoint_every=2",
-        "log_every=1",
-        "optim.batch_size=2",
-        "data.max_length=64",
-        "data.eval_max_examples=2",
-        "eval_depth=2",
-        *extra,
+        *drafter_argv(run_dir, target_dir, *extra),
         env=env,
     )
 

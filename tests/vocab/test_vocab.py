@@ -24,6 +24,18 @@ from vocab.sources import documents
 # ------------------------------------------------------------------------------------------- masks
 
 
+def build_vocab(run_dir, target_dir, lang: str = "vi", **settings) -> dict:
+    """``run_vocab`` of ``lang`` into ``run_dir`` with 64-id masks; ``settings``: the rest."""
+    base = {"langs": [lang], "target": str(target_dir), "run": str(run_dir), "mask_sizes": [64]}
+    return run_vocab(validate(VocabConfig, {**base, **settings}), log=lambda *_: None)
+
+
+def vocab_cli(target_dir, run_dir, sources: str, *extra: str):
+    """``python -m vocab --langs vi --sources … --target … --run …``, then ``extra``."""
+    args = ["--sources", sources, "--target", str(target_dir), "--run", str(run_dir), *extra]
+    return run_cli("-m", "vocab", "--langs", "vi", *args)
+
+
 def test_mask_rows_are_top_s_ids_in_row_order_s_times_L_plus_l(tmp_path):
     rng = np.random.default_rng(0)
     V, sizes = 50, [3, 7, 12]
@@ -251,20 +263,7 @@ def test_coverage_on_held_out_answers_counts_the_prompts_ids_too(tmp_path, tiny_
             for q, a in rows
         )
     )
-    summary = run_vocab(
-        validate(
-            VocabConfig,
-            {
-                "langs": ["vi"],
-                "target": str(tiny_gemma_dir),
-                "run": str(tmp_path),
-                "mask_sizes": [64],
-                "coverage_ks": [16, 64],
-                "heldout": "answers",
-            },
-        ),
-        log=lambda *_: None,
-    )
+    summary = build_vocab(tmp_path, tiny_gemma_dir, coverage_ks=[16, 64], heldout="answers")
     cov = json.loads((tmp_path / "vocab" / "coverage.json").read_text())
     plain, withp = cov["coverage"]["vi"], cov["coverage_with_prompt_ids"]["vi"]
     assert summary["coverage_with_prompt_ids"]["vi"] == withp
@@ -282,33 +281,12 @@ def test_coverage_on_held_out_answers_counts_the_prompts_ids_too(tmp_path, tiny_
 
 
 def test_wordfreq_only_measures_coverage_on_other_text(tmp_path, tiny_llama_dir):
-    cfg = validate(
-        VocabConfig,
-        {
-            "langs": ["ja"],
-            "target": str(tiny_llama_dir),
-            "run": str(tmp_path),
-            "mask_sizes": [64],
-            "coverage_ks": [64, 256],
-        },
-    )
-    summary = run_vocab(cfg, log=lambda *_: None)
+    summary = build_vocab(tmp_path, tiny_llama_dir, "ja", coverage_ks=[64, 256])
     assert summary["heldout"]["ja"]["kind"] == "seeds" and summary["heldout"]["ja"]["tokens"] > 0
 
 
 def test_wrong_tokenizer_is_refused(tmp_path, tiny_gemma_dir, tiny_llama_dir):
-    run_vocab(
-        validate(
-            VocabConfig,
-            {
-                "langs": ["vi"],
-                "target": str(tiny_gemma_dir),
-                "run": str(tmp_path),
-                "mask_sizes": [64],
-            },
-        ),
-        log=lambda *_: None,
-    )
+    build_vocab(tmp_path, tiny_gemma_dir)
     other = load_target(str(tiny_llama_dir)).tokenizer_sha256
     with pytest.raises(PolyspecError) as e:
         load_ranked(tmp_path / "vocab" / "vi.safetensors", tokenizer_sha256=other)
@@ -320,36 +298,16 @@ def test_wrong_tokenizer_is_refused(tmp_path, tiny_gemma_dir, tiny_llama_dir):
 def test_empty_corpus_and_missing_data_are_clear_errors(tmp_path, tiny_gemma_dir):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    base = {
-        "langs": ["vi"],
-        "target": str(tiny_gemma_dir),
-        "run": str(tmp_path),
-        "mask_sizes": [64],
-    }
     with pytest.raises(PolyspecError, match="empty corpus"):
-        run_vocab(
-            validate(VocabConfig, {**base, "sources": [{"name": "files", "path": str(empty)}]}),
-            log=lambda *_: None,
-        )
+        build_vocab(tmp_path, tiny_gemma_dir, sources=[{"name": "files", "path": str(empty)}])
+    none = str(tmp_path / "none*.txt")
     with pytest.raises(PolyspecError, match="no txt/jsonl/parquet"):
-        run_vocab(
-            validate(
-                VocabConfig,
-                {**base, "sources": [{"name": "files", "path": str(tmp_path / "none*.txt")}]},
-            ),
-            log=lambda *_: None,
-        )
+        build_vocab(tmp_path, tiny_gemma_dir, sources=[{"name": "files", "path": none}])
     # no synth output for this language in the run
     with pytest.raises(PolyspecError, match="gave no tokens"):
-        run_vocab(
-            validate(VocabConfig, {**base, "sources": [{"name": "synth"}], "heldout": "seeds"}),
-            log=lambda *_: None,
-        )
+        build_vocab(tmp_path, tiny_gemma_dir, sources=[{"name": "synth"}], heldout="seeds")
     with pytest.raises(PolyspecError, match="would measure coverage on the text that was counted"):
-        run_vocab(
-            validate(VocabConfig, {**base, "sources": [{"name": "synth"}], "heldout": "synth"}),
-            log=lambda *_: None,
-        )
+        build_vocab(tmp_path, tiny_gemma_dir, sources=[{"name": "synth"}], heldout="synth")
 
 
 def test_online_sources_fail_in_one_line_when_offline(tmp_path, tiny_gemma_dir, monkeypatch):
@@ -370,18 +328,8 @@ def test_online_sources_fail_in_one_line_when_offline(tmp_path, tiny_gemma_dir, 
 
 
 def test_cli(tmp_path, tiny_gemma_dir, corpus):
-    proc = run_cli(
-        "-m",
-        "vocab",
-        "--langs",
-        "vi",
-        "--sources",
-        f"files={corpus / 'vi'},wordfreq@0.2",
-        "--target",
-        str(tiny_gemma_dir),
-        "--run",
-        str(tmp_path),
-        "mask_sizes=[32,64]",
+    proc = vocab_cli(
+        tiny_gemma_dir, tmp_path, f"files={corpus / 'vi'},wordfreq@0.2", "mask_sizes=[32,64]"
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["mask_sizes"] == [32, 64]
@@ -495,17 +443,10 @@ def test_hub_path_streams_a_local_snapshot_and_stops_at_the_token_cap(
     tok = load_target(str(tiny_gemma_dir), with_model=False).tokenizer
     per_doc = max(len(ids) for ids in tok(docs, add_special_tokens=False)["input_ids"])
     cap = 2000
-    proc = run_cli(
-        "-m",
-        "vocab",
-        "--langs",
-        "vi",
-        "--sources",
+    proc = vocab_cli(
+        tiny_gemma_dir,
+        tmp_path,
         f"fineweb2:dataset={fineweb2_snapshot}:max_tokens={cap}",
-        "--target",
-        str(tiny_gemma_dir),
-        "--run",
-        str(tmp_path),
         "batch_size=4",
         "heldout_every=5",
         "mask_sizes=[32]",
