@@ -33,7 +33,7 @@ bundle, which calibrated defaults it reads); what the loop needs while decoding 
 built draft source (``decoder.drafts.types.DraftSource``: features, trees, EAGLE-3 layers, its node
 bound).
 
-The options are one dataclass, ``decoder.methods.DecodeOptions``: ``Decoder(target, bundle, method,
+The options are one dataclass, ``decoder.options.DecodeOptions``: ``Decoder(target, bundle, method,
 options=DecodeOptions(gamma=3))`` or the same fields as keywords
 (``Decoder(target, bundle, method, gamma=3)``). γ (chain draft length) defaults to the bundle's
 ``calibration.json`` g* for this device (``python -m decoder.calibrate``), else 4. Options ``lang``
@@ -57,7 +57,8 @@ from decoder.drafts.spectra import Spectra, refined_corpus
 from decoder.drafts.types import DecodeState, Proposal, Verified
 from decoder.loop.runner import TargetRunner
 from decoder.loop.verify import accept_greedy, accept_sampled, argmax, sample, warp
-from decoder.methods import METHODS, DecodeOptions, get_method
+from decoder.methods import METHODS, get_method
+from decoder.options import DecodeOptions
 from export.bundle import Bundle, load_bundle
 from polyspec.errors import PolyspecError
 from polyspec.generation import Stopper, eos_ids
@@ -160,7 +161,7 @@ class Decoder:
         log=None,
         **overrides,
     ):
-        """``options``: ``decoder.methods.DecodeOptions`` (declared there, with their defaults);
+        """``options``: ``decoder.options.DecodeOptions`` (declared there, with their defaults);
         ``overrides``: any of its fields as keywords, over ``options``
         (``Decoder(target, bundle, "chain", gamma=3)``). ``self.options`` holds them as the draft
         source got them: γ, node budget and SPECTRA's tables filled in."""

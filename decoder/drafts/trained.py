@@ -13,6 +13,7 @@ from decoder.drafts.tables import SpideTable
 from decoder.drafts.types import DecodeState, DraftSource, Proposal, Verified
 from decoder.loop.runner import additive_mask
 from decoder.loop.verify import sample
+from decoder.options import DecodeOptions
 from polyspec.drafter_kind import DrafterKind
 from polyspec.errors import PolyspecError
 from polyspec.lookup import MAX_NGRAM, earlier_occurrence
@@ -42,7 +43,7 @@ class DrafterSource(DraftSource):
         self,
         target,
         bundle,
-        options,
+        options: DecodeOptions,
         *,
         mode: str = "chain",
         adaptive: bool = False,
@@ -50,11 +51,9 @@ class DrafterSource(DraftSource):
         name: str = "drafter",
         lookup_runs: PromptLookup | None = None,
     ):
-        """``options``: the decoder's ``decoder.methods.DecodeOptions``, ``tree_nodes`` set (not
-        imported here: ``decoder.methods`` imports this module, and importing it back would be an
-        import cycle); it reads γ (None: 4), the tree shape, ``gamma_max``, ``lang``, ``size``,
-        ``vocab_lang`` and ADASPEC's ``window``/``step``/``offset``. ``spide_threshold``: SPIDE's
-        (None: no SPIDE table, chains of γ)."""
+        """``options``: the decoder's, ``tree_nodes`` set; it reads γ (None: 4), the tree shape,
+        ``gamma_max``, ``lang``, ``size``, ``vocab_lang`` and ADASPEC's ``window``/``step``/
+        ``offset``. ``spide_threshold``: SPIDE's (None: no SPIDE table, chains of γ)."""
         o = options
         lang, size, vocab_lang = o.lang, o.size, o.vocab_lang
         self.name, self.mode, self.adaptive = name, mode, adaptive

@@ -33,11 +33,12 @@ def bundles(tmp_path_factory, llama):
 
 def build_source(method: str, target, bundle=None, **options):
     """method → its draft source (None for ``ar``), from the registry; ``options``: fields of
-    ``decoder.methods.DecodeOptions``, taken as given: no calibration is read, and the node budget
+    ``decoder.options.DecodeOptions``, taken as given: no calibration is read, and the node budget
     defaults to the CPU's uncalibrated one on every device (``Decoder`` resolves γ, the node budget
     and SPECTRA's tables itself)."""
     from decoder.core import UNCALIBRATED_TREE_NODES
-    from decoder.methods import DecodeOptions, get_method
+    from decoder.methods import get_method
+    from decoder.options import DecodeOptions
 
     o = DecodeOptions(**{"tree_nodes": UNCALIBRATED_TREE_NODES["cpu"], **options})
     return get_method(method, kind="decoder").build_source(target, bundle, o)
