@@ -80,6 +80,23 @@ def main(argv: list[str] | None = None) -> int:
         stats = run_distill(cfg)
         print(json.dumps(stats, indent=2, ensure_ascii=False))
         return 0
+    if argv[:1] == ["prompts"]:
+        from synth.prompt_set import build_prompt_set
+
+        ap = argparse.ArgumentParser(
+            prog="python -m synth prompts",
+            description="The on-policy prompt set at scale (synth/prompt_set.py): Alg. 1's "
+            "instructions + the pool + corpus prompts, guarded, near-duplicates removed, shuffled.",
+        )
+        ap.add_argument("--lang", required=True)
+        ap.add_argument("--run", required=True)
+        ap.add_argument("--corpus", type=int, default=0, help="prompts about corpus paragraphs")
+        ap.add_argument("--near-duplicate", type=float, default=0.7, help="Jaccard threshold")
+        ap.add_argument("--seed", type=int, default=0)
+        a = ap.parse_args(argv[1:])
+        report = build_prompt_set(a.lang, a.run, a.corpus, a.near_duplicate, a.seed)
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+        return 0
     ap = argparse.ArgumentParser(prog="python -m synth", description=SynthConfig.__doc__)
     _common(ap)
     ap.add_argument("--n", type=int)

@@ -47,6 +47,13 @@ class FilterConfig(StrictModel):
         description="False records the LID label but keeps pairs in any language (debugging, "
         "code-only data)",
     )
+    near_duplicate: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="reject an instruction whose word bigrams overlap a kept one's by this "
+        "Jaccard similarity or more (MinHash LSH); None: exact duplicates only",
+    )
     keep_unfinished_instructions: bool = Field(
         False,
         description="keep instructions that ran into max_new_tokens (usually a runaway few-shot "
@@ -69,6 +76,13 @@ class SynthConfig(StrictModel):
     )
     seed: int = 0
     few_shot: int = Field(6, ge=0, description="seeds shown in the instruction prompt")
+    few_shot_variants: int = Field(
+        1,
+        ge=1,
+        description="instruction prompts to rotate through, one per engine batch: variant 0 "
+        "shows the first few_shot seeds in file order, variant v a seeded sample of few_shot "
+        "seeds in a seeded order (more varied instructions at scale)",
+    )
     response_with_system_prompt: bool = Field(
         False,
         description="Alg. 1 line 14 answers the instruction alone; True adds the language's "
@@ -95,7 +109,10 @@ class DistillConfig(StrictModel):
     prompts: str = Field(
         "seeds",
         description="jsonl/ShareGPT file, a synth data.jsonl, 'seeds' (free-text "
-        "continuations of the language seeds) or an HF dataset name when online",
+        "continuations of the language seeds), 'pool' (the language's distillation pool), "
+        "'heldout' (its held-out prompts), 'heldout-chat' (its two-turn chat held-out prompts, "
+        "synth/data/heldout-chat.jsonl, English only; never in the pool) or an HF dataset name "
+        "when online",
     )
     corpus_prompts: int = Field(
         0,

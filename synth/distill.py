@@ -36,15 +36,21 @@ def load_prompts(cfg: DistillConfig) -> list:
     """The prompts in a stable order: message lists (``[{"role": "user", "content": …}, …]``), or
     plain texts in continuation mode. ``pool``: the language's broad prompt pool (synth/pool.py);
     ``heldout``: its held-out prompts (never trained on: the training score and coverage read their
-    greedy answers)."""
+    greedy answers); ``heldout-chat``: its chat held-out prompts (synth/data/heldout-chat.jsonl,
+    never trained on either), every user turn of each, answered in order."""
     src = cfg.prompts
-    if src in ("pool", "heldout") and not cfg.continuation:
-        from synth.pool import build_pool, load_heldout
+    if src in ("pool", "heldout", "heldout-chat") and not cfg.continuation:
+        from synth.pool import build_pool, load_heldout, load_heldout_chat
 
         if src == "pool":
             prompts = build_pool(cfg.lang, cfg.run, limit=cfg.limit, corpus=cfg.corpus_prompts)
-        else:
+        elif src == "heldout":
             prompts = [[{"role": "user", "content": r["turns"][0]}] for r in load_heldout(cfg.lang)]
+        else:
+            prompts = [
+                [{"role": "user", "content": t} for t in r["turns"]]
+                for r in load_heldout_chat(cfg.lang)
+            ]
         if not prompts:
             raise PolyspecError(f"no {src} prompts for language {cfg.lang!r}")
         return prompts[: cfg.limit] if cfg.limit else prompts
@@ -58,11 +64,12 @@ def load_prompts(cfg: DistillConfig) -> list:
         else:
             prompts = [s.instruction for s in lang.seeds]
     elif Path(src).is_file():
-        prompts = [
-            p
-            for p in (_prompt_of(rec, cfg.prompt_field) for rec in read_jsonl(src, strict=True))
-            if p
-        ]
+        recs = read_jsonl(src, strict=True)
+        if not cfg.continuation and recs and all(isinstance(r.get("turns"), list) for r in recs):
+            # a prompt set (synth/prompt_set.py: {id, kind, category, turns}): every user turn
+            prompts = [[{"role": "user", "content": t} for t in r["turns"]] for r in recs]
+            return prompts[: cfg.limit] if cfg.limit else prompts
+        prompts = [p for p in (_prompt_of(rec, cfg.prompt_field) for rec in recs) if p]
     elif "/" in src:  # an HF dataset id (online users)
         prompts = _hf_prompts(src, cfg)
     else:

@@ -7,6 +7,8 @@ import hashlib
 import re
 import unicodedata
 
+from datasketch import MinHash, MinHashLSH
+
 from polyspec.lid import identify
 from synth.config import FilterConfig
 
@@ -44,6 +46,32 @@ def dedup_keys(instruction: str, response: str) -> tuple[str, str]:
     exact = hashlib.sha1(f"{instruction}\x00{response}".encode()).hexdigest()
     norm = hashlib.sha1(f"{normalize(instruction)}\x00{normalize(response)}".encode()).hexdigest()
     return exact, norm
+
+
+class NearDuplicates:
+    """Texts too like an earlier one: Jaccard similarity of their word-bigram sets at or above
+    ``threshold``, found with MinHash LSH (datasketch; the near-duplicate removal of large
+    instruction sets). Deterministic: the same texts added in the same order give the same answers,
+    so a resumed run that re-adds its kept texts equals one made in one go."""
+
+    def __init__(self, threshold: float, num_perm: int = 128):
+        self.num_perm = num_perm
+        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+        self.size = 0
+
+    def _signature(self, text: str) -> MinHash:
+        words = normalize(text).split() or [""]
+        shingles = {" ".join(words[i : i + 2]) for i in range(max(1, len(words) - 1))}
+        sig = MinHash(num_perm=self.num_perm, seed=1)
+        sig.update_batch([w.encode() for w in sorted(shingles)])
+        return sig
+
+    def seen(self, text: str) -> bool:
+        return bool(self.lsh.query(self._signature(text)))
+
+    def add(self, text: str) -> None:
+        self.lsh.insert(str(self.size), self._signature(text))
+        self.size += 1
 
 
 def check_instruction(instruction: str, finished: bool, cfg: FilterConfig) -> str | None:

@@ -20,9 +20,11 @@ drafter trains on is on-policy (no fixed, off-policy answer is ever inserted).
 
 ``synth/data/heldout.jsonl`` holds 24 prompts per language (3–5 each of qa, rag, summarization,
 translation, code, math) (``{id, lang, category, turns}``) for scoring drafters during training;
-:func:`load_heldout` reads them. :func:`build_pool` drops every prompt with a turn equal
-(whitespace-normalized) to a held-out turn or a turn of the built-in benchmark
-(``decoder/data/mini_multispecbench.jsonl``), so neither is ever trained on.
+:func:`load_heldout` reads them. ``synth/data/heldout-chat.jsonl`` holds a second held-out set, 32
+English two-turn chat prompts in MT-bench's eight categories (:func:`load_heldout_chat`).
+:func:`build_pool` drops every prompt with a turn equal (whitespace-normalized) to a turn of either
+held-out set or of the built-in benchmark (``decoder/data/mini_multispecbench.jsonl``), so none of
+them is ever trained on.
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ from polyspec.errors import PolyspecError
 from polyspec.heldout import (  # noqa: F401  (re-exported)
     HELDOUT,
     HELDOUT_CATEGORIES,
+    HELDOUT_CHAT,
     HeldoutPrompt,
     heldout_all,
+    heldout_chat_all,
     load_heldout,
+    load_heldout_chat,
 )
 from polyspec.io import read_jsonl
 from polyspec.languages import builtin_codes, get_language
@@ -213,9 +218,10 @@ def benchmark_turns() -> set[str]:
 
 
 def forbidden_turns() -> set[str]:
-    """Texts the pool never contains: the held-out turns (all languages) and the benchmark's
-    turns."""
-    return benchmark_turns() | {_norm(t) for r in heldout_all() for t in r["turns"]}
+    """Texts the pool never contains, whitespace-normalized: the held-out turns (all languages),
+    the chat held-out turns (``synth/data/heldout-chat.jsonl``) and the benchmark's turns."""
+    held = (*heldout_all(), *heldout_chat_all())
+    return benchmark_turns() | {_norm(t) for r in held for t in r["turns"]}
 
 
 def _synth_instructions(path: Path) -> list[str]:
@@ -301,7 +307,7 @@ def pool_items(
         ]
     by_kind.update(task_prompts(lang))
     forbidden, seen = forbidden_turns(), set()
-    # guard: drop held-out / benchmark prompts and repeats (first occurrence kept)
+    # guard: drop held-out (both sets) / benchmark prompts and repeats (first occurrence kept)
     for kind in KINDS:
         by_kind[kind] = [p for p in by_kind[kind] if _admit(p, seen, forbidden)]
     out: list[PoolPrompt] = []

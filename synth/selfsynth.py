@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from polyspec.prompts import render, render_open_turn
 from synth.config import SynthConfig
 from synth.engines import Engine, Request, engine_record, open_engine
 from synth.filters import (
+    NearDuplicates,
     check_instruction,
     check_language,
     check_response,
@@ -44,10 +46,14 @@ def derive_seed(run_seed: int, attempt: int, stream: str) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def instruction_prompt(target: Any, lang: Language, few_shot: int) -> str:
-    """Alg. 1 line 10: system prompt and few-shot (I, R) turns, then an opened user turn."""
+def instruction_prompt(target: Any, lang: Language, few_shot: int, variant: int = 0) -> str:
+    """Alg. 1 line 10: system prompt and few-shot (I, R) turns, then an opened user turn. Variant 0
+    shows the first ``few_shot`` seeds; variant v a sample of them drawn and ordered by seed v."""
     msgs = [{"role": "system", "content": lang.system_prompt}]
-    for seed in lang.seeds[:few_shot]:
+    seeds = lang.seeds[:few_shot]
+    if variant:
+        seeds = random.Random(variant).sample(lang.seeds, min(few_shot, len(lang.seeds)))
+    for seed in seeds:
         msgs += [
             {"role": "user", "content": seed.instruction},
             {"role": "assistant", "content": seed.response},
@@ -85,13 +91,16 @@ def run_selfsynth(
     target, engine = open_engine(cfg.engine, cfg.target, target, engine)
     lang = resolve_language(code, target, engine, cfg.translation_max_new_tokens, log=log)
     fmt = target.spec.prompt_format
-    prompt = instruction_prompt(target, lang, cfg.few_shot)
+    prompts = [
+        instruction_prompt(target, lang, cfg.few_shot, v) for v in range(cfg.few_shot_variants)
+    ]
     threshold = (
         cfg.filters.lid_threshold if cfg.filters.lid_threshold is not None else lang.lid_threshold
     )
     out_dir = Path(cfg.run) / "synth" / lang.code
-    store = SynthStore(out_dir, _args_hash(cfg, target, prompt))
+    store = SynthStore(out_dir, _args_hash(cfg, target, prompts))
     seen = _seen_keys(Path(cfg.run) / "synth", store)
+    near = _near_duplicates(cfg, store)
     budget, batch = cfg.attempt_budget, cfg.engine.batch_size
     t_start, tokens_before = time.time(), store.tokens
     bar = tqdm(
@@ -108,7 +117,7 @@ def run_selfsynth(
         instr = engine.generate(
             [
                 Request(
-                    prompt,
+                    prompts[(a // batch) % len(prompts)],  # one variant per batch: one prefill
                     derive_seed(cfg.seed, a, "instruction"),
                     cfg.instruction.temperature,
                     cfg.instruction.top_p,
@@ -148,12 +157,16 @@ def run_selfsynth(
             keys = dedup_keys(i, resp)
             if reason is None and (keys[0] in seen or keys[1] in seen):
                 reason = "duplicate"
+            if reason is None and near is not None and near.seen(i):
+                reason = "near_duplicate"
             if reason is None:  # lines 15–19: the language-ID gate
                 reason, rec["lid"] = check_language(i, resp, lang.lid_code, threshold)
                 reason = reason if cfg.filters.require_language else None
             if reason is None:
                 accepted.append(rec)
                 seen.update(keys)
+                if near is not None:
+                    near.add(i)
                 if len(store.accepted) + len(accepted) == cfg.n:  # line 12: stop at N kept
                     next_attempt = a + 1
                     break
@@ -214,7 +227,17 @@ def _seen_keys(synth_root: Path, store: SynthStore) -> set[str]:
     return seen
 
 
-def _args_hash(cfg: SynthConfig, target: Any, prompt: str) -> str:
+def _near_duplicates(cfg: SynthConfig, store: SynthStore) -> NearDuplicates | None:
+    """The near-duplicate index over the instructions this store kept (None when off)."""
+    if cfg.filters.near_duplicate is None:
+        return None
+    near = NearDuplicates(cfg.filters.near_duplicate)
+    for r in store.accepted:
+        near.add(r["conversations"][0]["value"])
+    return near
+
+
+def _args_hash(cfg: SynthConfig, target: Any, prompts: list[str]) -> str:
     """What determines the data: a resume with other values would mix two runs."""
     relevant = cfg.model_dump(
         include={
@@ -226,10 +249,15 @@ def _args_hash(cfg: SynthConfig, target: Any, prompt: str) -> str:
             "filters",
         }
     )
+    if relevant["filters"]["near_duplicate"] is None:  # off: the hash of earlier runs
+        del relevant["filters"]["near_duplicate"]
+    if cfg.few_shot_variants > 1:
+        relevant["few_shot_variants"] = cfg.few_shot_variants
     relevant.update(
         batch_size=cfg.engine.batch_size,
         engine=cfg.engine.name,
-        prompt=prompt,
+        # one prompt: the hash of runs made before the variants existed
+        prompt=prompts[0] if len(prompts) == 1 else prompts,
         tokenizer=target.tokenizer_sha256,
         target=target.spec.name,
     )

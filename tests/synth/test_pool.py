@@ -19,6 +19,7 @@ from synth.pool import (
     benchmark_turns,
     build_pool,
     load_heldout,
+    load_heldout_chat,
     load_tasks,
     pool_items,
 )
@@ -136,6 +137,83 @@ def test_heldout_has_twenty_four_valid_prompts_per_language():
         }
     # held-out prompts are not benchmark prompts either
     assert not _heldout_turns() & benchmark_turns()
+
+
+def _chat_turns() -> list[str]:
+    return [t for r in load_heldout_chat("en") for t in r["turns"]]
+
+
+def test_chat_heldout_has_thirty_two_valid_two_turn_prompts():
+    lines = [
+        json.loads(x)
+        for x in pool.HELDOUT_CHAT.read_text(encoding="utf-8").splitlines()
+        if x.strip()
+    ]
+    assert len(lines) == 32 and len({r["id"] for r in lines}) == 32
+    recs = load_heldout_chat("en")
+    assert recs == [heldout.HeldoutChatPrompt.model_validate(r).model_dump() for r in lines]
+    assert [r["id"] for r in recs] == [f"en-chat-{i:02d}" for i in range(1, 33)]
+    assert all(len(r["turns"]) == 2 and all(t.strip() for t in r["turns"]) for r in recs)
+    assert all(len(t) < 400 for t in _chat_turns())
+    cats = [r["category"] for r in recs]
+    assert {c: cats.count(c) for c in set(cats)} == {c: 4 for c in heldout.CHAT_CATEGORIES}
+    assert len(heldout.CHAT_CATEGORIES) == 8
+    assert load_heldout_chat("de") == []
+
+
+def test_chat_heldout_is_disjoint_from_heldout_benchmark_and_pool():
+    chat = {_norm(t) for t in _chat_turns()}
+    assert len(chat) == 64, "a turn repeats within the chat held-out set"
+    assert not chat & _heldout_turns()
+    assert not chat & benchmark_turns()
+    # the pool before the guard (task file prompts and seeds) and after it
+    raw = {_norm(t) for ps in pool.task_prompts("en").values() for p in ps for t in p.turns}
+    raw |= {_norm(s.instruction) for s in get_language("en").seeds}
+    assert not chat & raw
+    assert not chat & {_norm(m["content"]) for msgs in build_pool("en", None) for m in msgs}
+
+
+def test_pool_drops_chat_heldout_turns_from_synth_data(tmp_path):
+    """The guard: chat held-out turns (first or follow-up, whitespace varied) coming in through
+    synth data never reach the pool."""
+    recs = load_heldout_chat("en")
+    first, follow = recs[0]["turns"][0], recs[5]["turns"][1]
+    spaced = "  " + recs[12]["turns"][0].replace(" ", "   ") + "\n"
+    _write_synth(tmp_path, "en", [first, follow, spaced, "A fresh instruction."])
+    items = pool_items("en", str(tmp_path))
+    texts = {_norm(t) for p in items for t in p.turns}
+    assert not texts & {_norm(t) for t in _chat_turns()}
+    assert [p.turns for p in items if p.kind == "instruction"] == [("A fresh instruction.",)]
+    assert {_norm(first), _norm(follow), _norm(spaced)} <= pool.forbidden_turns()
+
+
+def test_distill_loads_chat_heldout_prompts_turn_by_turn():
+    from synth.config import DistillConfig
+    from synth.distill import load_prompts
+
+    prompts = load_prompts(DistillConfig(lang="en", prompts="heldout-chat"))
+    assert len(prompts) == 32
+    assert all(len(p) == 2 and all(m["role"] == "user" for m in p) for p in prompts)
+    assert [[m["content"] for m in p] for p in prompts] == [
+        r["turns"] for r in load_heldout_chat("en")
+    ]
+    assert len(load_prompts(DistillConfig(lang="en", prompts="heldout-chat", limit=5))) == 5
+    with pytest.raises(PolyspecError, match="no heldout-chat prompts"):
+        load_prompts(DistillConfig(lang="de", prompts="heldout-chat"))
+
+
+def test_malformed_chat_heldout_is_a_one_line_error(tmp_path, monkeypatch):
+    bad = tmp_path / "heldout-chat.jsonl"
+    rec = {"id": "en-chat-01", "lang": "en", "category": "poetry", "turns": ["x", "y"]}
+    bad.write_text(json.dumps(rec) + "\n")
+    monkeypatch.setattr(heldout, "HELDOUT_CHAT", bad)
+    heldout.heldout_chat_all.cache_clear()
+    try:
+        with pytest.raises(PolyspecError) as e:
+            load_heldout_chat("en")
+        assert "\n" not in str(e.value) and "category" in str(e.value)
+    finally:
+        heldout.heldout_chat_all.cache_clear()
 
 
 def test_order_is_stable_and_interleaved(tmp_path):
