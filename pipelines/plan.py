@@ -226,7 +226,12 @@ def _distill_stages(plan: _PlanInputs, lang: str) -> list[Stage]:
     # (the pool leaves out every held-out and benchmark turn, so those files shape it as well)
     heldout = repo_path("synth/data/heldout.jsonl")
     tasks = repo_path(f"synth/data/tasks/{lang}.yaml")
-    pool_files = [tasks, heldout, repo_path("decoder/data/mini_multispecbench.jsonl")]
+    pool_files = [
+        tasks,
+        heldout,
+        repo_path("synth/data/heldout-chat.jsonl"),
+        repo_path("decoder/data/mini_multispecbench.jsonl"),
+    ]
     return [
         _capturing_distill_stage(
             plan,

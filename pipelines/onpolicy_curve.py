@@ -1,0 +1,201 @@
+"""The chat drafter's held-out score against the on-policy answer tokens it finetuned on (the data
+the references scale: EAGLE-3's scaling figure; "Scylla", arXiv 2505.07858). Collects the points
+``scripts/experiments/onpolicy-curve.sh`` trained into a table and a plot.
+
+    python -m pipelines.onpolicy_curve answers --src R/synth/en-distill/data.jsonl --tokens 140000
+    python -m pipelines.onpolicy_curve table --run R --points "140000 300000 ..." [--seeds "1"]
+
+``answers`` writes a point's share of the distilled answers: the first prompts of the (shuffled)
+prompt set, all of their temperatures, up to N answer tokens, as ``data-<N>.jsonl`` beside the
+source (feature files are named relative to that folder), so the points nest:
+each holds the smaller ones.
+
+A point is the folder ``<run>/oc-<N>[-s<seed>]/<lang>/``: ``finetune/`` (from the shared pretrain,
+scored at its end on the 24 held-out prompts) beside ``<run>/oc-<N>[-s<seed>]-chat/<lang>/finetune/
+eval_only.json`` (the same final weights scored on the second held-out set,
+``synth/data/heldout-chat.jsonl``). Per point: answer tokens, tokens read,
+steps, τ (chain γ 4) and α₁..α₄ on both sets; the slope per decade of answer tokens is a
+least-squares fit of τ and α₁ against log₁₀ tokens over the seed-0 points; the seeds' spread is
+their range at a point. Writes ``<run>/onpolicy-curve.json``, ``.md`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from pipelines.learning_curve import stage_summary
+from polyspec.errors import PolyspecError, cli_entry
+from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none, read_jsonl
+
+
+def answers_prefix(src: Path, tokens: int) -> tuple[Path, int, int]:
+    """The first prompts' answers of a distilled set holding ≥ ``tokens`` answer tokens, every
+    temperature of the last prompt included → (``data-<tokens>.jsonl`` beside it, records,
+    tokens)."""
+    stats = read_json_or_none(src.parent / "stats.json") or {}
+    temps = len(stats.get("temperatures") or [0])
+    total, lines, last = 0, [], None
+    with open(src, encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            prompt = rec["attempt"] // temps
+            if total >= tokens and prompt != last:
+                break
+            lines.append(line)
+            total += rec["tokens"]["response"]
+            last = prompt
+    if total < tokens:
+        raise PolyspecError(
+            f"{src} holds {total:,} answer tokens, fewer than the {tokens:,} asked for "
+            "(distill more: rerun its command)"
+        )
+    dst = src.parent / f"data-{tokens}.jsonl"
+    atomic_write_text(dst, "".join(lines))
+    return dst, len(lines), total
+
+
+def point_dir(run: Path, n: int, seed: int, lang: str) -> Path:
+    return run / (f"oc-{n}" + (f"-s{seed}" if seed else "")) / lang
+
+
+def collect(run: Path, distill: Path, points: list[int], seeds: list[int], lang: str) -> list[dict]:
+    rows = []
+    for n in points:
+        sub = distill / f"data-{n}.jsonl"
+        got = sum(r["tokens"]["response"] for r in read_jsonl(sub)) if sub.is_file() else None
+        for seed in [0, *seeds]:
+            base = point_dir(run, n, seed, lang)
+            if seed and not (base / "finetune" / "metrics.jsonl").is_file():
+                continue
+            rows.append(
+                {
+                    "point": n,
+                    "seed": seed,
+                    "answer_tokens": got,
+                    "finetune": stage_summary(base / "finetune"),
+                    "chat": _eval_only(run / f"{base.parent.name}-chat" / lang),
+                }
+            )
+    return rows
+
+
+def _eval_only(folder: Path) -> dict:
+    """The chat held-out score of a point's final weights (``eval_only.json`` of its eval stage)."""
+    path = folder / "finetune" / "eval_only.json"
+    rec = read_json_or_none(path)
+    if rec is None:
+        raise PolyspecError(f"{path}: not scored yet (rerun scripts/experiments/onpolicy-curve.sh)")
+    return rec["eval"]
+
+
+def slope_per_decade(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ``ys`` against log₁₀ ``xs``."""
+    lx = [math.log10(x) for x in xs]
+    mx, my = sum(lx) / len(lx), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in lx)
+    return sum((x - mx) * (y - my) for x, y in zip(lx, ys)) / den if den else 0.0
+
+
+def summary(rows: list[dict]) -> dict:
+    base = [r for r in rows if r["seed"] == 0]
+    xs = [r["answer_tokens"] for r in base]
+    out = {}
+    for key in ("finetune", "chat"):
+        out[key] = {
+            "tau_per_decade": round(slope_per_decade(xs, [r[key]["tau"] for r in base]), 4),
+            "alpha1_per_decade": round(slope_per_decade(xs, [r[key]["alpha"][0] for r in base]), 4),
+        }
+    spread = {}
+    for n in {r["point"] for r in rows if r["seed"]}:
+        taus = [r["finetune"]["tau"] for r in rows if r["point"] == n]
+        a1 = [r["finetune"]["alpha"][0] for r in rows if r["point"] == n]
+        spread[str(n)] = {
+            "seeds": len(taus),
+            "tau_range": round(max(taus) - min(taus), 4),
+            "alpha1_range": round(max(a1) - min(a1), 4),
+        }
+    out["seed_spread"] = spread
+    return out
+
+
+def table(rows: list[dict]) -> list[str]:
+    k = len(rows[0]["finetune"]["alpha"])
+    alphas = " | ".join(f"α{i + 1}" for i in range(k))
+    lines = [
+        f"| answer tokens | seed | finetune: tokens read (steps) | held-out τ | {alphas} | "
+        f"chat held-out τ | {alphas} |",
+        "|" + "---|" * (5 + 2 * k),
+    ]
+    for r in rows:
+        f, c = r["finetune"], r["chat"]
+        lines.append(
+            f"| {r['answer_tokens']:,} | {r['seed']} | {f['tokens']:,} ({f['steps']}) | "
+            f"**{f['tau']:.3f}** | "
+            + " | ".join(f"{a:.3f}" for a in f["alpha"])
+            + f" | **{c['tau']:.3f}** | "
+            + " | ".join(f"{a:.3f}" for a in c["alpha"])
+            + " |"
+        )
+    return lines
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key, label, mark in (("finetune", "24 held-out", "o"), ("chat", "32 chat held-out", "s")):
+        for seed in sorted({r["seed"] for r in rows}):
+            pts = [r for r in rows if r["seed"] == seed]
+            x = [r["answer_tokens"] for r in pts]
+            style = f"{mark}-" if seed == 0 else mark
+            a.plot(x, [r[key]["tau"] for r in pts], style, label=f"{label}, seed {seed}")
+            b.plot(x, [r[key]["alpha"][0] for r in pts], style, label=f"{label}, seed {seed}")
+    a.set(xscale="log", xlabel="on-policy answer tokens", ylabel="τ (chain γ 4, final weights)")
+    b.set(xscale="log", xlabel="on-policy answer tokens", ylabel="α₁")
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m pipelines.onpolicy_curve", description=__doc__.split("\n\n")[0]
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("answers", help="the first N answer tokens → data-<N>.jsonl beside it")
+    p.add_argument("--src", required=True, type=Path)
+    p.add_argument("--tokens", required=True, type=int)
+    t = sub.add_parser("table", help="the points → onpolicy-curve.json, .md, .png")
+    t.add_argument("--run", required=True, type=Path)
+    t.add_argument("--points", required=True, help="answer tokens of each point")
+    t.add_argument("--seeds", default="", help="extra seeds trained at some points")
+    t.add_argument("--lang", default="en")
+    a = ap.parse_args(argv)
+    if a.cmd == "answers":
+        dst, n, total = answers_prefix(a.src, a.tokens)
+        print(f"[onpolicy-curve] {dst}: {n:,} answers, {total:,} answer tokens")
+        return 0
+    points = [int(x) for x in a.points.replace(",", " ").split()]
+    seeds = [int(x) for x in a.seeds.replace(",", " ").split()]
+    distill = a.run / "synth" / f"{a.lang}-distill"
+    rows = collect(a.run, distill, points, seeds, a.lang)
+    lines = table(rows)
+    result = {"run": str(a.run), "lang": a.lang, "points": rows, "summary": summary(rows)}
+    atomic_write_json(a.run / "onpolicy-curve.json", result)
+    atomic_write_text(a.run / "onpolicy-curve.md", "\n".join(lines) + "\n")
+    plot(rows, a.run / "onpolicy-curve.png")
+    print("\n".join(lines))
+    print(json.dumps(result["summary"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

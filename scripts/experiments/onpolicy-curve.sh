@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The chat drafter's learning curve on on-policy data (issue 68): held-out τ and α against the answer tokens the
+# target wrote for its own prompts, each point from the same 1M-token corpus pretrain.
+#
+#   bash scripts/experiments/onpolicy-curve.sh              # every step; rerun the same command to go on
+#   R=runs/oc STEP=data bash scripts/experiments/onpolicy-curve.sh   # only the data (Alg. 1, prompts, answers)
+#
+# Steps, each skipped when its output is there (so a stopped run continues where it stopped; the synth steps
+# resume inside themselves with the same data as one uninterrupted run):
+#   1. ADASPEC Alg. 1 at scale: N_INSTR instructions by the target, rotating few-shot prompts, near-duplicates out;
+#   2. the English corpus (Debian documentation) and the prompt set (Alg. 1 + the pool + N_CORPUS corpus-paragraph
+#      prompts, near-duplicates out, shuffled; synth/<lang>-prompts/report.json says its diversity);
+#   3. the target's answers at T = 0, 0.7, 1.0 (the profiles' temperatures), features captured from the generating
+#      forwards (the transformers engine: faster here than vLLM with its feature prefill, docs/experiments.md);
+#   4. the greedy answers to both held-out sets (synth/data/heldout.jsonl, synth/data/heldout-chat.jsonl);
+#   5. the vocabulary (wordfreq + the Alg. 1 pairs), the corpus prefill (1M tokens) and the shared pretrain on it;
+#   6. per point N (answer tokens): finetune from the pretrain on the first N answer tokens, EPOCHS(N) epochs
+#      (max(2, round(4·√(140000/N))): 4, 3, 2, 2, 2 at the default points), scored on both held-out sets;
+#      SEEDS also at SEED_POINTS;
+#   7. the table and plot (python -m pipelines.onpolicy_curve table).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+R=${R:-runs/oc}
+TARGET=${TARGET:-smollm2-135m-instruct}
+L=${LANG_CODE:-en}
+N_INSTR=${N_INSTR:-7000}
+N_CORPUS=${N_CORPUS:-1300}
+POINTS=${POINTS:-140000 300000 700000 1400000 3000000}
+SEEDS=${SEEDS:-1}
+SEED_POINTS=${SEED_POINTS:-140000 700000}
+PRETRAIN_TOKENS=${PRETRAIN_TOKENS:-1000000}
+STEP=${STEP:-all}
+PY=${PY:-.venv/bin/python}
+ACC=${ACC:-.venv/bin/accelerate}
+S=$R/synth
+say() { echo "[onpolicy-curve $(date +%H:%M:%S)] $*"; }
+
+say "1. Alg. 1: $N_INSTR instructions"
+$PY -m synth --lang "$L" --target "$TARGET" --run "$R" --n "$N_INSTR" --batch-size 64 few_shot=3 \
+  few_shot_variants=64 filters.near_duplicate=0.7 instruction.max_new_tokens=64 response.max_new_tokens=32
+[[ -f $R/corpus/$L/manifest.json ]] || $PY -m corpus --langs "$L" --target "$TARGET" --run "$R"
+say "2. the prompt set"
+[[ -f $S/$L-prompts/prompts.jsonl ]] || $PY -m synth prompts --lang "$L" --run "$R" --corpus "$N_CORPUS"
+distill=(--config configs/synth/distill.yaml --lang "$L" --target "$TARGET" --run "$R" capture_features=true
+         feature_layers=eagle3 seed=0 sampling.max_new_tokens=192 engine.batch_size=32)
+say "3. the answers"
+$PY -m synth distill "${distill[@]}" --prompts "$S/$L-prompts/prompts.jsonl" --out-name distill \
+  --temperatures 0.0,0.7,1.0 max_feature_gb=40
+say "4. the held-out answers"
+$PY -m synth distill "${distill[@]}" --prompts heldout --out-name heldout --temperatures 0
+$PY -m synth distill "${distill[@]}" --prompts heldout-chat --out-name heldout-chat --temperatures 0
+[[ $STEP == data ]] && exit 0
+
+say "5. vocabulary, corpus prefill, pretrain"
+[[ -f $R/vocab/DONE.json ]] || $PY -m vocab --config configs/vocab/default.yaml --langs "$L" \
+  --sources wordfreq,synth@0.5 --target "$TARGET" --run "$R" "mask_sizes=[8192,16384,32768]"
+[[ -f $R/corpus/$L-prefill/stats.json ]] || \
+  $PY -m corpus prefill --lang "$L" --target "$TARGET" --run "$R" --max-tokens "$((PRETRAIN_TOKENS + 1024))"
+$PY -m pipelines.learning_curve prefix --src "$R/corpus/$L-prefill/data.jsonl" --tokens "$PRETRAIN_TOKENS"
+train=(--num_processes 1 --num_cpu_threads_per_process "$(nproc)" train/drafter.py --config configs/train/eagle3-cpu.yaml
+       "lang=$L" "target=$TARGET" "run=$R" features=captured eagle.vocab_size=16384 report_to=none "eagle.vocab_langs=[$L]")
+pre=$R/oc-pretrain/$L/pretrain/final
+[[ -f $pre/model.safetensors ]] || $ACC launch "${train[@]}" train_dir=oc-pretrain stage=pretrain pretrain.epochs=1 \
+  "data.pretrain=[$R/corpus/$L-prefill/data-$PRETRAIN_TOKENS.jsonl]"
+
+epochs() { $PY -c "import math,sys; print(max(2, round(4 * math.sqrt(140000 / int(sys.argv[1])))))" "$1"; }
+point() {  # point N SEED
+  local n=$1 seed=$2 dir=oc-$1; (( seed )) && dir=$dir-s$seed
+  local out=$R/$dir/$L
+  if [[ ! -f $out/finetune/final/model.safetensors ]]; then
+    $PY -m pipelines.onpolicy_curve answers --src "$S/$L-distill/data.jsonl" --tokens "$n"
+    say "6. point $n seed $seed: $(epochs "$n") epochs"
+    $ACC launch "${train[@]}" "train_dir=$dir" stage=finetune "seed=$seed" "init_from=$pre" \
+      "data.finetune=[$S/$L-distill/data-$n.jsonl]" "data.eval_file=[$S/$L-heldout/data.jsonl]" \
+      "finetune.epochs=$(epochs "$n")" eval_every=100000 data.eval_max_examples=24
+  fi
+  # the same final weights scored on the chat held-out set (32 prompts): an eval-only stage → $dir-chat/…/eval_only.json
+  [[ -f $R/$dir-chat/$L/finetune/eval_only.json ]] || \
+    $ACC launch "${train[@]}" "train_dir=$dir-chat" stage=finetune eval_only=true "init_from=$out/finetune/final" \
+      "data.finetune=[$S/$L-heldout-chat/data.jsonl]" "data.eval_file=[$S/$L-heldout-chat/data.jsonl]" \
+      data.eval_max_examples=32
+}
+for n in $POINTS; do point "$n" 0; done
+for s in $SEEDS; do for n in $SEED_POINTS; do point "$n" "$s"; done; done
+say "7. the table"
+$PY -m pipelines.onpolicy_curve table --run "$R" --points "$POINTS" --seeds "$SEEDS" --lang "$L"

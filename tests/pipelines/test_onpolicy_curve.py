@@ -1,0 +1,83 @@
+"""pipelines.onpolicy_curve: a point's share of the distilled answers (whole prompts, nested), and
+the points' table, slope per decade, seed spread and plot from made-up training logs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from test_learning_curve import _stage
+
+from pipelines import onpolicy_curve as oc
+from polyspec.errors import PolyspecError
+
+
+def _distill(folder, answers, temps=3):
+    """answers[i]: the answer tokens of attempt i (prompt i // temps)."""
+    folder.mkdir(parents=True)
+    (folder / "stats.json").write_text(json.dumps({"temperatures": [0.0, 0.7, 1.0][:temps]}))
+    with open(folder / "data.jsonl", "w") as fh:
+        for a, n in enumerate(answers):
+            rec = {
+                "id": f"en-distill-s0-{a // temps:06d}-t{a % temps}",
+                "attempt": a,
+                "tokens": {"instruction": 0, "response": n},
+                "features_file": f"features/a{a - a % 8:07d}.safetensors",
+            }
+            fh.write(json.dumps(rec) + "\n")
+    return folder / "data.jsonl"
+
+
+def test_answers_prefix_keeps_whole_prompts_nests_and_refuses_too_few(tmp_path):
+    src = _distill(tmp_path / "synth" / "en-distill", [10, 20, 30, 40, 50, 60, 5, 5, 5])
+    dst, n, total = oc.answers_prefix(src, 15)  # reached inside prompt 0: its three answers
+    assert (dst.name, n, total) == ("data-15.jsonl", 3, 60)
+    dst, n, total = oc.answers_prefix(src, 61)
+    assert (n, total) == (6, 210)
+    small = (tmp_path / "synth" / "en-distill" / "data-15.jsonl").read_text().splitlines()
+    assert dst.read_text().splitlines()[:3] == small  # nested: the larger holds the smaller
+    assert json.loads(small[0])["features_file"] == "features/a0000000.safetensors"
+    with pytest.raises(PolyspecError, match="fewer than"):
+        oc.answers_prefix(src, 10_000)
+
+
+def test_slope_per_decade():
+    assert oc.slope_per_decade([1e5, 1e6, 1e7], [1.4, 1.5, 1.6]) == pytest.approx(0.1)
+    assert oc.slope_per_decade([1e5, 1e5], [1.0, 2.0]) == 0.0
+
+
+def test_table_reads_both_held_out_sets_and_the_seed_spread(tmp_path):
+    run = tmp_path / "run"
+    _distill(run / "synth" / "en-distill", [100] * 30)
+    points = [300, 1200]
+    for n in points:
+        oc.answers_prefix(run / "synth" / "en-distill" / "data.jsonl", n)
+    for n, seed, tau in ((300, 0, 1.40), (1200, 0, 1.50), (300, 1, 1.44)):
+        name = f"oc-{n}" + (f"-s{seed}" if seed else "")
+        _stage(run / name / "en" / "finetune", 900.0, 2.0, [(8, tau, [tau - 1, 0.1, 0.0, 0.0])], 10)
+        chat = run / f"{name}-chat" / "en" / "finetune"
+        chat.mkdir(parents=True)
+        ev = {"tau": tau - 0.1, "alpha": [tau - 1.1, 0.05, 0.0, 0.0], "sequences": 32}
+        (chat / "eval_only.json").write_text(json.dumps({"stage": "finetune", "eval": ev}))
+    args = ["table", "--run", str(run), "--points", "300 1200", "--seeds", "1"]
+    assert oc.main(args) == 0
+    got = json.loads((run / "onpolicy-curve.json").read_text())
+    rows = got["points"]
+    assert [(r["point"], r["seed"]) for r in rows] == [(300, 0), (300, 1), (1200, 0)]
+    assert [r["answer_tokens"] for r in rows] == [300, 300, 1200]
+    s = got["summary"]
+    assert s["finetune"]["tau_per_decade"] == pytest.approx(0.1 / math.log10(4), abs=1e-4)
+    assert s["chat"]["alpha1_per_decade"] == pytest.approx(0.1 / math.log10(4), abs=1e-4)
+    assert s["seed_spread"]["300"] == {"seeds": 2, "tau_range": 0.04, "alpha1_range": 0.04}
+    md = (run / "onpolicy-curve.md").read_text()
+    assert "| 1,200 | 0 | 1,800 (8) | **1.500** | 0.500 | 0.100 | 0.000 | 0.000 | **1.400** |" in md
+    assert (run / "onpolicy-curve.png").stat().st_size > 1000
+
+
+def test_table_says_which_point_is_not_scored(tmp_path):
+    run = tmp_path / "run"
+    _distill(run / "synth" / "en-distill", [100] * 6)
+    _stage(run / "oc-300" / "en" / "finetune", 900.0, 2.0, [(8, 1.4, [0.4, 0.1, 0.0, 0.0])], 10)
+    with pytest.raises(PolyspecError, match="not scored yet"):
+        oc.collect(run, run / "synth" / "en-distill", [300], [], "en")
