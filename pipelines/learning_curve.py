@@ -77,6 +77,7 @@ def stage_summary(folder: Path) -> dict:
         "tau": last["eval"]["tau"],
         "alpha": last["eval"]["alpha"],
         "sequences": last["eval"]["sequences"],
+        "top1_teacher_forced": last["eval"].get("top1_teacher_forced"),
     }
 
 

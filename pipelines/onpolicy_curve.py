@@ -11,7 +11,8 @@ source (feature files are named relative to that folder), so the points nest:
 each holds the smaller ones.
 
 A point is the folder ``<run>/oc-<N>[-s<seed>]/<lang>/``: ``finetune/`` (from the shared pretrain,
-scored at its end on the 24 held-out prompts) beside ``<run>/oc-<N>[-s<seed>]-chat/<lang>/finetune/
+scored at its end on the 24 held-out prompts; the first draft's teacher-forced top-1 over every
+answer position beside α₁, train/score.py) beside ``<run>/oc-<N>[-s<seed>]-chat/<lang>/finetune/
 eval_only.json`` (the same final weights scored on the second held-out set,
 ``synth/data/heldout-chat.jsonl``). Per point: answer tokens, tokens read,
 steps, τ (chain γ 4) and α₁..α₄ on both sets; the slope per decade of answer tokens is a
@@ -126,8 +127,8 @@ def table(rows: list[dict]) -> list[str]:
     alphas = " | ".join(f"α{i + 1}" for i in range(k))
     lines = [
         f"| answer tokens | seed | finetune: tokens read (steps) | held-out τ | {alphas} | "
-        f"chat held-out τ | {alphas} |",
-        "|" + "---|" * (5 + 2 * k),
+        f"teacher-forced top-1 | chat held-out τ | {alphas} | teacher-forced top-1 |",
+        "|" + "---|" * (7 + 2 * k),
     ]
     for r in rows:
         f, c = r["finetune"], r["chat"]
@@ -135,11 +136,15 @@ def table(rows: list[dict]) -> list[str]:
             f"| {r['answer_tokens']:,} | {r['seed']} | {f['tokens']:,} ({f['steps']}) | "
             f"**{f['tau']:.3f}** | "
             + " | ".join(f"{a:.3f}" for a in f["alpha"])
-            + f" | **{c['tau']:.3f}** | "
+            + f" | {_num(f.get('top1_teacher_forced'))} | **{c['tau']:.3f}** | "
             + " | ".join(f"{a:.3f}" for a in c["alpha"])
-            + " |"
+            + f" | {_num(c.get('top1_teacher_forced'))} |"
         )
     return lines
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3f}"
 
 
 def plot(rows: list[dict], out: Path) -> None:

@@ -56,8 +56,11 @@ def eagle_chain(
     gamma: int,
     softcap: float | None = None,
     aux: torch.Tensor | None = None,
+    first_hits: list[bool] | None = None,
 ) -> list[int]:
     """seq [1, n] greedy ids, f [1, n, H] (aux [1, n, 3H] for EAGLE-3) → accepted drafts per step.
+    ``first_hits`` (a list) receives, for every answer position, whether the teacher-forced first
+    draft (the target's own features of the whole prefix) is the next answer token.
 
     Entry p of the drafter reads [embed(x_p) ‖ f_{p-1}] and attends to entries ≤ p only, so one
     teacher-forced pass over entries 1..n-1 gives every step's first draft and the cache a step
@@ -82,6 +85,8 @@ def eagle_chain(
     )
     # first[p-1]: d_1 of step p
     first = ids_s[draft_logits(drafter, pred_all[0], head_w, softcap).argmax(-1)]
+    if first_hits is not None:  # first[p-1] drafts x[p+1], p = start .. n-2
+        first_hits += (first[start - 1 : n - 2] == x[start + 1 : n]).tolist()
 
     def propose(p: int) -> list[bool]:
         if p + 2 >= n:
@@ -124,7 +129,7 @@ def score_eagle(
     """:func:`summarize` of :func:`eagle_chain` over held-out sequences ``{"seq": [1, n], "start",
     "f": [1, n, H], "aux": [1, n, 3H] or None}`` (the training score, and
     ``pipelines.score_check``'s)."""
-    per_seq = []
+    per_seq, first_hits = [], []
     for d in seqs:
         seq, aux = d["seq"], d.get("aux")
         acc = eagle_chain(
@@ -138,9 +143,15 @@ def score_eagle(
             gamma,
             softcap,
             aux=None if aux is None else aux.float().to(seq.device),
+            first_hits=first_hits,
         )
         per_seq.append((seq.shape[1] - d["start"], acc))
-    return summarize(per_seq, gamma)
+    out = summarize(per_seq, gamma)
+    # the first draft's accuracy at every answer position, teacher-forced: beside α₁ (the same
+    # draft, at the positions decoding visits) it tells a train/decode mismatch from noise
+    if first_hits:
+        out["top1_teacher_forced"] = round(sum(first_hits) / len(first_hits), 4)
+    return out
 
 
 @torch.no_grad()

@@ -59,6 +59,7 @@ def test_table_reads_both_held_out_sets_and_the_seed_spread(tmp_path):
         chat = run / f"{name}-chat" / "en" / "finetune"
         chat.mkdir(parents=True)
         ev = {"tau": tau - 0.1, "alpha": [tau - 1.1, 0.05, 0.0, 0.0], "sequences": 32}
+        ev["top1_teacher_forced"] = tau - 1.12
         (chat / "eval_only.json").write_text(json.dumps({"stage": "finetune", "eval": ev}))
     args = ["table", "--run", str(run), "--points", "300 1200", "--seeds", "1"]
     assert oc.main(args) == 0
@@ -71,7 +72,11 @@ def test_table_reads_both_held_out_sets_and_the_seed_spread(tmp_path):
     assert s["chat"]["alpha1_per_decade"] == pytest.approx(0.1 / math.log10(4), abs=1e-4)
     assert s["seed_spread"]["300"] == {"seeds": 2, "tau_range": 0.04, "alpha1_range": 0.04}
     md = (run / "onpolicy-curve.md").read_text()
-    assert "| 1,200 | 0 | 1,800 (8) | **1.500** | 0.500 | 0.100 | 0.000 | 0.000 | **1.400** |" in md
+    row = (
+        "| 1,200 | 0 | 1,800 (8) | **1.500** | 0.500 | 0.100 | 0.000 | 0.000 | – | **1.400** | "
+        "0.400 | 0.050 | 0.000 | 0.000 | 0.380 |"
+    )
+    assert row in md
     assert (run / "onpolicy-curve.png").stat().st_size > 1000
 
 

@@ -283,6 +283,15 @@ def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_
     got = eagle_chain(drafter, embed, head_w, ids_s, seq, start, g, gamma)
     assert got == reference(seq)
     assert 0 in got and gamma in got, got
+    # the teacher-forced first draft at every answer position: the reference's one draft there
+    hits = []
+    eagle_chain(drafter, embed, head_w, ids_s, seq, start, g, gamma, first_hits=hits)
+    ref = [
+        _recomputed_drafts(drafter, embed, head_w, ids_s, seq[:, : p + 1], g, 1)[0]
+        == int(seq[0, p + 1])
+        for p in range(start, n - 1)
+    ]
+    assert hits == ref and any(hits) and not all(hits)
 
 
 def test_length_grouped_batches_pad_less_see_every_example_and_resume_exactly():
