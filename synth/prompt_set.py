@@ -8,7 +8,7 @@ paragraphs (summaries: keep them a minority) join them. Then, over all of them:
 - the pool's guard: no turn equal to a held-out turn (both held-out sets) or a benchmark turn, no
   exact repeat;
 - near-duplicate removal of first turns (:class:`synth.filters.NearDuplicates`, MinHash LSH over
-  word bigrams), the first occurrence kept;
+  word bigrams): near-copies of a held-out or benchmark turn go, and of each other the first stays;
 - a seeded shuffle, so that every prefix of the file (a learning-curve point answers the first
   prompts) has the same mix.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from polyspec.heldout import HELDOUT_CATEGORIES
 from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none
 from synth.filters import NearDuplicates, normalize
-from synth.pool import pool_items
+from synth.pool import forbidden_turns, pool_items
 
 # the benchmark's task kinds a generated instruction is sorted into by its wording (first match)
 _CATEGORY_RULES = (
@@ -94,8 +94,14 @@ def build_prompt_set(
     """Write ``<run>/synth/<lang>-prompts/prompts.jsonl`` and ``report.json``; return the
     report."""
     items = pool_items(lang, run, corpus=corpus)  # guarded: held-out/benchmark turns, repeats
-    near, kept, dropped = NearDuplicates(near_duplicate), [], Counter()
+    held = NearDuplicates(near_duplicate)
+    for t in sorted(forbidden_turns()):
+        held.add(t)
+    near, kept, dropped, near_held = NearDuplicates(near_duplicate), [], Counter(), Counter()
     for p in items:
+        if any(held.seen(t) for t in p.turns):
+            near_held[p.kind] += 1
+            continue
         if near.seen(p.turns[0]):
             dropped[p.kind] += 1
             continue
@@ -127,6 +133,7 @@ def build_prompt_set(
         "by_kind": dict(Counter(r["kind"] for r in records).most_common()),
         "by_category": {c: sum(r["category"] == c for r in records) for c in HELDOUT_CATEGORIES},
         "near_duplicates_removed_by_kind": dict(dropped),
+        "near_heldout_removed_by_kind": dict(near_held),
         "candidates": len(items),
         "alg1": {
             k: alg1.get(k) for k in ("attempted", "accepted", "rejected_by_reason") if k in alg1

@@ -119,7 +119,8 @@ def test_prompt_set_guards_dedups_shuffles_and_reports(tmp_path):
     chat = heldout_chat_all()[0]["turns"][0]
     synth = tmp_path / "synth" / "en"
     synth.mkdir(parents=True)
-    lines = [*INSTRUCTIONS, held, chat, "Translate 'good morning' into French."]
+    near_held = held.rstrip("?.") + " please?"  # a near-copy of a held-out prompt
+    lines = [*INSTRUCTIONS, held, chat, near_held, "Translate 'good morning' into French."]
     synth.joinpath("data.jsonl").write_text(
         "".join(
             json.dumps(
@@ -134,6 +135,7 @@ def test_prompt_set_guards_dedups_shuffles_and_reports(tmp_path):
     recs = [json.loads(x) for x in path.read_text().splitlines()]
     turns = [t for r in recs for t in r["turns"]]
     assert held not in turns and chat not in turns  # the guard
+    assert near_held not in turns and report["near_heldout_removed_by_kind"]["instruction"] == 1
     assert INSTRUCTIONS[2] not in turns and INSTRUCTIONS[0] in turns  # near copy removed
     assert report["near_duplicates_removed_by_kind"]["instruction"] == 1
     assert report["prompts"] == len(recs) and len({r["id"] for r in recs}) == len(recs)
