@@ -9,8 +9,8 @@
 - ``files``: local txt / parquet (a file, glob or folder) read through ``datasets``; jsonl through
   :func:`polyspec.io.read_jsonl` (a torn or malformed line is skipped and counted, not fatal).
 - ``synth``: the text of the run's synth output (``<run>/synth/<lang>*/data.jsonl``: Alg. 1 pairs
-  and the distilled answers), read the same way; the held-out answers (``<lang>-heldout``) are never
-  counted.
+  and the distilled answers), read the same way; the held-out answers (``<lang>-heldout``,
+  ``<lang>-heldout-chat``) are never counted.
 - ``wordfreq``: not running text. :func:`wordfreq_items` gives (text, weight) pairs — each word with
   and without a leading space, weighted by the word's frequency — an *approximation* of running-text
   counts (no context effects, no punctuation, numbers or markup).
@@ -53,8 +53,8 @@ def documents(src: SourceConfig, lang: Language, run: str | Path) -> Iterator[st
         )
     elif src.name == "synth":
         paths = sorted(glob.glob(str(Path(run) / "synth" / f"{lang.code}*" / "data.jsonl")))
-        # never counted
-        for path in [p for p in paths if not Path(p).parent.name.endswith("-heldout")]:
+        # never counted: the held-out answers (<lang>-heldout, <lang>-heldout-chat)
+        for path in [p for p in paths if "-heldout" not in Path(p).parent.name]:
             for rec in read_jsonl(path):
                 yield "\n".join(
                     t["value"]

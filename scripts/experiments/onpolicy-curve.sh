@@ -13,7 +13,8 @@
 #   3. the target's answers at T = 0, 0.7, 1.0 (the profiles' temperatures), features captured from the generating
 #      forwards (the transformers engine: faster here than vLLM with its feature prefill, docs/experiments.md);
 #   4. the greedy answers to both held-out sets (synth/data/heldout.jsonl, synth/data/heldout-chat.jsonl);
-#   5. the vocabulary (wordfreq + the Alg. 1 pairs), the corpus prefill (1M tokens) and the shared pretrain on it;
+#   5. the corpus prefill (1M tokens) and the shared pretrain on it (the vocabulary, wordfreq + the Alg. 1 pairs, is
+#      made in step 2, before any answer exists, so no point's head is ranked on another point's data);
 #   6. per point N (answer tokens): finetune from the pretrain on the first N answer tokens, EPOCHS(N) epochs
 #      (max(2, round(4·√(140000/N))): 4, 3, 2, 2, 2 at the default points), scored on both held-out sets;
 #      SEEDS also at SEED_POINTS;
@@ -41,6 +42,10 @@ $PY -m synth --lang "$L" --target "$TARGET" --run "$R" --n "$N_INSTR" --batch-si
 [[ -f $R/corpus/$L/manifest.json ]] || $PY -m corpus --langs "$L" --target "$TARGET" --run "$R"
 say "2. the prompt set"
 [[ -f $S/$L-prompts/prompts.jsonl ]] || $PY -m synth prompts --lang "$L" --run "$R" --corpus "$N_CORPUS"
+# one vocabulary for every point, from data none of them trains on (wordfreq + the Alg. 1 pairs), made before
+# the answers exist
+[[ -f $R/vocab/DONE.json ]] || $PY -m vocab --config configs/vocab/default.yaml --langs "$L" \
+  --sources wordfreq,synth@0.5 --target "$TARGET" --run "$R" "mask_sizes=[8192,16384,32768]"
 distill=(--config configs/synth/distill.yaml --lang "$L" --target "$TARGET" --run "$R" capture_features=true
          feature_layers=eagle3 seed=0 sampling.max_new_tokens=192 engine.batch_size=32)
 say "3. the answers"
@@ -51,9 +56,7 @@ $PY -m synth distill "${distill[@]}" --prompts heldout --out-name heldout --temp
 $PY -m synth distill "${distill[@]}" --prompts heldout-chat --out-name heldout-chat --temperatures 0
 [[ $STEP == data ]] && exit 0
 
-say "5. vocabulary, corpus prefill, pretrain"
-[[ -f $R/vocab/DONE.json ]] || $PY -m vocab --config configs/vocab/default.yaml --langs "$L" \
-  --sources wordfreq,synth@0.5 --target "$TARGET" --run "$R" "mask_sizes=[8192,16384,32768]"
+say "5. corpus prefill, pretrain"
 [[ -f $R/corpus/$L-prefill/stats.json ]] || \
   $PY -m corpus prefill --lang "$L" --target "$TARGET" --run "$R" --max-tokens "$((PRETRAIN_TOKENS + 1024))"
 $PY -m pipelines.learning_curve prefix --src "$R/corpus/$L-prefill/data.jsonl" --tokens "$PRETRAIN_TOKENS"

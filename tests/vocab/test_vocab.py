@@ -475,6 +475,21 @@ def test_synth_source_skips_a_torn_line(tmp_path, capsys):
     assert "skipped 1 torn or malformed line" in capsys.readouterr().err
 
 
+def test_synth_source_never_counts_either_held_out_set(tmp_path):
+    for name, text in (
+        ("en", "kept"),
+        ("en-distill", "answer"),
+        ("en-heldout", "held"),
+        ("en-heldout-chat", "chat"),
+    ):
+        d = tmp_path / "synth" / name
+        d.mkdir(parents=True)
+        conv = [{"from": "human", "value": text}]
+        (d / "data.jsonl").write_text(json.dumps({"conversations": conv}) + "\n")
+    got = documents(SourceConfig(name="synth"), get_language("en"), tmp_path)
+    assert sorted(got) == ["answer", "kept"]
+
+
 def test_coverage_on_eval_answers_counts_every_turn_and_leaves_mixed_out(
     tmp_path, tiny_gemma_dir, capsys
 ):
