@@ -357,6 +357,7 @@ def test_the_prompt_files_a_distill_stage_reads_are_in_its_done_hash(tmp_path):
     assert {p.replace("\\", "/").rsplit("/", 1)[-1] for p in stages["distill:vi"].data} == {
         "vi.yaml",
         "heldout.jsonl",
+        "heldout-chat.jsonl",
         "mini_multispecbench.jsonl",
     }
     assert stages["synth:vi"].data == [] and stages["vocab"].data == []
