@@ -93,9 +93,11 @@ def write_bundle(
     adaptive: dict | None = None,
     overwrite: bool = True,
     train_dir: str = "train",
+    drafters: dict[str, str | Path] | None = None,
 ) -> Bundle:
-    """Copy the run's per-language drafters (``<run>/<train_dir>/<lang>/final/``) and vocabularies,
-    build the masks, write the manifest."""
+    """Copy the run's per-language drafters (``<run>/<train_dir>/<lang>/final/``, or the folder
+    ``drafters`` names for a language: a drafter trained elsewhere, e.g. a learning curve's point)
+    and vocabularies, build the masks, write the manifest."""
     from vocab.files import RankedVocab, load_ranked, save_ranked
     from vocab.masks import build_masks, save_masks
 
@@ -105,7 +107,7 @@ def write_bundle(
     with atomic_directory(out, overwrite=overwrite) as tmp:
         ranked = []
         for lang in languages:
-            src = run / train_dir / lang / "final"
+            src = Path((drafters or {}).get(lang) or run / train_dir / lang / "final")
             cfg = _read_json(src / "config.json", f"drafter of {lang!r} (train stage output)")
             recorded = cfg.get("target", {})
             moved = recorded.get("tokenizer_sha256") != target_pin["tokenizer_sha256"]

@@ -14,7 +14,11 @@ A point is the folder ``<run>/oc-<N>[-s<seed>]/<lang>/``: ``finetune/`` (from th
 scored at its end on the 24 held-out prompts; the first draft's teacher-forced top-1 over every
 answer position beside α₁, train/score.py) beside ``<run>/oc-<N>[-s<seed>]-chat/<lang>/finetune/
 eval_only.json`` (the same final weights scored on the second held-out set,
-``synth/data/heldout-chat.jsonl``). Per point: answer tokens, tokens read,
+``synth/data/heldout-chat.jsonl``). Beside each set's score, the decoder's own α₁ and τ on the same
+prompts (``python -m pipelines.score_check --drafter <point>/finetune/final``, which writes
+``<point>/finetune/score_check-heldout.json`` and ``score_check-heldout-chat.json``; "–" until it
+ran): the teacher-forced top-1, the score's α₁ and the decoder's α₁ must agree within noise, a gap
+is a train/decode mismatch (issue 68). Per point: answer tokens, tokens read,
 steps, τ (chain γ 4) and α₁..α₄ on both sets; the slope per decade of answer tokens is a
 least-squares fit of τ and α₁ against log₁₀ tokens over the seed-0 points; the seeds' spread is
 their range at a point. Writes ``<run>/onpolicy-curve.json``, ``.md`` and ``.png``.
@@ -62,6 +66,27 @@ def point_dir(run: Path, n: int, seed: int, lang: str) -> Path:
     return run / (f"oc-{n}" + (f"-s{seed}" if seed else "")) / lang
 
 
+# the table's sets → the file pipelines.score_check writes for each
+# (<point>/finetune/score_check-<name>.json)
+DECODED = {"finetune": "heldout", "chat": "heldout-chat"}
+
+
+def _decoded(path: Path) -> dict | None:
+    """The decoder's τ and α on a held-out set beside the score's (``pipelines.score_check
+    --drafter``), or None where it has not run."""
+    rec = read_json_or_none(path)
+    if rec is None:
+        return None
+    return {
+        "tau": rec["decoder_tau"],
+        "alpha": rec["decoder_alpha"],
+        "score_tau": rec["score_tau"],
+        "score_alpha": rec["score_alpha"],
+        "answers_identical_to_captured": rec["answers_identical_to_captured"],
+        "dtype": rec.get("dtype"),
+    }
+
+
 def collect(run: Path, distill: Path, points: list[int], seeds: list[int], lang: str) -> list[dict]:
     rows = []
     for n in points:
@@ -78,6 +103,10 @@ def collect(run: Path, distill: Path, points: list[int], seeds: list[int], lang:
                     "answer_tokens": got,
                     "finetune": stage_summary(base / "finetune"),
                     "chat": _eval_only(run / f"{base.parent.name}-chat" / lang),
+                    "decoded": {
+                        key: _decoded(base / "finetune" / f"score_check-{name}.json")
+                        for key, name in DECODED.items()
+                    },
                 }
             )
     return rows
@@ -127,20 +156,28 @@ def table(rows: list[dict]) -> list[str]:
     alphas = " | ".join(f"α{i + 1}" for i in range(k))
     lines = [
         f"| answer tokens | seed | finetune: tokens read (steps) | held-out τ | {alphas} | "
-        f"teacher-forced top-1 | chat held-out τ | {alphas} | teacher-forced top-1 |",
-        "|" + "---|" * (7 + 2 * k),
+        "teacher-forced top-1 | decoded α1 | decoded τ | "
+        f"chat held-out τ | {alphas} | teacher-forced top-1 | decoded α1 | decoded τ |",
+        "|" + "---|" * (11 + 2 * k),
     ]
     for r in rows:
         f, c = r["finetune"], r["chat"]
+        dec = r.get("decoded") or {}
         lines.append(
             f"| {r['answer_tokens']:,} | {r['seed']} | {f['tokens']:,} ({f['steps']}) | "
             f"**{f['tau']:.3f}** | "
             + " | ".join(f"{a:.3f}" for a in f["alpha"])
-            + f" | {_num(f.get('top1_teacher_forced'))} | **{c['tau']:.3f}** | "
+            + f" | {_num(f.get('top1_teacher_forced'))} | {_decoded_cells(dec.get('finetune'))} | "
+            f"**{c['tau']:.3f}** | "
             + " | ".join(f"{a:.3f}" for a in c["alpha"])
-            + f" | {_num(c.get('top1_teacher_forced'))} |"
+            + f" | {_num(c.get('top1_teacher_forced'))} | {_decoded_cells(dec.get('chat'))} |"
         )
     return lines
+
+
+def _decoded_cells(d: dict | None) -> str:
+    """The decoder's α₁ and τ (two cells), "–" where score_check has not run."""
+    return "– | –" if d is None else f"{_num(d['alpha'][0])} | {_num(d['tau'])}"
 
 
 def _num(x: float | None) -> str:

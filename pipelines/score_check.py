@@ -2,39 +2,70 @@
 
     python -m pipelines.score_check --run runs/demo [--langs vi,de,ja] [--gamma 4]
         [--target gemma3-270m]
+    python -m pipelines.score_check --run R --drafter R/oc-140000/en/finetune/final [--lang en]
+        [--heldout R/synth/en-heldout-chat/data.jsonl] [--out FILE]
 
 For each language: the score that picked ``best/`` (train/score.py: the decoder's greedy chain
 replayed on the target's captured held-out answers) recomputed for the bundle's drafter, and the
-decoder's own τ (decoder/core.py, method ``chain``, γ, greedy, the bundle's language and largest
-vocabulary, default dtype) on the same held-out prompts with the same token budget and stop strings.
-Prints both and their ratio; the ratio must stay within 10 % (issue 14).
+decoder's own τ and α₁..α_γ (decoder/core.py, method ``chain``, γ, greedy, the bundle's language
+and the drafter's vocabulary size, default dtype) on the same held-out prompts with the same token
+budget and stop strings. Prints both and their ratio; the ratio must stay within 10 % (issue 14),
+and α₁ beside the score's is the train/decode check of issue 68.
+
+``--drafter``: one trained drafter folder (a learning curve's point) instead of the run's export: a
+bundle of it and ``<run>/vocab/<lang>.safetensors`` is written by ``export.bundle.write_bundle``
+into a temporary folder, checked on the held-out answers of ``--heldout`` (default
+``<run>/synth/<lang>-heldout/data.jsonl``), and the result written atomically beside the drafter:
+``<drafter>/../score_check-<set>.json`` (set: the held-out folder's name less ``<lang>-``, e.g.
+``heldout``, ``heldout-chat``), which ``pipelines.onpolicy_curve``'s table reads.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 import torch
 
 from decoder.core import Decoder
-from export.bundle import load_bundle
+from export.bundle import load_bundle, write_bundle
 from polyspec.drafter_kind import DrafterKind
 from polyspec.drafter_models import load_drafter
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.features import FeatureReader
 from polyspec.io import atomic_write_json, read_jsonl
 from polyspec.targets import load_target
-from train.score import score_eagle
+from train.score import score_eagle, summarize
 from vocab.files import load_ranked
+
+# α_i, decoder and score alike (train.score.summarize): the share of all steps that kept ≥ i
+# drafts — α₁ = P(draft 1 kept), α_i = P(drafts 1..i all kept), not conditional on draft i−1;
+# every step counts, a step whose chain was cut to fit before the answer's end too, and the
+# answer's last token is always the target's own (a step kept min(accepted, new tokens − 1)).
+ALPHA_RULE = (
+    "alpha_i = share of all steps that kept >= i drafts (not conditional); every step counts, "
+    "those cut short by the answer's end too; the answer's last token is the target's own"
+)
+
+
+def kept_drafts(out) -> list[int]:
+    """Drafts kept per step of a decoder's answer (``GenerationResult``), as the score counts them:
+    the stopping rules may end the answer on an accepted draft, which the score (whose drafts stop
+    before the answer's last token, train/score.py ``walk``) counts as the target's own token."""
+    return [max(0, min(s.accepted, s.new_tokens - 1)) for s in out.steps]
 
 
 def decoder_tau(
     target, bundle, lang: str, records: list[dict], reader, gamma: int, size: int
 ) -> dict:
+    """The decoder's chain γ on each record's prompt, as many new tokens as the captured answer
+    holds → τ (its tokens over its target forwards), α₁..α_γ (``ALPHA_RULE``), steps, and how many
+    answers equal the captured ones."""
     dec = Decoder(target, bundle, method="chain", gamma=gamma, size=size, lang=lang)
     tokens = forwards = same = 0
+    per_seq = []
     for rec in records:
         ids, start = reader.ids(rec["_path"], rec["id"])
         answer = ids[start:]
@@ -45,8 +76,12 @@ def decoder_tau(
         )
         tokens, forwards = tokens + len(out.tokens), forwards + out.target_forwards
         same += out.tokens[: len(answer)] == answer
+        per_seq.append((len(out.tokens), kept_drafts(out)))
+    acc = summarize(per_seq, gamma)
     return {
         "tau": round(tokens / max(1, forwards), 4),
+        "alpha": acc["alpha"],
+        "steps": acc["steps"],
         "tokens": tokens,
         "forwards": forwards,
         "answers_identical_to_captured": f"{same}/{len(records)}",
@@ -84,17 +119,117 @@ def score_tau(target, drafter_dir: Path, records: list[dict], reader, gamma: int
     return score_eagle(model, embed, head_w, ids_s, seqs, gamma, softcap)
 
 
-def heldout_records(run: Path, lang: str) -> list[dict]:
-    path = run / "synth" / f"{lang}-heldout" / "data.jsonl"
+def heldout_records(run: Path, lang: str, path: Path | None = None) -> list[dict]:
+    """The captured held-out answers of ``path`` (default ``<run>/synth/<lang>-heldout/data.jsonl``)
+    that have features."""
+    path = Path(path) if path else run / "synth" / f"{lang}-heldout" / "data.jsonl"
     if not path.is_file():
         raise PolyspecError(
             f"{path}: no captured held-out answers (python -m synth distill --prompts heldout …)"
         )
-    return [
+    records = [
         {**r, "_path": str(path.parent / r["features_file"])}
         for r in read_jsonl(path)
         if r.get("features_file")
     ]
+    if not records:
+        raise PolyspecError(f"{path}: no record has captured features (capture_features=true)")
+    return records
+
+
+def check(
+    target, bundle, lang: str, records: list[dict], reader, gamma: int, size: int, drafter_dir
+) -> dict:
+    """One language's row: the training score and the decoder on the same held-out answers."""
+    with torch.inference_mode():
+        dec = decoder_tau(target, bundle, lang, records, reader, gamma, size)
+    with torch.no_grad():
+        sc = score_tau(target, drafter_dir, records, reader, gamma)
+    return {
+        "lang": lang,
+        "score_tau": sc["tau"],
+        "decoder_tau": dec["tau"],
+        "ratio": round(sc["tau"] / dec["tau"], 4) if dec["tau"] else None,
+        "score_alpha": sc["alpha"],
+        "decoder_alpha": dec["alpha"],
+        "top1_teacher_forced": sc.get("top1_teacher_forced"),
+        "score_steps": sc["steps"],
+        "decoder_steps": dec["steps"],
+        **{k: v for k, v in dec.items() if k not in ("tau", "alpha", "steps")},
+    }
+
+
+def print_rows(rows: list[dict], gamma: int, dtype, what: str) -> None:
+    dtype = str(dtype).removeprefix("torch.")
+    print(f"training score vs decoder, chain γ={gamma}, greedy, dtype {dtype}, {what}")
+    print(
+        "| lang | score τ | decoder τ | score/decoder | α₁..α_γ (score) | α₁..α_γ (decoder) | "
+        "teacher-forced top-1 | decoder answers = captured |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        top1 = r["top1_teacher_forced"]
+        print(
+            f"| {r['lang']} | {r['score_tau']:.3f} | {r['decoder_tau']:.3f} | {r['ratio']} | "
+            f"{' '.join(f'{a:.3f}' for a in r['score_alpha'])} | "
+            f"{' '.join(f'{a:.3f}' for a in r['decoder_alpha'])} | "
+            f"{'–' if top1 is None else f'{top1:.3f}'} | {r['answers_identical_to_captured']} |"
+        )
+
+
+def vocab_size(drafter: Path) -> int:
+    """The vocabulary size a drafter was trained and scored with (an EAGLE-3 drafter's own head:
+    its draft vocabulary)."""
+    cfg = json.loads((drafter / "config.json").read_text(encoding="utf-8"))
+    size = (cfg.get("vocab") or {}).get("size") or cfg.get("draft_vocab_size")
+    if not size:
+        raise PolyspecError(f"{drafter}: its config records no vocabulary size")
+    return int(size)
+
+
+def drafter_check(
+    run: Path,
+    drafter: Path,
+    lang: str | None,
+    heldout: Path | None,
+    target_name: str | None,
+    gamma: int,
+    dtype: str,
+    out: Path | None,
+) -> tuple[dict, Path]:
+    """``--drafter``: one trained drafter folder checked through a temporary bundle (the export's
+    own writer) → (the result, the file it was written to)."""
+    if not (drafter / "config.json").is_file():
+        raise PolyspecError(f"{drafter}: not a drafter folder (no config.json)")
+    cfg = json.loads((drafter / "config.json").read_text(encoding="utf-8"))
+    lang = lang or cfg.get("lang")
+    if not lang:
+        raise PolyspecError(f"{drafter}: its config names no language; give --lang")
+    size = vocab_size(drafter)
+    target = load_target(target_name or cfg["target"]["name"], dtype=dtype)
+    heldout = Path(heldout) if heldout else run / "synth" / f"{lang}-heldout" / "data.jsonl"
+    records = heldout_records(run, lang, heldout)
+    reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
+    with tempfile.TemporaryDirectory(prefix="score-check-") as tmp:
+        bundle = write_bundle(
+            Path(tmp) / "bundle", run, [lang], target.pin(), [size], drafters={lang: drafter}
+        )
+        row = check(target, bundle, lang, records, reader, gamma, size, drafter)
+    name = heldout.parent.name
+    name = name[len(lang) + 1 :] if name.startswith(f"{lang}-") else name
+    out = out or drafter.parent / f"score_check-{name}.json"
+    result = {
+        "drafter": str(drafter),
+        "heldout": str(heldout),
+        "prompts": len(records),
+        "target": target.spec.name,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "gamma": gamma,
+        "alpha_rule": ALPHA_RULE,
+        **row,
+    }
+    atomic_write_json(out, result)
+    return result, out
 
 
 def engines_scores(run: Path, engines: Path, target, gamma: int) -> list[dict]:
@@ -148,6 +283,21 @@ def main(argv: list[str] | None = None) -> int:
         "default: the name the bundle records",
     )
     ap.add_argument("--langs", help="default: the bundle's languages")
+    ap.add_argument(
+        "--drafter",
+        type=Path,
+        help="check this trained drafter folder (…/finetune/final) instead of the run's bundle; "
+        "the result goes beside it (score_check-<set>.json)",
+    )
+    ap.add_argument("--lang", help="--drafter: its language (default: the one its config records)")
+    ap.add_argument(
+        "--heldout",
+        type=Path,
+        help="--drafter: the captured held-out answers (default "
+        "<run>/synth/<lang>-heldout/data.jsonl; the chat set: <run>/synth/<lang>-heldout-chat/"
+        "data.jsonl)",
+    )
+    ap.add_argument("--out", type=Path, help="--drafter: the result file")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument(
@@ -159,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         "EAGLE-3 drafter beside the multilingual one, on the same held-out answers",
     )
     args = ap.parse_args(argv)
+    if args.drafter and (args.bundle or args.langs or args.engines):
+        ap.error("--drafter checks one drafter folder: not with --bundle, --langs or --engines")
+    if not args.drafter and (args.lang or args.heldout or args.out):
+        ap.error("--lang, --heldout and --out go with --drafter")
     run = Path(args.run)
     if args.engines:
         rec = json.loads((Path(args.engines) / "engines.json").read_text(encoding="utf-8"))
@@ -172,6 +326,20 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"{m / own:.3f}" if m and own else "–"
             print(f"| {r['lang']} | {own:.3f} | {'–' if m is None else f'{m:.3f}'} | {ratio} |")
         return 0
+    if args.drafter:
+        result, out = drafter_check(
+            run,
+            args.drafter,
+            args.lang,
+            args.heldout,
+            args.target,
+            args.gamma,
+            args.dtype,
+            args.out,
+        )
+        print_rows([result], args.gamma, result["dtype"], f"{result['prompts']} held-out answers")
+        print(f"→ {out}")
+        return 0
     # the name of its target
     bundle = load_bundle(args.bundle or run / "export" / "bundle", verify=False)
     target = load_target(args.target or bundle.manifest["target"]["name"], dtype=args.dtype)
@@ -182,42 +350,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for lang in langs:
         records = heldout_records(run, lang)
-        # as trained
-        size = json.loads((bundle.drafter_dir(lang) / "config.json").read_text())["vocab"]["size"]
+        size = vocab_size(bundle.drafter_dir(lang))  # as trained
         if size not in bundle.vocab_sizes:
             raise PolyspecError(
                 f"the bundle has vocabulary sizes {bundle.vocab_sizes}, the {lang} drafter was "
                 f"scored with {size}"
             )
-        with torch.inference_mode():
-            dec = decoder_tau(target, bundle, lang, records, reader, args.gamma, size)
-        with torch.no_grad():
-            sc = score_tau(target, bundle.drafter_dir(lang), records, reader, args.gamma)
         rows.append(
-            {
-                "lang": lang,
-                "score_tau": sc["tau"],
-                "decoder_tau": dec["tau"],
-                "ratio": round(sc["tau"] / dec["tau"], 4) if dec["tau"] else None,
-                "alpha": sc["alpha"],
-                **{k: v for k, v in dec.items() if k != "tau"},
-            }
+            check(target, bundle, lang, records, reader, args.gamma, size, bundle.drafter_dir(lang))
         )
-    print(
-        f"training score vs decoder, chain γ={args.gamma}, greedy, dtype {target.dtype}, "
-        f"{len(langs)} languages"
-    )
-    print(
-        "| lang | score τ | decoder τ | score/decoder | α₁..α_γ (score) | decoder answers = "
-        "captured |"
-    )
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['lang']} | {r['score_tau']:.3f} | {r['decoder_tau']:.3f} | {r['ratio']} | "
-            f"{' '.join(f'{a:.2f}' for a in r['alpha'])} | {r['answers_identical_to_captured']} |"
-        )
-    (run / "score_check.json").write_text(json.dumps(rows, indent=2))
+    print_rows(rows, args.gamma, target.dtype, f"{len(langs)} languages")
+    atomic_write_json(run / "score_check.json", rows)
     return 0
 
 

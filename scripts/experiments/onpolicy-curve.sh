@@ -16,7 +16,9 @@
 #   5. the corpus prefill (1M tokens) and the shared pretrain on it (the vocabulary, wordfreq + the Alg. 1 pairs, is
 #      made in step 2, before any answer exists, so no point's head is ranked on another point's data);
 #   6. per point N (answer tokens): finetune from the pretrain on the first N answer tokens, EPOCHS(N) epochs
-#      (max(2, round(4·√(140000/N))): 4, 3, 2, 2, 2 at the default points), scored on both held-out sets;
+#      (max(2, round(4·√(140000/N))): 4, 3, 2, 2, 2 at the default points), scored on both held-out sets, and
+#      beside each score the decoder's own α₁..α₄ and τ on the same prompts (python -m pipelines.score_check
+#      --drafter: <point>/finetune/score_check-{heldout,heldout-chat}.json; a gap is a train/decode mismatch);
 #      SEEDS also at SEED_POINTS;
 #   7. the table and plot (python -m pipelines.onpolicy_curve table).
 set -euo pipefail
@@ -82,6 +84,13 @@ point() {  # point N SEED
     $ACC launch "${train[@]}" "train_dir=$dir-chat" stage=finetune eval_only=true "init_from=$out/finetune/final" \
       "data.finetune=[$S/$L-heldout-chat/data.jsonl]" "data.eval_file=[$S/$L-heldout-chat/data.jsonl]" \
       data.eval_max_examples=32
+  # the decoder's own α and τ (chain γ 4) beside the training score, on each held-out set's captured answers
+  local hs
+  for hs in heldout heldout-chat; do
+    [[ -f $out/finetune/score_check-$hs.json ]] || \
+      $PY -m pipelines.score_check --run "$R" --target "$TARGET" --drafter "$out/finetune/final" --lang "$L" \
+        --heldout "$S/$L-$hs/data.jsonl" --gamma 4
+  done
 }
 for n in $POINTS; do point "$n" 0; done
 for s in $SEEDS; do for n in $SEED_POINTS; do point "$n" "$s"; done; done

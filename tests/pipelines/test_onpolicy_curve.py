@@ -47,7 +47,7 @@ def test_slope_per_decade():
     assert oc.slope_per_decade([1e5, 1e5], [1.0, 2.0]) == 0.0
 
 
-def test_table_reads_both_held_out_sets_and_the_seed_spread(tmp_path):
+def test_table_reads_both_held_out_sets_the_decoders_alpha_and_the_seed_spread(tmp_path):
     run = tmp_path / "run"
     _distill(run / "synth" / "en-distill", [100] * 30)
     points = [300, 1200]
@@ -61,6 +61,16 @@ def test_table_reads_both_held_out_sets_and_the_seed_spread(tmp_path):
         ev = {"tau": tau - 0.1, "alpha": [tau - 1.1, 0.05, 0.0, 0.0], "sequences": 32}
         ev["top1_teacher_forced"] = tau - 1.12
         (chat / "eval_only.json").write_text(json.dumps({"stage": "finetune", "eval": ev}))
+    # pipelines.score_check --drafter ran for the 1,200 point, on the default held-out set only
+    check = {
+        "decoder_tau": 1.49,
+        "decoder_alpha": [0.48, 0.1, 0.0, 0.0],
+        "score_tau": 1.5,
+        "score_alpha": [0.5, 0.1, 0.0, 0.0],
+        "answers_identical_to_captured": "24/24",
+        "dtype": "bfloat16",
+    }
+    (run / "oc-1200" / "en" / "finetune" / "score_check-heldout.json").write_text(json.dumps(check))
     args = ["table", "--run", str(run), "--points", "300 1200", "--seeds", "1"]
     assert oc.main(args) == 0
     got = json.loads((run / "onpolicy-curve.json").read_text())
@@ -71,12 +81,18 @@ def test_table_reads_both_held_out_sets_and_the_seed_spread(tmp_path):
     assert s["finetune"]["tau_per_decade"] == pytest.approx(0.1 / math.log10(4), abs=1e-4)
     assert s["chat"]["alpha1_per_decade"] == pytest.approx(0.1 / math.log10(4), abs=1e-4)
     assert s["seed_spread"]["300"] == {"seeds": 2, "tau_range": 0.04, "alpha1_range": 0.04}
+    assert rows[2]["decoded"]["finetune"]["alpha"][0] == 0.48 and rows[2]["decoded"]["chat"] is None
+    assert rows[0]["decoded"] == {"finetune": None, "chat": None}
     md = (run / "onpolicy-curve.md").read_text()
+    head = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    assert [i for i, c in enumerate(head) if c in ("decoded α1", "decoded τ")] == [9, 10, 17, 18]
     row = (
-        "| 1,200 | 0 | 1,800 (8) | **1.500** | 0.500 | 0.100 | 0.000 | 0.000 | – | **1.400** | "
-        "0.400 | 0.050 | 0.000 | 0.000 | 0.380 |"
+        "| 1,200 | 0 | 1,800 (8) | **1.500** | 0.500 | 0.100 | 0.000 | 0.000 | – | 0.480 | 1.490 | "
+        "**1.400** | 0.400 | 0.050 | 0.000 | 0.000 | 0.380 | – | – |"
     )
     assert row in md
+    assert "| 300 | 0 | 1,800 (8) | **1.400** | 0.400 | 0.100 | 0.000 | 0.000 | – | – | – |" in md
+    assert md.splitlines()[1] == "|" + "---|" * 19
     assert (run / "onpolicy-curve.png").stat().st_size > 1000
 
 
