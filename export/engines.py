@@ -34,6 +34,7 @@ import shutil
 from pathlib import Path
 
 from export.bundle import load_bundle, safe_join, write_bundle
+from export.gguf import eagle3_layers_unsupported
 from export.interop import check_speculators, write_speculators, write_speculators_folder
 from polyspec.drafter_kind import DrafterKind
 from polyspec.drafter_models import load_drafter
@@ -110,6 +111,10 @@ def write_engine_exports(
                 "target": pin,
             },
         )
+    # llama.cpp runs one-layer EAGLE-3 drafters only: a deeper one leaves the GGUFs out, saying why
+    deeper = [why for f in folders.values() if (why := eagle3_layers_unsupported(f))]
+    if gguf is not None and deeper:
+        gguf, gguf_why = None, deeper[0]
     drafters = {}
     for name, folder in folders.items():
         cfg = check_speculators(folder, target.vocab_size)

@@ -15,7 +15,10 @@ safetensors cache of a gguf-package target) into ``<dir>/models/<target>-<outtyp
 speculators-format EAGLE-3 folder (``python -m export --format speculators``; layout in
 ``export/interop.py``) into ``<out>/gguf/<lang>-eagle3-<outtype>.gguf`` with ``--target-model-dir``
 (the converter takes the tokenizer, the target layer ids ``eagle_aux_hidden_state_layer_ids`` and
-``d2t`` from there). ``gguf_converter`` is the same conversion for ``python -m export engines``.
+``d2t`` from there); a drafter of more than one decoder layer (``eagle.num_layers`` > 1) is refused
+in one line (:func:`eagle3_layers_unsupported`: llama.cpp's eagle3 graph has one layer).
+``gguf_converter`` is the same conversion for ``python -m export engines``, which then writes no
+GGUF and says why in ``engines.json``.
 ``<gguf>.json`` records the inputs' names, sizes and mtimes; a conversion is redone only when they
 change. (``tests/engines/test_engines_llamacpp.py`` checks that llama.cpp's first draft from a
 converted drafter is polyspec's own.) Default outtype ``f32``: the dequantized weights bit for bit
@@ -136,6 +139,9 @@ def convert(
     target_dir]``, cached: redone only when a file of the inputs (or the outtype / converter)
     changed. Returns ``out_file``."""
     model_dir, out_file = Path(model_dir), Path(out_file)
+    why = eagle3_layers_unsupported(model_dir) if target_dir else None
+    if why:
+        raise PolyspecError(why)
     folders = [model_dir] + ([Path(target_dir)] if target_dir else [])
     key = {"inputs": _inputs(*folders), "outtype": outtype, "converter": str(llama.converter)}
     key["sha256"] = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -225,6 +231,23 @@ def eagle3_unsupported(llama: LlamaCpp, config) -> str | None:
                 '"layer input tensor is null")'
             )
     return None
+
+
+def eagle3_layers_unsupported(folder: str | Path) -> str | None:
+    """Why llama.cpp cannot run the speculators-format EAGLE-3 drafter in ``folder``: it has more
+    than one decoder layer (``eagle.num_layers`` > 1), and llama.cpp's eagle3 graph has one
+    (src/models/eagle3.cpp: every layer's attention reads 2H, ``GGML_ASSERT(n_layer == 1)``) —
+    None otherwise, or when its config does not say."""
+    cfg = read_json_or_none(Path(folder) / "config.json")
+    layer = (cfg or {}).get("transformer_layer_config") if isinstance(cfg, dict) else None
+    n = (layer or {}).get("num_hidden_layers", 1) if isinstance(layer, dict) else 1
+    if not isinstance(n, int) or n <= 1:
+        return None
+    return (
+        f"{folder} is a {n}-layer EAGLE-3 drafter (eagle.num_layers={n}): llama.cpp's eagle3 "
+        "runs one decoder layer (GGML_ASSERT(n_layer == 1)), so it has no GGUF; serve it with "
+        "vLLM (the speculators folder) or train with eagle.num_layers=1 for llama.cpp"
+    )
 
 
 def gguf_converter(target, root: str | Path | None = None, outtype: str = "f32"):

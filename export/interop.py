@@ -12,11 +12,14 @@
   Llama config of the draft layer, ``speculators_config`` {algorithm, proposal methods, verifier =
   the target's local folder}); ``model.safetensors`` with ``fc``, ``layers.0.*``, ``norm``,
   ``lm_head`` [draft vocab, H], ``d2t`` (target id = draft id + d2t[draft id]) and ``t2d`` (bool
-  [|V|]). Only drafters trained in the EAGLE-3 form (``eagle.arch: eagle3``) map onto it exactly; an
-  EAGLE-1-form drafter is refused with the reason. ``write_speculators_reference`` writes polyspec's
-  own logits on real target features, which ``engines/speculators.py`` (run in a separate
-  environment with the speculators package: ``make check-speculators``) compares with speculators'
-  forward.
+  [|V|]). A drafter of ``eagle.num_layers`` = n > 1 carries n in ``transformer_layer_config``'s
+  ``num_hidden_layers`` and its later layers as ``layers.1.*`` … (ordinary Llama decoder layers, H
+  input, no ``hidden_norm``), as speculators' ``Eagle3DraftModel`` and vLLM's multi-layer eagle3
+  build them. Only drafters trained in the EAGLE-3 form (``eagle.arch: eagle3``) map onto it
+  exactly; an EAGLE-1-form drafter is refused with the reason. ``write_speculators_reference``
+  writes polyspec's own logits on real target features, which ``engines/speculators.py`` (run in a
+  separate environment with the speculators package: ``make check-speculators``) compares with
+  speculators' forward.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ _VERIFIER_OWNED = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_h
 
 def speculators_tensors(model, target_vocab_size: int) -> dict[str, torch.Tensor]:
     """An :class:`~polyspec.drafter_models.Eagle3Drafter`'s weights in speculators'
-    ``Eagle3DraftModel`` names (the same modules, renamed: its one decoder layer is ``layers.0``),
+    ``Eagle3DraftModel`` names (the same modules, renamed: its first decoder layer is ``layers.0``;
+    later ones are already ``layers.1``, …),
     plus the vocabulary maps: ``d2t`` int64 [s] (draft row j is target id j + d2t[j]) and ``t2d``
     bool [|V|] (target id is in the draft vocabulary). A draft vocabulary as large as the target's
     has no maps: its head rows are put in target-id order."""
@@ -121,7 +125,7 @@ def speculators_config(model, target, speculative_tokens: int = 3) -> dict:
     layer.update(
         head_dim=model.self_attn.head_dim,
         vocab_size=target.vocab_size,
-        num_hidden_layers=1,
+        num_hidden_layers=model.num_layers,  # the first layer (2H input), then ordinary ones
         architectures=["LlamaForCausalLM"],
         model_type="llama",
     )
@@ -300,6 +304,9 @@ def check_speculators(folder: str | Path, target_vocab_size: int) -> dict:
         for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
     )
     n_aux = len(cfg["eagle_aux_hidden_state_layer_ids"])
+    n_layers = layer.get("num_hidden_layers", 1)
+    if not isinstance(n_layers, int) or n_layers < 1:
+        raise PolyspecError(f"{folder}: transformer_layer_config.num_hidden_layers {n_layers!r}")
     want = {
         "fc.weight": (H, n_aux * Ht),
         "norm.weight": (H,),
@@ -315,6 +322,18 @@ def check_speculators(folder: str | Path, target_vocab_size: int) -> dict:
         "layers.0.mlp.up_proj.weight": (inter, H),
         "layers.0.mlp.down_proj.weight": (H, inter),
     }
+    for i in range(1, n_layers):  # the later layers: ordinary decoder layers on the hidden state
+        want |= {
+            f"layers.{i}.input_layernorm.weight": (H,),
+            f"layers.{i}.post_attention_layernorm.weight": (H,),
+            f"layers.{i}.self_attn.q_proj.weight": (heads * hd, H),
+            f"layers.{i}.self_attn.k_proj.weight": (kv * hd, H),
+            f"layers.{i}.self_attn.v_proj.weight": (kv * hd, H),
+            f"layers.{i}.self_attn.o_proj.weight": (H, heads * hd),
+            f"layers.{i}.mlp.gate_proj.weight": (inter, H),
+            f"layers.{i}.mlp.up_proj.weight": (inter, H),
+            f"layers.{i}.mlp.down_proj.weight": (H, inter),
+        }
     maps = s != target_vocab_size
     if maps:
         want |= {"d2t": (s,), "t2d": (target_vocab_size,)}

@@ -40,6 +40,7 @@ from transformers import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
+    LlamaDecoderLayer,
     LlamaMLP,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
@@ -188,16 +189,29 @@ class Eagle3Drafter(nn.Module):
     ``output_hidden_states``); one Llama layer whose attention reads [input_norm(embed(x)) ‖
     hidden_norm(g)] (2H → heads), residual g; ``norm`` → its own ``lm_head`` over the draft
     vocabulary ``draft_ids`` (the language's top-s ids, initialised from the target head's rows, so
-    row order = rank order and a size s' < s is the first s' rows). Unrolled steps feed the layer's
-    pre-norm output back as g (training-time test)."""
+    row order = rank order and a size s' < s is the first s' rows). Unrolled steps feed the last
+    layer's pre-norm output back as g (training-time test).
+
+    ``num_layers`` > 1 (``eagle.num_layers``): the first layer as above, then ordinary pre-norm
+    Llama decoder layers on its hidden state (H → heads, no embedding input), ``layers.1``,
+    ``layers.2``, … — the layout and names of speculators' and vLLM's multi-layer eagle3 (their
+    ``layers.0`` is the first layer: ``export.interop`` renames it). One layer has no ``layers``
+    entries: its parameters, outputs and saved files are those of the one-layer form."""
 
     drafter_type = "eagle"
     arch_name: DrafterKind = DrafterKind.EAGLE3
 
     def __init__(
-        self, layer_config, target_hidden_size: int, aux_layers: list[int], draft_vocab_size: int
+        self,
+        layer_config,
+        target_hidden_size: int,
+        aux_layers: list[int],
+        draft_vocab_size: int,
+        num_layers: int = 1,
     ):
         super().__init__()
+        if num_layers < 1:
+            raise PolyspecError(f"an EAGLE-3 drafter has at least one layer, not {num_layers}")
         c = self.layer_config = layer_config
         # a standalone layer: pick the kernel
         c._attn_implementation = c._attn_implementation or "sdpa"
@@ -216,6 +230,11 @@ class Eagle3Drafter(nn.Module):
         self.rotary = LlamaRotaryEmbedding(c)
         self.lm_head = nn.Linear(H, draft_vocab_size, bias=False)
         self.register_buffer("draft_ids", torch.zeros(draft_vocab_size, dtype=torch.long))
+        # the layers after the first, keyed by their index among the drafter's layers (empty for
+        # one layer; built last, so a one-layer drafter draws its init as before)
+        self.layers = nn.ModuleDict(
+            {str(i): LlamaDecoderLayer(c, layer_idx=i) for i in range(1, num_layers)}
+        )
 
     @property
     def hidden_size(self) -> int:
@@ -225,9 +244,18 @@ class Eagle3Drafter(nn.Module):
     def draft_vocab_size(self) -> int:
         return self.lm_head.out_features
 
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers: the first (2H input) and ``layers``."""
+        return 1 + len(self.layers)
+
     @classmethod
     def for_target(
-        cls, target, draft_ids: torch.Tensor, aux_layers: list[int] | None = None
+        cls,
+        target,
+        draft_ids: torch.Tensor,
+        aux_layers: list[int] | None = None,
+        num_layers: int = 1,
     ) -> Eagle3Drafter:
         t = text_config(target.model.config)
         n = t.num_hidden_layers
@@ -235,7 +263,7 @@ class Eagle3Drafter(nn.Module):
         cfg = LlamaConfig(
             hidden_size=t.hidden_size,
             intermediate_size=t.intermediate_size,
-            num_hidden_layers=1,
+            num_hidden_layers=num_layers,
             num_attention_heads=t.num_attention_heads,
             num_key_value_heads=t.num_key_value_heads,
             head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
@@ -244,7 +272,7 @@ class Eagle3Drafter(nn.Module):
             vocab_size=target.vocab_size,
             tie_word_embeddings=False,
         )
-        model = cls(cfg, t.hidden_size, aux, len(draft_ids))
+        model = cls(cfg, t.hidden_size, aux, len(draft_ids), num_layers=num_layers)
         with torch.no_grad():
             ids = draft_ids.to(target.model.get_output_embeddings().weight.device)
             model.lm_head.weight.copy_(
@@ -281,12 +309,14 @@ class Eagle3Drafter(nn.Module):
         query_rows=None,
     ):
         """features [B, T, 3H] (target layers: fused by fc) or [B, T, H] (own previous outputs) →
-        pre-norm hidden [B, T, H] (and the KV cache).
+        the last layer's pre-norm hidden [B, T, H] (and the KV cache: one entry per layer, every
+        layer's keys at the same entries, so ``crop`` and ``get_seq_length`` work as for one).
 
         ``query_rows`` [B, N] long (training; an empty cache, causal attention): the output only at
         those entries (-1: none, its row is padding) → [B, N, H]. Every entry still gives its keys
-        and values, but the query, attention output, o_proj and MLP run on the N rows alone — a
-        finetune's loss reads ~60 % of the rows."""
+        and values, but the last layer's query, attention output, o_proj and MLP run on the N rows
+        alone — a finetune's loss reads ~60 % of the rows (the layers before it run every entry:
+        the next layer's keys read them)."""
         g = features.to(input_embeds.dtype)
         if g.shape[-1] == 3 * self.target_hidden_size:
             g = self.fc(g)
@@ -309,49 +339,78 @@ class Eagle3Drafter(nn.Module):
             if attention_mask is not None:
                 allowed = allowed & attention_mask.bool()[:, None, None, -(past + T) :]
             attention_mask = attention_bias(allowed, g.dtype)
+        cache = past_key_values if use_cache else None
+        position_embeddings = self.rotary(g, position_ids)
         x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(g)], dim=-1)
         attn, _ = self.self_attn(
             x,
-            position_embeddings=self.rotary(g, position_ids),
+            position_embeddings=position_embeddings,
             attention_mask=attention_mask,
-            past_key_values=past_key_values if use_cache else None,
+            past_key_values=cache,
         )
         h = g + attn
         h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, (past_key_values if use_cache else None)
+        for layer in self.layers.values():
+            h = _decoder_layer(layer, h, position_embeddings, attention_mask, cache)
+        return h, cache
 
     def _forward_rows(self, input_embeds, g, position_ids, query_rows, cache):
-        """:meth:`forward` at ``query_rows`` only; the attention is LlamaAttention's, its query rows
-        gathered."""
+        """:meth:`forward` at ``query_rows`` only: the last layer's attention is LlamaAttention's,
+        its query rows gathered (:meth:`_attend_rows`); the layers before it run every entry."""
         if cache is not None and cache.get_seq_length() > 0:
             raise PolyspecError("query_rows: the drafter's first pass only (an empty KV cache)")
-        a, (B, T, _) = self.self_attn, input_embeds.shape
+        B, T, _ = input_embeds.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=g.device).unsqueeze(0)
         # a padding row, -1, reads entry 0; never used
         take = lambda x: gather_rows(x, query_rows)  # noqa: E731
-        rows = query_rows.clamp_min(0)
         x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(g)], dim=-1)
+        cos, sin = self.rotary(g, position_ids)
+        cos, sin = cos.expand(B, -1, -1), sin.expand(B, -1, -1)
+        if not self.layers:  # one layer: its query rows alone
+            out = self._attend_rows(self.self_attn, x, cos, sin, query_rows, cache)
+            h = take(g) + out
+            h = h + self.mlp(self.post_attention_layernorm(h))
+            return h, cache
+        # every entry through the layers before the last (causal over the T entries)
+        causal = torch.ones((T, T), dtype=torch.bool, device=g.device).tril()
+        mask = attention_bias(causal, g.dtype).view(1, 1, T, T).expand(B, 1, T, T)
+        attn, _ = self.self_attn(
+            x, position_embeddings=(cos, sin), attention_mask=mask, past_key_values=cache
+        )
+        h = g + attn
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        *before, last = self.layers.values()
+        for layer in before:
+            h = _decoder_layer(layer, h, (cos, sin), mask, cache)
+        out = self._attend_rows(
+            last.self_attn, last.input_layernorm(h), cos, sin, query_rows, cache
+        )
+        h = take(h) + out
+        return h + last.mlp(last.post_attention_layernorm(h)), cache
+
+    def _attend_rows(self, a, x, cos, sin, query_rows, cache) -> torch.Tensor:
+        """Attention ``a`` over the entries of ``x`` [B, T, ·] (its input, normed), queried at
+        ``query_rows`` [B, N] only (causal; keys and values of every entry, into ``cache`` at
+        ``a.layer_idx``) → o_proj's output [B, N, H]. ``cos``, ``sin`` [B, T, head_dim]."""
+        (B, T, _), rows = x.shape, query_rows.clamp_min(0)
+        take = lambda t: gather_rows(t, query_rows)  # noqa: E731
         q = a.q_proj(take(x)).view(B, rows.shape[1], -1, a.head_dim).transpose(1, 2)
         k = a.k_proj(x).view(B, T, -1, a.head_dim).transpose(1, 2)
         v = a.v_proj(x).view(B, T, -1, a.head_dim).transpose(1, 2)
-        cos, sin = self.rotary(g, position_ids)
-        cos, sin = cos.expand(B, -1, -1), sin.expand(B, -1, -1)
         q, _ = apply_rotary_pos_emb(q, q, take(cos), take(sin))
         _, k = apply_rotary_pos_emb(k, k, cos, sin)
         if cache is not None:
-            k, v = cache.update(k, v, 0)
+            k, v = cache.update(k, v, a.layer_idx)
         # causal
         mask = attention_bias(
-            torch.arange(T, device=g.device).view(1, 1, T) <= rows.unsqueeze(-1), q.dtype
+            torch.arange(T, device=x.device).view(1, 1, T) <= rows.unsqueeze(-1), q.dtype
         )
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.layer_config._attn_implementation, eager_attention_forward
         )
         out, _ = attend(a, q, k, v, mask.unsqueeze(1), dropout=0.0, scaling=a.scaling)
-        h = take(g) + a.o_proj(out.reshape(B, rows.shape[1], -1).contiguous())
-        h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, cache
+        return a.o_proj(out.reshape(B, rows.shape[1], -1).contiguous())
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Pre-norm hidden → logits over the draft vocabulary (row j is target id
@@ -359,13 +418,17 @@ class Eagle3Drafter(nn.Module):
         return self.lm_head(self.norm(h)).float()
 
     def arch(self) -> dict:
-        return {
+        out = {
             "arch": DrafterKind.EAGLE3.value,
             "layer_config": self.layer_config.to_dict(),
             "aux_layers": self.aux_layers,
             "target_hidden_size": self.target_hidden_size,
             "draft_vocab_size": self.draft_vocab_size,
         }
+        # absent for one layer: a one-layer drafter's config.json is the one it always was
+        if self.num_layers > 1:
+            out["num_layers"] = self.num_layers
+        return out
 
     @classmethod
     def from_arch(cls, arch: dict) -> Eagle3Drafter:
@@ -375,7 +438,21 @@ class Eagle3Drafter(nn.Module):
             arch["target_hidden_size"],
             arch["aux_layers"],
             arch["draft_vocab_size"],
+            num_layers=int(arch.get("num_layers", 1)),
         )
+
+
+def _decoder_layer(layer, h, position_embeddings, attention_mask, cache) -> torch.Tensor:
+    """A later EAGLE-3 layer (a pre-norm Llama decoder layer: ``LlamaDecoderLayer``'s modules) on
+    the hidden state h [B, T, H], its keys and values into ``cache`` at its ``layer_idx``."""
+    attn, _ = layer.self_attn(
+        layer.input_layernorm(h),
+        position_embeddings=position_embeddings,
+        attention_mask=attention_mask,
+        past_key_values=cache,
+    )
+    h = h + attn
+    return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
 def build_small_lm(

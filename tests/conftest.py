@@ -159,6 +159,7 @@ def make_tiny_bundle(
     seed: int = 0,
     first_ids=(),
     fit=None,
+    num_layers: int = 1,
 ) -> Path:
     """A bundle for a tiny target in seconds, without synth or training.
 
@@ -168,7 +169,8 @@ def make_tiny_bundle(
     ``oracle`` (a copy of a Llama-family target with Gaussian ``noise`` on its weights: a drafter
     that is often but not always right, to exercise partial acceptance). ``first_ids`` rank first in
     every language (a text the drafter must reach); ``fit(model, order)`` trains the drafter in
-    place before it is saved (``order``: the language's ranked ids).
+    place before it is saved (``order``: the language's ranked ids). ``num_layers``: the ``eagle3``
+    drafter's decoder layers (``eagle.num_layers``).
     """
     import copy
     from collections import Counter
@@ -215,7 +217,9 @@ def make_tiny_bundle(
                 eagle_layer_config(target.model.config), lookup_hint=drafter == "eagle-hint"
             )
         elif drafter == "eagle3":
-            model = Eagle3Drafter.for_target(target, torch.as_tensor(order[: max(sizes)]))
+            model = Eagle3Drafter.for_target(
+                target, torch.as_tensor(order[: max(sizes)]), num_layers=num_layers
+            )
         elif drafter == "small-lm":
             model = build_small_lm(
                 target, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64

@@ -21,10 +21,14 @@ from safetensors import safe_open
 
 from polyspec.errors import PolyspecError, first_line
 from polyspec.io import atomic_write_json
+from train.config import LK_ETA
 
 # 2: accelerate's save_state + trainer_state.json (1: hand-written model/optimizer/RNG files)
 CHECKPOINT_LAYOUT = 2
 TRAINER_STATE = "trainer_state.json"
+# options added after checkpoints were written, hashed only when off their defaults: a checkpoint
+# written before them (the same training) still resumes
+_HASHED_OFF_DEFAULT = {"eagle": {"token_loss": "kl", "lk_eta": LK_ETA}}
 # what a truncated or overwritten checkpoint file raises from torch.load / pickle / accelerate
 _DAMAGE = (OSError, RuntimeError, ValueError, EOFError, KeyError, pickle.UnpicklingError)
 
@@ -44,6 +48,10 @@ def config_hash(
     relevant = cfg.model_dump(
         exclude={"report_to", "log_every", "checkpoint_every", "keep_checkpoints", "device"}
     )
+    for section, defaults in _HASHED_OFF_DEFAULT.items():
+        for key, default in defaults.items():
+            if relevant[section].get(key, default) == default:
+                relevant[section].pop(key, None)
     relevant.update(
         stage=stage,
         tokenizer=tokenizer_sha256,

@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 from polyspec.config import StrictModel
 from polyspec.drafter_kind import DrafterKind
 
+LK_ETA = 3.0  # lk_hybrid's η: "LK Losses"' best hybrid setting, speculators' default
+
 
 class DataConfig(StrictModel):
     pretrain: list[str] = Field(
@@ -77,6 +79,15 @@ class EagleConfig(StrictModel):
     token_loss_weight: float = Field(
         0.1, ge=0.0, description="EAGLE-1: CE against the target's next-token distribution"
     )
+    token_loss: Literal["kl", "lk_hybrid"] = Field(
+        "kl",
+        description="kl: CE against the target's distribution over the draft ids; lk_hybrid: "
+        "speculators' lk_hybrid of 'LK Losses' (arXiv 2602.23881), per row λ·KL + (1 − λ)·(1 − α), "
+        "α = Σ min(p, q) the expected acceptance, λ = exp(−lk_eta·α) (α detached)",
+    )
+    lk_eta: float = Field(
+        LK_ETA, ge=0.0, description="lk_hybrid's η: larger leans on the acceptance term sooner"
+    )
     feature_noise: float = Field(
         0.1, ge=0.0, description="uniform noise U(-a, a) on input features (EAGLE)"
     )
@@ -103,9 +114,12 @@ class EagleConfig(StrictModel):
     num_layers: int = Field(
         1,
         ge=1,
-        description="EAGLE-1: decoder layers of the drafter (1: the EAGLE form; a second layer "
+        description="decoder layers of the drafter. EAGLE-1: 1 is the EAGLE form (a second layer "
         "gained less τ than its drafting cost, evidence: "
-        "docs/experiments.md#the-eagle-1-drafters-depth-and-its-layers-init)",
+        "docs/experiments.md#the-eagle-1-drafters-depth-and-its-layers-init); EAGLE-3: the first "
+        "layer reads [embedding ‖ fused features] (2H), the others are ordinary decoder layers on "
+        "its hidden state (speculators' and vLLM's multi-layer eagle3; llama.cpp's GGUF runs one "
+        "layer only)",
     )
     init_layer: Literal["random", "target"] = Field(
         "random",
@@ -125,19 +139,23 @@ class EagleConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_layer_forms(self):
+        """Options one form or one layer owns. ``num_layers`` > 1 is either form's (EAGLE-3: the
+        speculators / vLLM multi-layer layout); only a copy of the target's layer needs one."""
         if self.lookup_hint and self.arch != "eagle1":
             raise ValueError(
                 "eagle.lookup_hint is an EAGLE-1 option (the eagle3 form is the one vLLM serves, "
                 "without it)"
             )
-        if self.num_layers > 1 and self.arch != "eagle1":
-            raise ValueError(
-                "eagle.num_layers > 1 is an EAGLE-1 option (eagle3 keeps one layer, as speculators)"
-            )
         if self.num_layers > 1 and self.init_layer == "target":
             raise ValueError(
                 "eagle.init_layer=target copies one target layer: it needs eagle.num_layers=1"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _lk_eta_needs_lk_hybrid(self):
+        if self.token_loss != "lk_hybrid" and self.lk_eta != LK_ETA:
+            raise ValueError("eagle.lk_eta is an option of eagle.token_loss=lk_hybrid")
         return self
 
 

@@ -153,7 +153,8 @@ def eagle_loss(
     Step i predicts f_{t+1+i} from [embed(x_{t+1+i}) ‖ g_t], where g = f (+ noise) at step 0 and the
     drafter's own step-(i-1) predictions afterwards; weight ``ttt_decay**i``. Loss: SmoothL1 to the
     next feature + CE against the target's distribution restricted to the same s ids, on loss-mask
-    positions. EAGLE-3 (``aux`` = fused target layers as the step-0 input): CE through the drafter's
+    positions (``cfg.token_loss`` lk_hybrid: :func:`lk_hybrid` there instead, ``accept_est_i``
+    logged). EAGLE-3 (``aux`` = fused target layers as the step-0 input): CE through the drafter's
     own head only. ``p0``: the step-0 target distribution at the loss rows, kept from an earlier
     epoch (:class:`TargetProbs`); step i's are step 0's, i rows on (both are the target's at token
     t+2+i).
@@ -176,6 +177,8 @@ def eagle_loss(
     # chain (entry t of steps 1..i) — through one KV cache that keeps every step's keys
     # (``ttt_mask``). EAGLE-1 unrolls without it.
     steps = min(cfg.ttt_steps, T - 2)
+    # the token loss (``eagle.token_loss``; a config without the option, as some callers pass: kl)
+    lk = getattr(cfg, "token_loss", "kl") == "lk_hybrid"
     ttt = eagle3 and cfg.ttt_steps > 1
     masks = [loss_rows(mask, i) for i in range(steps)]
     packs = _step_rows(masks) if eagle3 and packed else None
@@ -203,9 +206,13 @@ def eagle_loss(
             w_rows = w_rows * keep0[row0[:, i:][at]].to(w_rows.dtype)
             tok_denom = w_rows.sum().clamp_min(1.0)
         logq = torch.log_softmax(draft_logits(drafter, out, head_w, softcap).float(), dim=-1)
-        ce = (-(p * logq).sum(-1) * w_rows).sum() / tok_denom
+        ce_rows = -(p * logq).sum(-1)
+        ce = tok = (ce_rows * w_rows).sum() / tok_denom
+        if lk:  # the same rows, weights and targets; "LK Losses"' hybrid instead of the CE
+            tok, accept = lk_hybrid(ce_rows, logq, p, w_rows, tok_denom, cfg.lk_eta)
+            metrics.update({f"lk_{i}": float(tok.detach()), f"accept_est_{i}": float(accept)})
         w = cfg.ttt_decay**i
-        total = total + w * (cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce)
+        total = total + w * (cfg.feature_loss_weight * feat + cfg.token_loss_weight * tok)
         acc = _top1(logq, p, w_rows, tok_denom)
         metrics.update(
             {
@@ -328,6 +335,32 @@ def _feature_loss(
             F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1) * m
         ).sum() / denom
     return feat
+
+
+def lk_hybrid(
+    ce_rows: torch.Tensor,
+    logq: torch.Tensor,
+    p: torch.Tensor,
+    w_rows: torch.Tensor,
+    tok_denom,
+    eta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lk_hybrid token loss of vllm-project/speculators (``losses/eager.py``: "LK Losses: Direct
+    Acceptance Rate Optimization for Speculative Decoding", arXiv 2602.23881) over N loss rows: per
+    row λ·KL(p‖q) + (1 − λ)·(1 − α), where α = Σ_v min(p_v, q_v) is the draft's expected acceptance
+    under speculative sampling (1 − α: the total-variation distance) and λ = exp(−η·α), α detached
+    there (a weight, not differentiated): KL's gradient while the overlap is small, the acceptance
+    term's as it grows. Weighted like the CE (``w_rows`` [N] over ``tok_denom``).
+
+    ce_rows [N] = −Σ p log q, logq [N, s], p [N, s] → (loss, the weighted mean α: ``accept_est``).
+    """
+    kl_rows = ce_rows + torch.xlogy(p, p).sum(-1)  # KL = CE − H(p), with 0·log 0 = 0
+    alpha = torch.minimum(p, logq.exp()).sum(-1)
+    lam = torch.exp(-eta * alpha.detach())
+    rows = lam * kl_rows + (1.0 - lam) * (1.0 - alpha)
+    loss = (rows * w_rows).sum() / tok_denom
+    accept = (alpha.detach() * w_rows).sum() / tok_denom
+    return loss, accept
 
 
 def _top1(logq: torch.Tensor, p: torch.Tensor, w_rows: torch.Tensor, tok_denom) -> torch.Tensor:

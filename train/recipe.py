@@ -388,7 +388,9 @@ class DrafterRecipe:
         else:
             self.init_from = None
             if cfg.drafter_kind is DrafterKind.EAGLE3:
-                model = Eagle3Drafter.for_target(self.target, self.ids_s.cpu())
+                model = Eagle3Drafter.for_target(
+                    self.target, self.ids_s.cpu(), num_layers=cfg.eagle.num_layers
+                )
             elif cfg.drafter_type == "eagle":
                 model = EagleDrafter(
                     eagle_layer_config(self.target.model.config, cfg.eagle.num_layers),
@@ -416,6 +418,11 @@ class DrafterRecipe:
             raise PolyspecError(
                 f"{self.init_from} holds an {model.arch_name} drafter, the config asks for "
                 f"{cfg.eagle.arch}"
+            )
+        if DrafterKind.of(model) is DrafterKind.EAGLE3 and model.num_layers != cfg.eagle.num_layers:
+            raise PolyspecError(
+                f"{self.init_from}: eagle.num_layers is {cfg.eagle.num_layers} in the config, "
+                f"{model.num_layers} in the drafter it starts from"
             )
         if (
             cfg.drafter_type == "eagle"

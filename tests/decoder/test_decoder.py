@@ -52,6 +52,10 @@ def bundles(tmp_path_factory, llama, gemma):
         ("gemma3", "eagle"): make_tiny_bundle(root / "gemma-eagle", gemma, drafter="eagle"),
         ("llama", "small-lm"): make_tiny_bundle(root / "llama-small", llama, drafter="small-lm"),
         ("gemma3", "eagle3"): make_tiny_bundle(root / "gemma-eagle3", gemma, drafter="eagle3"),
+        # eagle.num_layers=2: a second, ordinary decoder layer with its own KV cache
+        ("gemma3", "eagle3-2layers"): make_tiny_bundle(
+            root / "gemma-eagle3-2", gemma, drafter="eagle3", num_layers=2
+        ),
     }
 
 
@@ -304,11 +308,18 @@ def test_adaspec_copies_running_loops_with_prompt_lookup(llama, bundles, monkeyp
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "key", [("gemma3", "eagle"), ("llama", "small-lm"), ("llama", "noisy"), ("gemma3", "eagle3")]
+    "key",
+    [
+        ("gemma3", "eagle"),
+        ("llama", "small-lm"),
+        ("llama", "noisy"),
+        ("gemma3", "eagle3"),
+        ("gemma3", "eagle3-2layers"),
+    ],
 )
 def test_weak_drafters_are_lossless_too(key, llama, gemma, bundles):
-    """Random EAGLE-1 / EAGLE-3 / small-LM drafters (mostly rejected) and a noisy one over a reduced
-    vocabulary."""
+    """Random EAGLE-1 / EAGLE-3 (one layer and two) / small-LM drafters (mostly rejected) and a
+    noisy one over a reduced vocabulary."""
     from decoder.core import Decoder
     from decoder.methods import METHODS
 

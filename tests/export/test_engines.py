@@ -222,10 +222,11 @@ def test_gpu_paper_dry_run_shows_an_eagle3_recipe(tmp_path):
     assert "train3:" not in r.stdout  # its own drafters are the engines' drafters
 
 
-def test_training_time_test_sees_what_the_decoders_later_drafts_see():
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_training_time_test_sees_what_the_decoders_later_drafts_see(num_layers):
     """EAGLE-3's training-time test: step i's output at entry t equals the decoder's (i+1)-th draft
     after the verified prefix x[..t+1] — a cache of the true-feature entries 0..t, then the chain's
-    own entries one at a time."""
+    own entries one at a time (``eagle.num_layers`` 2: every layer's cache alike)."""
     from transformers import DynamicCache, LlamaConfig
 
     from polyspec.drafter_models import Eagle3Drafter
@@ -240,7 +241,7 @@ def test_training_time_test_sees_what_the_decoders_later_drafts_see():
         head_dim=8,
         vocab_size=50,
     )
-    m = Eagle3Drafter(cfg, 16, [1, 2, 3], 20).eval()
+    m = Eagle3Drafter(cfg, 16, [1, 2, 3], 20, num_layers=num_layers).eval()
     T, B = 7, 2
     emb, g = torch.randn(B, T, 16), torch.randn(B, T - 1, 48)
     with torch.no_grad():
@@ -278,12 +279,14 @@ def test_training_time_test_sees_what_the_decoders_later_drafts_see():
                 assert torch.allclose(h[:, 0], preds[i][:, t], atol=1e-5), (t, i)
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
 @pytest.mark.parametrize("ttt_steps", [1, 2, 3])
-def test_packed_steps_give_the_loss_and_gradients_of_running_every_entry(ttt_steps):
+def test_packed_steps_give_the_loss_and_gradients_of_running_every_entry(ttt_steps, num_layers):
     """EAGLE-3 training runs only the entries the loss reads (step 0's other entries give keys and
     values only): the loss, its metrics and every gradient equal those of running all entries
     (``packed=False``), on a batch with prompt rows, answers of different lengths and padding; and
-    the packed run computes fewer rows."""
+    the packed run computes fewer rows (``eagle.num_layers`` 2: the last layer's MLP; the first
+    layer runs every step-0 entry, whose outputs the second layer's keys read)."""
     from types import SimpleNamespace
 
     from transformers import LlamaConfig
@@ -301,7 +304,7 @@ def test_packed_steps_give_the_loss_and_gradients_of_running_every_entry(ttt_ste
         head_dim=8,
         vocab_size=50,
     )
-    m = Eagle3Drafter(cfg, H, [1, 2, 3], s)
+    m = Eagle3Drafter(cfg, H, [1, 2, 3], s, num_layers=num_layers)
     embed = torch.nn.Embedding(50, H)
     head_w = torch.randn(s, H)
     B, T = 3, 12
@@ -321,7 +324,8 @@ def test_packed_steps_give_the_loss_and_gradients_of_running_every_entry(ttt_ste
         token_loss_weight=0.1,
     )
     rows_run = []
-    hook = m.mlp.register_forward_hook(
+    last = m.layers[str(num_layers - 1)] if num_layers > 1 else m
+    hook = last.mlp.register_forward_hook(
         lambda mod, inp, out: rows_run.append(inp[0].shape[0] * inp[0].shape[1])
     )
     results = {}

@@ -344,6 +344,87 @@ def test_speculators_refuses_eagle1_drafters_with_the_reason(
     assert r.returncode == 2 and "EAGLE-1 form" in r.stderr and r.stderr.count("\n") == 1
 
 
+def test_a_two_layer_eagle3_drafter_exports_its_layers_to_speculators_and_no_gguf(
+    tmp_path, tiny_llama_dir
+):
+    """eagle.num_layers=2: the speculators folder carries the count (``num_hidden_layers``) and the
+    second layer as speculators' ``Eagle3DraftModel`` and vLLM's multi-layer eagle3 name it
+    (``layers.1.*``, an ordinary decoder layer: H input, no hidden_norm), which rename back into
+    the same drafter; llama.cpp's eagle3 runs one layer, so its GGUF is refused in one line naming
+    the option, and the engines export writes none and says why."""
+    from safetensors.torch import load_file, save_file
+
+    from conftest import make_tiny_bundle
+    from export.bundle import load_bundle
+    from export.engines import write_engine_exports
+    from export.gguf import LlamaCpp, convert, eagle3_layers_unsupported
+    from export.interop import check_speculators, write_speculators
+    from polyspec.drafter_models import Eagle3Drafter, load_drafter
+
+    target = load_target(str(tiny_llama_dir))
+    root = make_tiny_bundle(
+        tmp_path / "bundle", target, langs=("vi",), drafter="eagle3", sizes=(64,), num_layers=2
+    )
+    bundle = load_bundle(root, target_pin=target.pin())
+    (folder,) = write_speculators(bundle, target, tmp_path / "spec")
+    cfg = check_speculators(folder, target.vocab_size)
+    assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
+    mine, _ = load_drafter(bundle.drafter_dir("vi"))
+    H = mine.hidden_size
+    state = load_file(str(folder / "model.safetensors"))
+    assert {k for k in state if k.startswith("layers.0.")} == SPECULATORS_LAYER_KEYS
+    assert {k for k in state if k.startswith("layers.1.")} == {
+        k.replace("layers.0.", "layers.1.")
+        for k in SPECULATORS_LAYER_KEYS
+        if "hidden_norm" not in k
+    }
+    assert state["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * H
+    assert state["layers.1.self_attn.q_proj.weight"].shape[1] == H
+    back = Eagle3Drafter.from_arch(
+        {**mine.arch(), "num_layers": cfg["transformer_layer_config"]["num_hidden_layers"]}
+    )
+    renamed = {k.removeprefix("layers.0."): v for k, v in state.items() if k not in ("d2t", "t2d")}
+    back.load_state_dict({**renamed, "draft_ids": mine.draft_ids}, strict=True)
+    emb, aux = torch.randn(1, 5, H), torch.randn(1, 5, 3 * H)
+    with torch.no_grad():
+        assert torch.equal(back.logits(back(emb, aux)[0]), mine.logits(mine(emb, aux)[0]))
+    # llama.cpp: one layer only (src/models/eagle3.cpp asserts n_layer == 1)
+    why = eagle3_layers_unsupported(folder)
+    assert "eagle.num_layers=2" in why and "\n" not in why
+    with pytest.raises(PolyspecError, match="eagle.num_layers=2"):
+        convert(
+            LlamaCpp(tmp_path, tmp_path, tmp_path),
+            folder,
+            tmp_path / "d.gguf",
+            "f32",
+            tiny_llama_dir,
+        )
+    one = tmp_path / "one"
+    one.mkdir()
+    cfg["transformer_layer_config"]["num_hidden_layers"] = 1
+    (one / "config.json").write_text(json.dumps(cfg))
+    assert eagle3_layers_unsupported(one) is None
+    record = write_engine_exports(
+        tmp_path / "bundle-run",
+        ["vi"],
+        target,
+        tmp_path / "engines",
+        sizes=[64],
+        gguf=lambda *a: pytest.fail("a two-layer drafter has no GGUF"),
+    )
+    assert record["drafters"]["vi"]["gguf"] is None
+    assert record["engines"]["llama.cpp"]["loads"] == []
+    assert "eagle.num_layers=2" in record["engines"]["llama.cpp"]["why"]
+    assert record["engines"]["vllm"]["loads"] == ["vi"]
+    # a second layer missing from the export fails the structural check
+    save_file(
+        {k: v for k, v in state.items() if k != "layers.1.mlp.up_proj.weight"},
+        str(folder / "model.safetensors"),
+    )
+    with pytest.raises(PolyspecError, match="layers.1.mlp.up_proj"):
+        check_speculators(folder, target.vocab_size)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_make_check_speculators_loads_exports_with_speculators_and_fails_on_a_wrong_one(

@@ -78,10 +78,15 @@ def test_eagle_layers_are_layers_of_the_target_family(
 
 def test_eagle_num_layers_is_refused_where_it_does_not_apply(tmp_path):
     assert tcfg(tmp_path, "t", "eagle.num_layers=2").eagle.num_layers == 2
-    with pytest.raises(PolyspecError, match="EAGLE-1 option"):
-        tcfg(tmp_path, "t", "eagle.num_layers=2", "eagle.arch=eagle3")
-    with pytest.raises(PolyspecError, match="copies one target layer"):
-        tcfg(tmp_path, "t", "eagle.num_layers=2", "eagle.init_layer=target")
+    # EAGLE-3 stacks layers too (speculators' / vLLM's multi-layer eagle3)
+    assert tcfg(tmp_path, "t", "eagle.num_layers=2", "eagle.arch=eagle3").eagle.num_layers == 2
+    for arch in ("eagle1", "eagle3"):
+        with pytest.raises(PolyspecError, match="copies one target layer"):
+            tcfg(
+                tmp_path, "t", "eagle.num_layers=2", "eagle.init_layer=target", f"eagle.arch={arch}"
+            )
+    with pytest.raises(PolyspecError, match="num_layers"):
+        tcfg(tmp_path, "t", "eagle.num_layers=0", "eagle.arch=eagle3")
     assert tcfg(tmp_path, "t", "eagle.lookup_hint=true").eagle.lookup_hint
     with pytest.raises(PolyspecError, match="lookup_hint is an EAGLE-1 option"):
         tcfg(tmp_path, "t", "eagle.lookup_hint=true", "eagle.arch=eagle3")
@@ -206,7 +211,9 @@ def _recomputed_drafts(drafter, embed, head_w, ids_s, prefix, g_all, gamma) -> l
     return out
 
 
-@pytest.mark.parametrize("arch", ["eagle1", "eagle1-2layers", "eagle1-hint", "eagle3"])
+@pytest.mark.parametrize(
+    "arch", ["eagle1", "eagle1-2layers", "eagle1-hint", "eagle3", "eagle3-2layers"]
+)
 def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_llama_dir):
     """train/score.py drafts every step's first token from one teacher-forced pass and continues
     from a copy of that pass's cache cut back to the step's prefix. A random drafter whose attention
@@ -236,7 +243,9 @@ def test_the_one_pass_score_equals_the_chain_recomputed_step_by_step(arch, tiny_
                 drafter.hint_gate.weight.normal_(0, 2.0)  # the copy path past the layer too
     else:
         drafter, head_w, g = (
-            Eagle3Drafter.for_target(t, ids_s).eval(),
+            Eagle3Drafter.for_target(
+                t, ids_s, num_layers=2 if arch.endswith("2layers") else 1
+            ).eval(),
             None,
             torch.randn(1, n, 3 * H),
         )
@@ -504,6 +513,234 @@ def test_padded_batches_and_bf16_autocast_keep_the_loss(gemma_run, tiny_gemma_di
     assert resolve_mixed_precision("auto") == "no"
 
 
+# ------------------------------------------------------------- the token loss (eagle.token_loss)
+
+
+def tiny_loss_setup(H: int = 16, s: int = 12, V: int = 50, sharp: float = 1.0):
+    """A tiny EAGLE-1 drafter (one Llama layer, weights from seed 0), a frozen embedding and head
+    over s draft ids, and a batch of 3 sequences with prompt rows, a weighted second turn and
+    padding: what :func:`train.objectives.eagle_loss` reads, without a target."""
+    from transformers import LlamaConfig
+
+    torch.manual_seed(0)
+    layer = LlamaConfig(
+        hidden_size=H,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        vocab_size=V,
+    )
+    drafter = EagleDrafter(eagle_layer_config(layer))
+    embed = torch.nn.Embedding(V, H).requires_grad_(False)
+    head_w = torch.randn(s, H) * sharp
+    B, T = 3, 10
+    ids = torch.randint(0, V, (B, T))
+    loss_mask = torch.zeros(B, T)
+    loss_mask[0, 3:] = 1  # a prompt, then the answer to the end
+    loss_mask[1, 5:8] = 1  # a short answer, then padding
+    loss_mask[2, 2:6] = 1
+    loss_mask[2, 7:9] = 0.5  # a second turn, weighted
+    f = torch.randn(B, T, H)
+    return drafter, embed, head_w, {"input_ids": ids, "loss_mask": loss_mask}, f
+
+
+def wmean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x * w).sum() / w.sum()
+
+
+def token_loss_by_hand(drafter, embed, head_w, batch, f, ecfg, keep0=None):
+    """:func:`eagle_loss` of an EAGLE-1 drafter (no feature noise) recomputed over whole [B, L]
+    tensors: every entry through the drafter and the head, the loss rows and the kept
+    (in-vocabulary) rows picked by masks afterwards; step i's target at row t is the target's at
+    token t+2+i. → (total, {ce_i, lk_i, accept_est_i})."""
+    import torch.nn.functional as F
+
+    ids, mask = batch["input_ids"], batch["loss_mask"]
+    B, T = ids.shape
+    emb = embed(ids).float()
+    keep = torch.ones(B, T - 1)  # step 0's rows: whether their target argmax is a draft id
+    m0 = torch.zeros(B, T - 1)
+    m0[:, : T - 2] = mask[:, 2:]
+    if keep0 is not None:
+        keep[m0.bool()] = keep0.float()
+    g, total, out = f[:, :-1], 0.0, {}
+    for i in range(ecfg.ttt_steps):
+        L = T - 1 - i
+        pos = torch.arange(1 + i, T).unsqueeze(0).expand(B, -1)
+        pred, _ = drafter(emb[:, 1 + i :], g[:, :L], position_ids=pos)
+        m = torch.zeros(B, L)
+        m[:, : L - 1] = mask[:, 2 + i :]
+        feat = (F.smooth_l1_loss(pred, f[:, 1 + i :], reduction="none").mean(-1) * m).sum()
+        feat = feat / m.sum()
+        w = m * keep[:, i:]
+        p = torch.softmax(f[:, 1 + i :] @ head_w.T, -1).half().float()
+        logq = torch.log_softmax(pred @ head_w.T, -1)
+        q = logq.exp()
+        ce = -(p * logq).sum(-1)
+        kl = F.kl_div(logq, p, reduction="none").sum(-1)
+        alpha = torch.minimum(p, q).sum(-1)
+        lam = torch.exp(-ecfg.lk_eta * alpha).detach()
+        lk = lam * kl + (1 - lam) * (1 - alpha)
+        tok = wmean(lk, w) if ecfg.token_loss == "lk_hybrid" else wmean(ce, w)
+        total = total + ecfg.ttt_decay**i * (
+            ecfg.feature_loss_weight * feat + ecfg.token_loss_weight * tok
+        )
+        out.update(
+            {f"ce_{i}": wmean(ce, w), f"lk_{i}": wmean(lk, w), f"accept_est_{i}": wmean(alpha, w)}
+        )
+        g = pred
+    return total, {k: float(v.detach()) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("token_loss", ["kl", "lk_hybrid"])
+def test_the_token_loss_is_computed_over_the_loss_rows_of_every_step(token_loss):
+    """eagle.token_loss: the loss of every training-time-test step (decay weights, the loss mask's
+    weighted rows, soft targets over the draft ids, out-of-vocabulary rows left out) equals the
+    whole-tensor computation by hand — kl the previous CE, lk_hybrid speculators' blend —; kl logs
+    what it logged before, lk_hybrid adds lk_i and accept_est_i; a config without the option (what
+    callers such as the integration smoke pass) is kl, bit for bit."""
+    from types import SimpleNamespace
+
+    from train.config import EagleConfig
+    from train.objectives import eagle_loss, loss_rows
+
+    drafter, embed, head_w, batch, f = tiny_loss_setup()
+    ecfg = EagleConfig(ttt_steps=2, feature_noise=0.0, token_loss=token_loss, token_loss_weight=1.0)
+    n0 = int(loss_rows(batch["loss_mask"]).bool().sum())
+    keep0 = torch.arange(n0) % 3 != 1  # a third of the step-0 rows out of the draft vocabulary
+    for keep in (None, keep0):
+        loss, metrics = eagle_loss(drafter, embed, head_w, batch, f, ecfg, keep0=keep)
+        ref, ref_metrics = token_loss_by_hand(drafter, embed, head_w, batch, f, ecfg, keep)
+        assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+        keys = ["ce_0", "ce_1"] + (
+            ["lk_0", "lk_1", "accept_est_0", "accept_est_1"] if token_loss == "lk_hybrid" else []
+        )
+        assert {k: metrics[k] for k in keys} == pytest.approx(
+            {k: ref_metrics[k] for k in keys}, rel=1e-5
+        )
+        assert ("accept_est_0" in metrics) == (token_loss == "lk_hybrid")
+    # the two losses differ (the test sees which one ran)
+    assert ref_metrics["lk_0"] != pytest.approx(ref_metrics["ce_0"], rel=1e-2)
+    if token_loss == "kl":
+        plain = SimpleNamespace(
+            ttt_steps=2,
+            ttt_decay=ecfg.ttt_decay,
+            feature_noise=0.0,
+            feature_loss_weight=1.0,
+            token_loss_weight=1.0,
+        )
+        old, old_metrics = eagle_loss(drafter, embed, head_w, batch, f, plain)
+        new, new_metrics = eagle_loss(drafter, embed, head_w, batch, f, ecfg)
+        assert torch.equal(old, new) and old_metrics == new_metrics
+
+
+def test_lk_hybrid_is_the_kl_and_acceptance_blend_and_is_zero_at_the_target():
+    """lk_hybrid on two hand-made rows: per row λ·KL(p‖q) + (1 − λ)·(1 − Σ min(p, q)), λ =
+    exp(−η·Σ min(p, q)) a weight (not differentiated), rows weighted like the CE; η = 0 is the KL;
+    the loss is 0 (its minimum) where q = p and grows as q leaves p."""
+    import math
+
+    from train.objectives import lk_hybrid
+
+    def run(z, p, w, eta=3.0):
+        logq = torch.log_softmax(z, -1)
+        return lk_hybrid(-(p * logq).sum(-1), logq, p, w, w.sum(), eta)
+
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.7, 0.2, 0.1]])
+    q = torch.tensor([[0.2, 0.2, 0.6], [0.7, 0.2, 0.1]])  # row 1: q = p
+    w = torch.tensor([1.0, 0.5])
+    loss, accept = run(q.log(), p, w)
+    kl = 0.5 * math.log(0.5 / 0.2) + 0.3 * math.log(0.3 / 0.2) + 0.2 * math.log(0.2 / 0.6)
+    alpha = 0.2 + 0.2 + 0.2
+    lam = math.exp(-3.0 * alpha)
+    row0 = lam * kl + (1 - lam) * (1 - alpha)  # row 1: KL 0, 1 − α 0
+    assert loss.item() == pytest.approx(row0 / 1.5, rel=1e-5)
+    assert accept.item() == pytest.approx((alpha * 1.0 + 1.0 * 0.5) / 1.5, rel=1e-5)
+    assert run(q.log(), p, w, eta=0.0)[0].item() == pytest.approx(kl / 1.5, rel=1e-5)
+    # the minimum: q = p gives 0 and full acceptance; any other q more
+    torch.manual_seed(0)
+    zp = torch.randn(4, 10)
+    pr = torch.softmax(zp, -1)
+    ones = torch.ones(4)
+    at_p, acc_p = run(zp, pr, ones)
+    assert abs(at_p.item()) < 1e-6 and acc_p.item() == pytest.approx(1.0, abs=1e-6)
+    for scale in (0.01, 0.1, 1.0):
+        off, acc_off = run(zp + scale * torch.randn(4, 10), pr, ones)
+        assert off.item() > at_p.item() + 1e-7 and acc_off.item() < 1.0
+    # λ is a weight: the gradient is that of λ·KL + (1 − λ)·(1 − α) with λ held fixed
+    z = q.log().clone().requires_grad_(True)
+    (g_impl,) = torch.autograd.grad(run(z, p, w)[0], z)
+
+    def by_hand(detach: bool):
+        logq = torch.log_softmax(z, -1)
+        a = torch.minimum(p, logq.exp()).sum(-1)
+        lam_ = torch.exp(-3.0 * (a.detach() if detach else a))
+        kl_ = (p * (p.log() - logq)).sum(-1)
+        return ((lam_ * kl_ + (1 - lam_) * (1 - a)) * w).sum() / w.sum()
+
+    (g_fixed,) = torch.autograd.grad(by_hand(True), z)
+    (g_through,) = torch.autograd.grad(by_hand(False), z)
+    torch.testing.assert_close(g_impl, g_fixed)
+    assert not torch.allclose(g_fixed, g_through, atol=1e-4)
+
+
+def test_lk_hybrid_training_raises_the_estimated_acceptance():
+    """With the token loss alone (feature_loss_weight 0), lk_hybrid's gradient reaches the
+    drafter's weights and a few Adam steps on one batch raise accept_est (the mean Σ min(p, q))."""
+    from train.config import EagleConfig
+    from train.objectives import eagle_loss
+
+    drafter, embed, head_w, batch, f = tiny_loss_setup(sharp=3.0)
+    ecfg = EagleConfig(
+        ttt_steps=2, feature_noise=0.0, token_loss="lk_hybrid", feature_loss_weight=0.0
+    )
+    opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    seen = []
+    for step in range(25):
+        loss, metrics = eagle_loss(drafter, embed, head_w, batch, f, ecfg)
+        seen.append((loss.item(), metrics["accept_est_0"], metrics["accept_est_1"]))
+        opt.zero_grad()
+        loss.backward()
+        if step == 0:
+            grads = [p.grad for p in drafter.parameters() if p.grad is not None]
+            assert grads and all(torch.isfinite(g).all() for g in grads)
+            assert drafter.fc.weight.grad.abs().sum() > 0
+        opt.step()
+    (l0, a0, b0), (l1, a1, b1) = seen[0], seen[-1]
+    assert l1 < l0 and a1 > a0 + 0.05 and b1 > b0, seen
+
+
+def test_lk_eta_needs_lk_hybrid_and_older_checkpoints_keep_their_hash(tmp_path):
+    """eagle.lk_eta set without eagle.token_loss=lk_hybrid is refused; the checkpoint hash of a kl
+    config is that of a config without the two options (a run checkpointed before them resumes),
+    and lk_hybrid changes it."""
+    from types import SimpleNamespace
+
+    from train.checkpoint import config_hash
+
+    assert tcfg(tmp_path, "t").eagle.token_loss == "kl"
+    assert tcfg(tmp_path, "t", "eagle.token_loss=lk_hybrid", "eagle.lk_eta=1.5").eagle.lk_eta == 1.5
+    with pytest.raises(PolyspecError, match="lk_eta is an option of eagle.token_loss=lk_hybrid"):
+        tcfg(tmp_path, "t", "eagle.lk_eta=1.5")
+    acc = SimpleNamespace(
+        num_processes=1, distributed_type="NO", state=SimpleNamespace(deepspeed_plugin=None)
+    )
+
+    def hashed(cfg) -> str:
+        return config_hash(cfg, "finetune", "sha", {}, [], None, acc)
+
+    kl = tcfg(tmp_path, "t")
+    before = kl.model_dump()
+    for k in ("token_loss", "lk_eta"):
+        del before["eagle"][k]
+    old = SimpleNamespace(
+        model_dump=lambda exclude: {k: before[k] for k in before if k not in exclude}
+    )
+    assert hashed(kl) == hashed(old)
+    assert hashed(tcfg(tmp_path, "t", "eagle.token_loss=lk_hybrid")) != hashed(kl)
+
+
 def test_without_a_scored_held_out_sequence_export_ships_final(
     tmp_path, llama_run, tiny_llama_dir, monkeypatch
 ):
@@ -627,6 +864,92 @@ def test_training_score_is_the_decoders_tau(tmp_path, llama_run, tiny_llama_dir)
     assert res["eval"]["tau"] == pytest.approx(tokens / forwards, rel=0.02)
 
 
+def test_a_two_layer_eagle3_drafter_trains_reloads_scores_and_decodes_losslessly(
+    tmp_path, llama_run, tiny_llama_dir
+):
+    """eagle.arch=eagle3 eagle.num_layers=2 (issue 68's two-layer drafter): a finetune
+    (training-time test unrolled, packed steps, held-out score) writes a drafter whose second layer
+    is an ordinary decoder layer (``layers.1``: H input, no hidden_norm) that reloads with identical
+    logits, one pass and cached continuation alike, and fails loudly without its weights; a stage
+    asking for one layer refuses to start from it. Rewired to echo the target (every layer's output
+    adds nothing), its training score is the decoder's τ, and the decoder's chain and tree on it
+    give the target's greedy answers with drafts accepted."""
+    from safetensors.torch import load_file, save_file
+
+    from decoder.core import Decoder
+    from export.bundle import write_bundle
+    from polyspec.drafter_models import save_drafter
+
+    target = load_target(str(tiny_llama_dir))
+    H = target.hidden_size
+    two = ("eagle.arch=eagle3", "eagle.num_layers=2")
+    shutil.copytree(llama_run, tmp_path / "trained")
+    [trained] = finetune(tmp_path / "trained", tiny_llama_dir, *two, "eagle.ttt_steps=2")
+    assert trained["eval"]["steps"] > 0, trained["eval"]  # train/score.py ran on it
+    final = tmp_path / "trained/train/vi/finetune/final"
+    model, meta = load_drafter(final)
+    assert model.num_layers == 2 and meta["num_layers"] == 2
+    assert meta["layer_config"]["num_hidden_layers"] == 2
+    first, second = model.self_attn.q_proj, model.layers["1"].self_attn.q_proj
+    assert (first.in_features, second.in_features) == (2 * H, H)
+    names = set(load_file(str(final / "model.safetensors")))
+    assert {"layers.1.self_attn.q_proj.weight", "layers.1.input_layernorm.weight"} <= names
+    assert not any(k.startswith("layers.1.hidden_norm") for k in names)
+    # saved and loaded back: the same logits, in one pass and through the KV cache
+    save_drafter(tmp_path / "again", model, {k: v for k, v in meta.items() if k != "num_layers"})
+    back, _ = load_drafter(tmp_path / "again")
+    g = torch.Generator().manual_seed(0)
+    emb, aux = torch.randn(1, 9, H, generator=g), torch.randn(1, 9, 3 * H, generator=g)
+    outs = []
+    with torch.no_grad():
+        for m in (model, back):
+            h, cache = m(emb[:, :6], aux[:, :6], use_cache=True)
+            h2, _ = m(emb[:, 6:], aux[:, 6:], past_key_values=cache, use_cache=True)
+            outs.append((m.logits(h), m.logits(h2), m.logits(m(emb, aux)[0])))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    torch.testing.assert_close(torch.cat(outs[0][:2], 1), outs[0][2], rtol=1e-4, atol=1e-5)
+    state = load_file(str(tmp_path / "again" / "model.safetensors"))
+    del state["layers.1.mlp.up_proj.weight"]
+    save_file(state, str(tmp_path / "again" / "model.safetensors"))
+    with pytest.raises(PolyspecError, match="layers.1.mlp.up_proj"):
+        load_drafter(tmp_path / "again")
+    shutil.copytree(llama_run, tmp_path / "one")
+    with pytest.raises(PolyspecError, match="num_layers is 1 in the config, 2 in the drafter"):
+        finetune(tmp_path / "one", tiny_llama_dir, "eagle.arch=eagle3", f"init_from={final}")
+    # the echo: its drafts are the target's own choices, so the decoder accepts them
+    echo = echo_eagle(final, tmp_path / "echo", target)
+    run_dir = tmp_path / "run"
+    shutil.copytree(llama_run, run_dir)
+    [res] = finetune(
+        run_dir,
+        tiny_llama_dir,
+        *two,
+        "eval_only=true",
+        f"init_from={echo}",
+        "data.eval_max_examples=6",
+        "data.eval_fraction=0.4",
+    )
+    shutil.copytree(echo, run_dir / "train/vi/final")
+    bundle = write_bundle(tmp_path / "bundle", run_dir, ["vi"], target.pin(), [128])
+    seqs = json.loads((run_dir / "train/vi/finetune/eval_sequences.json").read_text())["sequences"]
+    for method, opts in (
+        ("chain", dict(gamma=3)),
+        ("tree", dict(tree_depth=3, tree_topk=2, tree_nodes=6)),
+    ):
+        dec = Decoder(target, bundle, method=method, size=128, lang="vi", **opts)
+        assert dec.source.runtimes["vi"].drafter.num_layers == 2
+        tokens = forwards = accepted = 0
+        for s in seqs:
+            out = dec.generate(s["ids"][: s["start"]], len(s["ids"]) - s["start"], stop=[])
+            assert out.tokens == s["ids"][s["start"] :], method
+            tokens, forwards = tokens + len(out.tokens), forwards + out.target_forwards
+            accepted += sum(st.accepted for st in out.steps)
+        assert accepted > 0, f"{method}: no draft accepted"
+        if method == "chain":  # eval_depth 3 = γ
+            assert len(seqs) >= 4 and res["eval"]["accept_len"] > 0.2, res["eval"]
+            assert res["eval"]["tau"] == pytest.approx(tokens / forwards, rel=0.02)
+
+
 def _chain(seq: dict, k: int, drafts_at) -> tuple[int, list[int]]:
     """The decoder's greedy chain procedure on a known greedy answer, written out independently of
     train/score.py: from the verified prefix ids[:p+1], k drafts; the leading matches and the
@@ -699,6 +1022,12 @@ def echo_eagle(src, dst, target):
             target.model.get_output_embeddings().weight[sd["draft_ids"].long()].detach().clone()
         )
         zero, norm = ["self_attn.o_proj.weight", "mlp.down_proj.weight"], "norm.weight"
+        # eagle.num_layers > 1: the later layers add nothing either
+        zero += [
+            k
+            for k in sd
+            if k.startswith("layers.") and k.endswith(("o_proj.weight", "down_proj.weight"))
+        ]
     else:  # fc reads [embed(x_{t+1}) | f_t]
         sd["fc.weight"] = torch.cat([torch.zeros(H, H), torch.eye(H)], dim=1)
         sd["fc.bias"] = torch.zeros(H)
