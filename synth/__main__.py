@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             "--continuation", action="store_true", help="free-text continuation (pretraining text)"
         )
         ap.add_argument("--out-name")
-        args = ap.parse_args(argv[1:])
+        args = ap.parse_intermixed_args(argv[1:])  # key=value overrides before or after flags
         extra = {
             "prompts": args.prompts,
             "limit": args.limit,
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     _common(ap)
     ap.add_argument("--n", type=int)
     ap.add_argument("--max-attempts", type=int)
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     path = args.config or configs_dir() / "synth" / "default.yaml"
     cfg = load_config(
         SynthConfig, path, _overrides(args, {"n": args.n, "max_attempts": args.max_attempts})

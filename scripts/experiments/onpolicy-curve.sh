@@ -51,8 +51,8 @@ say "2. the prompt set"
 distill=(--config configs/synth/distill.yaml --lang "$L" --target "$TARGET" --run "$R" capture_features=true
          feature_layers=eagle3 seed=0 sampling.max_new_tokens=192 engine.batch_size=32)
 say "3. the answers"
-$PY -m synth distill "${distill[@]}" --prompts "$S/$L-prompts/prompts.jsonl" --out-name distill \
-  --temperatures 0.0,0.7,1.0 max_feature_gb=40
+$PY -m synth distill "${distill[@]}" max_feature_gb=40 --prompts "$S/$L-prompts/prompts.jsonl" --out-name distill \
+  --temperatures 0.0,0.7,1.0
 say "4. the held-out answers"
 $PY -m synth distill "${distill[@]}" --prompts heldout --out-name heldout --temperatures 0
 $PY -m synth distill "${distill[@]}" --prompts heldout-chat --out-name heldout-chat --temperatures 0

@@ -775,3 +775,19 @@ def test_distill_max_seconds_stops_at_a_commit_and_a_rerun_goes_on(tmp_path, tin
     assert strip(read_jsonl(tmp_path / "a" / "synth" / "en-distill" / "data.jsonl")) == strip(
         read_jsonl(tmp_path / "b" / "synth" / "en-distill" / "data.jsonl")
     )
+
+
+def test_overrides_may_follow_the_flags(tmp_path, capsys):
+    """``key=value`` overrides after a flag reach the config (argparse alone refused them with
+    'unrecognized arguments' once a flag stood between two of them)."""
+    from synth.__main__ import main
+
+    for argv in (
+        ["distill", "--lang", "en", "seed=0", "--prompts", "heldout", "no_such_key=1"],
+        ["--lang", "en", "seed=0", "--n", "4", "no_such_key=1"],
+    ):
+        with pytest.raises(SystemExit):
+            main([*argv[:-1], "--run", str(tmp_path), argv[-1]])
+        err = capsys.readouterr().err
+        # the config refused the unknown key: argparse passed it through
+        assert "no_such_key: unknown key" in err and "unrecognized" not in err, err
