@@ -112,6 +112,56 @@ def collect(run: Path, distill: Path, points: list[int], seeds: list[int], lang:
     return rows
 
 
+def collect_arms(run: Path, n: int, arms: list[str], lang: str) -> list[dict]:
+    """The recipe A/B's arms at point ``n`` (``<run>/oc-<n>-<arm>/``), each scored like a point."""
+    return [
+        {
+            "arm": arm,
+            "point": n,
+            "finetune": stage_summary(run / f"oc-{n}-{arm}" / lang / "finetune"),
+            "chat": _eval_only(run / f"oc-{n}-{arm}-chat" / lang),
+        }
+        for arm in arms
+    ]
+
+
+def recipe(rows: list[dict], arms: list[dict], spread: dict) -> list[dict]:
+    """Each arm's held-out τ and α₁ against the point's seed-0 run, and whether the gain is larger
+    than the seeds' range there (``None``: no second seed at that point)."""
+    out = []
+    for a in arms:
+        base = next(r for r in rows if r["point"] == a["point"] and r["seed"] == 0)
+        rng = spread.get(str(a["point"]), {}).get("tau_range")
+        d = {
+            key: {
+                "d_tau": round(a[key]["tau"] - base[key]["tau"], 4),
+                "d_alpha1": round(a[key]["alpha"][0] - base[key]["alpha"][0], 4),
+            }
+            for key in ("finetune", "chat")
+        }
+        gain = d["finetune"]["d_tau"]
+        out.append({"arm": a["arm"], **d, "beats_seed_spread": None if rng is None else gain > rng})
+    return out
+
+
+def arms_table(arms: list[dict], deltas: list[dict]) -> list[str]:
+    lines = [
+        "| arm | held-out τ (Δ) | α1 (Δ) | α2 | teacher-forced top-1 | chat τ (Δ) | α1 (Δ) | "
+        "gain > seed spread |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for a, d in zip(arms, deltas):
+        f, c = a["finetune"], a["chat"]
+        beats = {None: "–", True: "yes", False: "no"}[d["beats_seed_spread"]]
+        lines.append(
+            f"| {a['arm']} | {f['tau']:.3f} ({d['finetune']['d_tau']:+.3f}) | "
+            f"{f['alpha'][0]:.3f} ({d['finetune']['d_alpha1']:+.3f}) | {f['alpha'][1]:.3f} | "
+            f"{_num(f.get('top1_teacher_forced'))} | {c['tau']:.3f} ({d['chat']['d_tau']:+.3f}) | "
+            f"{c['alpha'][0]:.3f} ({d['chat']['d_alpha1']:+.3f}) | {beats} |"
+        )
+    return lines
+
+
 def _eval_only(folder: Path) -> dict:
     """The chat held-out score of a point's final weights (``eval_only.json`` of its eval stage)."""
     path = folder / "finetune" / "eval_only.json"
@@ -220,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--points", required=True, help="answer tokens of each point")
     t.add_argument("--seeds", default="", help="extra seeds trained at some points")
     t.add_argument("--lang", default="en")
+    t.add_argument("--ab-point", type=int, help="the point the recipe A/B's arms trained at")
+    t.add_argument("--arms", default="", help="the A/B's arm names (oc-<ab-point>-<arm>/)")
     a = ap.parse_args(argv)
     if a.cmd == "answers":
         dst, n, total = answers_prefix(a.src, a.tokens)
@@ -231,6 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = collect(a.run, distill, points, seeds, a.lang)
     lines = table(rows)
     result = {"run": str(a.run), "lang": a.lang, "points": rows, "summary": summary(rows)}
+    names = a.arms.replace(",", " ").split()
+    if names:
+        if a.ab_point not in points:
+            raise PolyspecError(f"--ab-point {a.ab_point} is not one of --points {points}")
+        arms = collect_arms(a.run, a.ab_point, names, a.lang)
+        deltas = recipe(rows, arms, result["summary"]["seed_spread"])
+        result.update(recipe_ab=arms, recipe_vs_point=deltas)
+        lines += ["", f"Recipe A/B at {a.ab_point:,} answer tokens:", "", *arms_table(arms, deltas)]
     atomic_write_json(a.run / "onpolicy-curve.json", result)
     atomic_write_text(a.run / "onpolicy-curve.md", "\n".join(lines) + "\n")
     plot(rows, a.run / "onpolicy-curve.png")

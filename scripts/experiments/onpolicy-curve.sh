@@ -20,7 +20,10 @@
 #      beside each score the decoder's own α₁..α₄ and τ on the same prompts (python -m pipelines.score_check
 #      --drafter: <point>/finetune/score_check-{heldout,heldout-chat}.json; a gap is a train/decode mismatch);
 #      SEEDS also at SEED_POINTS;
-#   7. the table and plot (python -m pipelines.onpolicy_curve table).
+#   7. the recipe A/B at AB_POINT (default: the largest point), one finetune per arm of ARMS
+#      ("name:override,override …"; an arm that changes the drafter's shape, eagle.num_layers, pretrains its own;
+#      `epochs*2` doubles the point's epochs), scored like a point;
+#   8. the table and plot (python -m pipelines.onpolicy_curve table).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 R=${R:-runs/oc}
@@ -31,6 +34,10 @@ N_CORPUS=${N_CORPUS:-1300}
 POINTS=${POINTS:-140000 300000 700000 1400000 3000000}
 SEEDS=${SEEDS:-1}
 SEED_POINTS=${SEED_POINTS:-140000 700000}
+AB_POINT=${AB_POINT:-${POINTS##* }}
+# EAGLE-3's own recipe (lr 5e-5, warmup, 0.8^i by draft position: eagle.ttt_decay's default, more epochs), LK
+# losses' acceptance loss (speculators' lk_hybrid), training-time test depth 4, a two-layer drafter
+ARMS=${ARMS:-lr5e-5:optim.lr=5e-5,epochs*2 lk:eagle.token_loss=lk_hybrid ttt4:eagle.ttt_steps=4 l2:eagle.num_layers=2}
 PRETRAIN_TOKENS=${PRETRAIN_TOKENS:-1000000}
 STEP=${STEP:-all}
 PY=${PY:-.venv/bin/python}
@@ -69,22 +76,34 @@ pre=$R/oc-pretrain/$L/pretrain/final
   "data.pretrain=[$R/corpus/$L-prefill/data-$PRETRAIN_TOKENS.jsonl]"
 
 epochs() { $PY -c "import math,sys; print(max(2, round(4 * math.sqrt(140000 / int(sys.argv[1])))))" "$1"; }
-point() {  # point N SEED
-  local n=$1 seed=$2 dir=oc-$1; (( seed )) && dir=$dir-s$seed
+point() {  # point N SEED [ARM OVERRIDES…]
+  local n=$1 seed=$2 arm=${3:-} dir=oc-$1 init=$pre over=() o
+  (( seed )) && dir=$dir-s$seed
+  local ep; ep=$(epochs "$n")
+  if [[ -n $arm ]]; then
+    dir=$dir-$arm
+    for o in "${@:4}"; do [[ $o == 'epochs*2' ]] && ep=$((2 * ep)) || over+=("$o"); done
+    if [[ " ${over[*]} " == *" eagle.num_layers="* ]]; then  # another shape: its own pretrain
+      init=$R/oc-pretrain-$arm/$L/pretrain/final
+      [[ -f $init/model.safetensors ]] || $ACC launch "${train[@]}" "train_dir=oc-pretrain-$arm" stage=pretrain \
+        pretrain.epochs=1 "data.pretrain=[$R/corpus/$L-prefill/data-$PRETRAIN_TOKENS.jsonl]" "${over[@]}"
+    fi
+  fi
   local out=$R/$dir/$L
   if [[ ! -f $out/finetune/final/model.safetensors ]]; then
     $PY -m pipelines.onpolicy_curve answers --src "$S/$L-distill/data.jsonl" --tokens "$n"
-    say "6. point $n seed $seed: $(epochs "$n") epochs"
-    $ACC launch "${train[@]}" "train_dir=$dir" stage=finetune "seed=$seed" "init_from=$pre" \
+    say "6. point $n seed $seed ${arm:+arm $arm }: $ep epochs"
+    $ACC launch "${train[@]}" "train_dir=$dir" stage=finetune "seed=$seed" "init_from=$init" \
       "data.finetune=[$S/$L-distill/data-$n.jsonl]" "data.eval_file=[$S/$L-heldout/data.jsonl]" \
-      "finetune.epochs=$(epochs "$n")" eval_every=100000 data.eval_max_examples=24
+      "finetune.epochs=$ep" eval_every=100000 data.eval_max_examples=24 "${over[@]}"
   fi
   # the same final weights scored on the chat held-out set (32 prompts): an eval-only stage → $dir-chat/…/eval_only.json
   [[ -f $R/$dir-chat/$L/finetune/eval_only.json ]] || \
     $ACC launch "${train[@]}" "train_dir=$dir-chat" stage=finetune eval_only=true "init_from=$out/finetune/final" \
       "data.finetune=[$S/$L-heldout-chat/data.jsonl]" "data.eval_file=[$S/$L-heldout-chat/data.jsonl]" \
-      data.eval_max_examples=32
+      data.eval_max_examples=32 "${over[@]}"
   # the decoder's own α and τ (chain γ 4) beside the training score, on each held-out set's captured answers
+  [[ -n $arm ]] && return 0  # the A/B compares training scores
   local hs
   for hs in heldout heldout-chat; do
     [[ -f $out/finetune/score_check-$hs.json ]] || \
@@ -94,5 +113,13 @@ point() {  # point N SEED
 }
 for n in $POINTS; do point "$n" 0; done
 for s in $SEEDS; do for n in $SEED_POINTS; do point "$n" "$s"; done; done
-say "7. the table"
-$PY -m pipelines.onpolicy_curve table --run "$R" --points "$POINTS" --seeds "$SEEDS" --lang "$L"
+names=()
+for a in $ARMS; do
+  say "7. recipe A/B at $AB_POINT: ${a%%:*}"
+  IFS=, read -r -a o <<< "${a#*:}"
+  point "$AB_POINT" 0 "${a%%:*}" "${o[@]}"
+  names+=("${a%%:*}")
+done
+say "8. the table"
+$PY -m pipelines.onpolicy_curve table --run "$R" --points "$POINTS" --seeds "$SEEDS" --lang "$L" \
+  --ab-point "$AB_POINT" --arms "${names[*]}"

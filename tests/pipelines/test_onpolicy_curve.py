@@ -102,3 +102,36 @@ def test_table_says_which_point_is_not_scored(tmp_path):
     _stage(run / "oc-300" / "en" / "finetune", 900.0, 2.0, [(8, 1.4, [0.4, 0.1, 0.0, 0.0])], 10)
     with pytest.raises(PolyspecError, match="not scored yet"):
         oc.collect(run, run / "synth" / "en-distill", [300], [], "en")
+
+
+def _point(run, name, tau):
+    _stage(run / name / "en" / "finetune", 900.0, 2.0, [(8, tau, [tau - 1, 0.1, 0.0, 0.0])], 10)
+    chat = run / f"{name}-chat" / "en" / "finetune"
+    chat.mkdir(parents=True)
+    ev = {"tau": tau - 0.1, "alpha": [tau - 1.1, 0.05, 0.0, 0.0], "sequences": 32}
+    (chat / "eval_only.json").write_text(json.dumps({"stage": "finetune", "eval": ev}))
+
+
+def test_the_recipe_arms_are_tabled_against_their_point_and_its_seed_spread(tmp_path, capsys):
+    run = tmp_path / "run"
+    _distill(run / "synth" / "en-distill", [100] * 30)
+    oc.answers_prefix(run / "synth" / "en-distill" / "data.jsonl", 300)
+    runs = {"oc-300": 1.40, "oc-300-s1": 1.43, "oc-300-lk": 1.50, "oc-300-l2": 1.41}
+    for name, tau in runs.items():
+        _point(run, name, tau)
+    args = ["table", "--run", str(run), "--points", "300", "--seeds", "1", "--ab-point", "300"]
+    assert oc.main([*args, "--arms", "lk l2"]) == 0
+    got = json.loads((run / "onpolicy-curve.json").read_text())
+    lk, l2 = got["recipe_vs_point"]
+    assert lk["arm"] == "lk" and lk["finetune"]["d_tau"] == pytest.approx(0.1)
+    assert lk["chat"]["d_alpha1"] == pytest.approx(0.1)
+    # the seeds differ by 0.03 there: lk's +0.10 is beyond it, l2's +0.01 is not
+    assert (lk["beats_seed_spread"], l2["beats_seed_spread"]) == (True, False)
+    md = (run / "onpolicy-curve.md").read_text()
+    assert "| lk | 1.500 (+0.100) | 0.500 (+0.100) | 0.100 | – | 1.400 (+0.100) |" in md
+    with pytest.raises(SystemExit):
+        oc.main([*args[:-1], "999", "--arms", "lk"])
+    assert "--ab-point 999 is not one of --points [300]" in capsys.readouterr().err
+    # without a second seed at the point the table cannot say
+    deltas = oc.recipe(got["points"][:1], got["recipe_ab"][:1], {})
+    assert deltas[0]["beats_seed_spread"] is None
