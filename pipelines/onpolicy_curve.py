@@ -8,7 +8,10 @@ the references scale: EAGLE-3's scaling figure; "Scylla", arXiv 2505.07858). Col
 ``answers`` writes a point's share of the distilled answers: the first prompts of the (shuffled)
 prompt set, all of their temperatures, up to N answer tokens, as ``data-<N>.jsonl`` beside the
 source (feature files are named relative to that folder), so the points nest:
-each holds the smaller ones.
+each holds the smaller ones. Data made in rounds (the curve script's ``N_INSTR="1150 2400"``: each
+round's prompts are new to the earlier rounds, ``<lang>-distill-r<i>/``) is read in round order:
+``--src`` once a round; a point takes round 1 whole before round 2's first prompts, and prints the
+files it trains on.
 
 A point is the folder ``<run>/oc-<N>[-s<seed>]/<lang>/``: ``finetune/`` (from the shared pretrain,
 scored at its end on the 24 held-out prompts; the first draft's teacher-forced top-1 over every
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from pipelines.learning_curve import stage_summary
@@ -36,10 +40,10 @@ from polyspec.errors import PolyspecError, cli_entry
 from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none, read_jsonl
 
 
-def answers_prefix(src: Path, tokens: int) -> tuple[Path, int, int]:
+def answers_prefix(src: Path, tokens: int, upto: int | None = None) -> tuple[Path, int, int]:
     """The first prompts' answers of a distilled set holding ≥ ``tokens`` answer tokens, every
-    temperature of the last prompt included → (``data-<tokens>.jsonl`` beside it, records,
-    tokens)."""
+    temperature of the last prompt included → (``data-<upto or tokens>.jsonl`` beside it, records,
+    tokens). With ``upto`` (the point this share belongs to) a set holding fewer is taken whole."""
     stats = read_json_or_none(src.parent / "stats.json") or {}
     temps = len(stats.get("temperatures") or [0])
     total, lines, last = 0, [], None
@@ -52,14 +56,40 @@ def answers_prefix(src: Path, tokens: int) -> tuple[Path, int, int]:
             lines.append(line)
             total += rec["tokens"]["response"]
             last = prompt
-    if total < tokens:
+    if total < tokens and upto is None:
         raise PolyspecError(
             f"{src} holds {total:,} answer tokens, fewer than the {tokens:,} asked for "
             "(distill more: rerun its command)"
         )
-    dst = src.parent / f"data-{tokens}.jsonl"
+    dst = src.parent / f"data-{upto or tokens}.jsonl"
     atomic_write_text(dst, "".join(lines))
     return dst, len(lines), total
+
+
+def answers_across(srcs: list[Path], tokens: int) -> list[tuple[Path, int, int]]:
+    """A point's answers from the data rounds in order (round 1 whole before round 2's first
+    prompts, so the points still nest): each round's share as ``data-<tokens>.jsonl`` beside it."""
+    parts, left = [], tokens
+    for src in srcs:
+        if left <= 0:
+            break
+        parts.append(answers_prefix(src, left, upto=tokens))
+        left -= parts[-1][2]
+    if left > 0:
+        have = tokens - left
+        raise PolyspecError(
+            f"{', '.join(map(str, srcs))} hold {have:,} answer tokens, fewer than the {tokens:,} "
+            "asked for (distill more: rerun its command, or add a data round)"
+        )
+    return parts
+
+
+def distill_rounds(run: Path, lang: str) -> list[Path]:
+    """The distilled answer folders of the curve's data rounds: ``<lang>-distill``, then
+    ``<lang>-distill-r2``, ``-r3`` …"""
+    synth = run / "synth"
+    later = sorted(synth.glob(f"{lang}-distill-r*"), key=lambda p: int(p.name.rsplit("-r", 1)[1]))
+    return [synth / f"{lang}-distill", *later]
 
 
 def point_dir(run: Path, n: int, seed: int, lang: str) -> Path:
@@ -87,11 +117,13 @@ def _decoded(path: Path) -> dict | None:
     }
 
 
-def collect(run: Path, distill: Path, points: list[int], seeds: list[int], lang: str) -> list[dict]:
+def collect(
+    run: Path, distill: list[Path], points: list[int], seeds: list[int], lang: str
+) -> list[dict]:
     rows = []
     for n in points:
-        sub = distill / f"data-{n}.jsonl"
-        got = sum(r["tokens"]["response"] for r in read_jsonl(sub)) if sub.is_file() else None
+        subs = [d / f"data-{n}.jsonl" for d in distill if (d / f"data-{n}.jsonl").is_file()]
+        got = sum(r["tokens"]["response"] for s in subs for r in read_jsonl(s)) if subs else None
         for seed in [0, *seeds]:
             base = point_dir(run, n, seed, lang)
             if seed and not (base / "finetune" / "metrics.jsonl").is_file():
@@ -262,8 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipelines.onpolicy_curve", description=__doc__.split("\n\n")[0]
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("answers", help="the first N answer tokens → data-<N>.jsonl beside it")
-    p.add_argument("--src", required=True, type=Path)
+    p = sub.add_parser(
+        "answers", help="the first N answer tokens → data-<N>.jsonl beside each round's source"
+    )
+    p.add_argument(
+        "--src", required=True, type=Path, action="append", help="a round's data.jsonl, in order"
+    )
     p.add_argument("--tokens", required=True, type=int)
     t = sub.add_parser("table", help="the points → onpolicy-curve.json, .md, .png")
     t.add_argument("--run", required=True, type=Path)
@@ -274,13 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--arms", default="", help="the A/B's arm names (oc-<ab-point>-<arm>/)")
     a = ap.parse_args(argv)
     if a.cmd == "answers":
-        dst, n, total = answers_prefix(a.src, a.tokens)
-        print(f"[onpolicy-curve] {dst}: {n:,} answers, {total:,} answer tokens")
+        for dst, n, total in answers_across(a.src, a.tokens):
+            say = f"[onpolicy-curve] {dst}: {n:,} answers, {total:,} answer tokens"
+            print(say, file=sys.stderr)
+            print(dst)  # the files the point trains on, one a line
         return 0
     points = [int(x) for x in a.points.replace(",", " ").split()]
     seeds = [int(x) for x in a.seeds.replace(",", " ").split()]
-    distill = a.run / "synth" / f"{a.lang}-distill"
-    rows = collect(a.run, distill, points, seeds, a.lang)
+    rows = collect(a.run, distill_rounds(a.run, a.lang), points, seeds, a.lang)
     lines = table(rows)
     result = {"run": str(a.run), "lang": a.lang, "points": rows, "summary": summary(rows)}
     names = a.arms.replace(",", " ").split()

@@ -93,8 +93,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--corpus", type=int, default=0, help="prompts about corpus paragraphs")
         ap.add_argument("--near-duplicate", type=float, default=0.7, help="Jaccard threshold")
         ap.add_argument("--seed", type=int, default=0)
+        ap.add_argument("--out-name", default="prompts", help="<run>/synth/<lang>-<out-name>/")
+        ap.add_argument(
+            "--exclude",
+            action="append",
+            default=[],
+            help="an earlier set's prompts.jsonl: its prompts and near-copies stay out; repeatable",
+        )
         a = ap.parse_args(argv[1:])
-        report = build_prompt_set(a.lang, a.run, a.corpus, a.near_duplicate, a.seed)
+        report = build_prompt_set(
+            a.lang, a.run, a.corpus, a.near_duplicate, a.seed, a.out_name, a.exclude
+        )
         print(json.dumps(report, indent=2, ensure_ascii=False))
         return 0
     ap = argparse.ArgumentParser(prog="python -m synth", description=SynthConfig.__doc__)

@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from polyspec.heldout import HELDOUT_CATEGORIES
-from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none
+from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none, read_jsonl
 from synth.filters import NearDuplicates, normalize
 from synth.pool import forbidden_turns, pool_items
 
@@ -89,18 +89,32 @@ def distinct_ngrams(texts: list[str], n: int) -> dict:
 
 
 def build_prompt_set(
-    lang: str, run: str, corpus: int = 0, near_duplicate: float = 0.7, seed: int = 0
+    lang: str,
+    run: str,
+    corpus: int = 0,
+    near_duplicate: float = 0.7,
+    seed: int = 0,
+    out_name: str = "prompts",
+    exclude: list[str] | tuple[str, ...] = (),
 ) -> dict:
-    """Write ``<run>/synth/<lang>-prompts/prompts.jsonl`` and ``report.json``; return the
-    report."""
+    """Write ``<run>/synth/<lang>-<out_name>/prompts.jsonl`` and ``report.json``; return the
+    report. ``exclude``: earlier sets' prompts.jsonl — their prompts and near-copies stay out, so
+    a later data round asks only new questions."""
     items = pool_items(lang, run, corpus=corpus)  # guarded: held-out/benchmark turns, repeats
     held = NearDuplicates(near_duplicate)
     for t in sorted(forbidden_turns()):
         held.add(t)
     near, kept, dropped, near_held = NearDuplicates(near_duplicate), [], Counter(), Counter()
+    earlier = {r["turns"][0] for f in exclude for r in read_jsonl(f)}
+    for t in sorted(earlier):
+        near.add(t)
+    in_earlier = Counter()
     for p in items:
         if any(held.seen(t) for t in p.turns):
             near_held[p.kind] += 1
+            continue
+        if p.turns[0] in earlier:
+            in_earlier[p.kind] += 1
             continue
         if near.seen(p.turns[0]):
             dropped[p.kind] += 1
@@ -110,7 +124,7 @@ def build_prompt_set(
     random.Random(seed).shuffle(kept)
     records = [
         {
-            "id": f"{lang}-prompt-{i:06d}",
+            "id": f"{lang}-{'prompt' if out_name == 'prompts' else out_name}-{i:06d}",
             "lang": lang,
             "kind": p.kind,
             "category": category_of(p.kind, p.turns),
@@ -118,7 +132,7 @@ def build_prompt_set(
         }
         for i, p in enumerate(kept)
     ]
-    out = Path(run) / "synth" / f"{lang}-prompts"
+    out = Path(run) / "synth" / f"{lang}-{out_name}"
     atomic_write_text(
         out / "prompts.jsonl",
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
@@ -135,6 +149,8 @@ def build_prompt_set(
         "near_duplicates_removed_by_kind": dict(dropped),
         "near_heldout_removed_by_kind": dict(near_held),
         "candidates": len(items),
+        "earlier_sets": list(map(str, exclude)),
+        "in_earlier_sets_by_kind": dict(in_earlier),
         "alg1": {
             k: alg1.get(k) for k in ("attempted", "accepted", "rejected_by_reason") if k in alg1
         },

@@ -12,6 +12,10 @@
 #      prompts, near-duplicates out, shuffled; synth/<lang>-prompts/report.json says its diversity);
 #   3. the target's answers at T = 0, 0.7, 1.0 (the profiles' temperatures), features captured from the generating
 #      forwards (the transformers engine: faster here than vLLM with its feature prefill, docs/experiments.md);
+#   1–3 again per later data round: N_INSTR and N_CORPUS may be lists, the running totals of each round
+#      (N_INSTR="1150 2400" N_CORPUS="200 500"): Alg. 1 goes on to the round's total, the round's prompt set
+#      (<lang>-prompts-r<i>) holds only prompts no earlier round had, its answers go to <lang>-distill-r<i>; a
+#      point takes the rounds in order, so data grows without redoing a round and the points still nest;
 #   4. the greedy answers to both held-out sets (synth/data/heldout.jsonl, synth/data/heldout-chat.jsonl);
 #   5. the corpus prefill (1M tokens) and the shared pretrain on it (the vocabulary, wordfreq + the Alg. 1 pairs, is
 #      made in step 2, before any answer exists, so no point's head is ranked on another point's data);
@@ -45,21 +49,32 @@ ACC=${ACC:-.venv/bin/accelerate}
 S=$R/synth
 say() { echo "[onpolicy-curve $(date +%H:%M:%S)] $*"; }
 
-say "1. Alg. 1: $N_INSTR instructions"
-$PY -m synth --lang "$L" --target "$TARGET" --run "$R" --n "$N_INSTR" --batch-size 64 few_shot=3 \
-  few_shot_variants=64 filters.near_duplicate=0.7 instruction.max_new_tokens=64 response.max_new_tokens=32
-[[ -f $R/corpus/$L/manifest.json ]] || $PY -m corpus --langs "$L" --target "$TARGET" --run "$R"
-say "2. the prompt set"
-[[ -f $S/$L-prompts/prompts.jsonl ]] || $PY -m synth prompts --lang "$L" --run "$R" --corpus "$N_CORPUS"
-# one vocabulary for every point, from data none of them trains on (wordfreq + the Alg. 1 pairs), made before
-# the answers exist
-[[ -f $R/vocab/DONE.json ]] || $PY -m vocab --config configs/vocab/default.yaml --langs "$L" \
-  --sources wordfreq,synth@0.5 --target "$TARGET" --run "$R" "mask_sizes=[8192,16384,32768]"
 distill=(--config configs/synth/distill.yaml --lang "$L" --target "$TARGET" --run "$R" capture_features=true
          feature_layers=eagle3 seed=0 sampling.max_new_tokens=192 engine.batch_size=32)
-say "3. the answers"
-$PY -m synth distill "${distill[@]}" max_feature_gb=40 --prompts "$S/$L-prompts/prompts.jsonl" --out-name distill \
-  --temperatures 0.0,0.7,1.0
+read -r -a instr <<< "$N_INSTR"
+read -r -a ncorpus <<< "$N_CORPUS"
+(( ${#instr[@]} == ${#ncorpus[@]} )) || { echo "N_INSTR and N_CORPUS need one total per data round" >&2; exit 2; }
+srcs=() earlier=()
+for i in "${!instr[@]}"; do
+  r=$((i + 1)) sfx=""
+  (( r > 1 )) && sfx="-r$r"
+  say "1. Alg. 1 (round $r): ${instr[$i]} instructions"
+  $PY -m synth --lang "$L" --target "$TARGET" --run "$R" --n "${instr[$i]}" --batch-size 64 few_shot=3 \
+    few_shot_variants=64 filters.near_duplicate=0.7 instruction.max_new_tokens=64 response.max_new_tokens=32
+  [[ -f $R/corpus/$L/manifest.json ]] || $PY -m corpus --langs "$L" --target "$TARGET" --run "$R"
+  say "2. the prompt set (round $r)"
+  [[ -f $S/$L-prompts$sfx/prompts.jsonl ]] || $PY -m synth prompts --lang "$L" --run "$R" \
+    --corpus "${ncorpus[$i]}" --out-name "prompts$sfx" "${earlier[@]}"
+  earlier+=(--exclude "$S/$L-prompts$sfx/prompts.jsonl")
+  # one vocabulary for every point, from data none of them trains on (wordfreq + the Alg. 1 pairs), made before
+  # the answers exist
+  [[ -f $R/vocab/DONE.json ]] || $PY -m vocab --config configs/vocab/default.yaml --langs "$L" \
+    --sources wordfreq,synth@0.5 --target "$TARGET" --run "$R" "mask_sizes=[8192,16384,32768]"
+  say "3. the answers (round $r)"
+  $PY -m synth distill "${distill[@]}" max_feature_gb=40 --prompts "$S/$L-prompts$sfx/prompts.jsonl" \
+    --out-name "distill$sfx" --temperatures 0.0,0.7,1.0
+  srcs+=(--src "$S/$L-distill$sfx/data.jsonl")
+done
 say "4. the held-out answers"
 $PY -m synth distill "${distill[@]}" --prompts heldout --out-name heldout --temperatures 0
 $PY -m synth distill "${distill[@]}" --prompts heldout-chat --out-name heldout-chat --temperatures 0
@@ -91,10 +106,11 @@ point() {  # point N SEED [ARM OVERRIDES…]
   fi
   local out=$R/$dir/$L
   if [[ ! -f $out/finetune/final/model.safetensors ]]; then
-    $PY -m pipelines.onpolicy_curve answers --src "$S/$L-distill/data.jsonl" --tokens "$n"
+    local parts
+    parts=$($PY -m pipelines.onpolicy_curve answers "${srcs[@]}" --tokens "$n" | paste -sd,)
     say "6. point $n seed $seed ${arm:+arm $arm }: $ep epochs"
     $ACC launch "${train[@]}" "train_dir=$dir" stage=finetune "seed=$seed" "init_from=$init" \
-      "data.finetune=[$S/$L-distill/data-$n.jsonl]" "data.eval_file=[$S/$L-heldout/data.jsonl]" \
+      "data.finetune=[$parts]" "data.eval_file=[$S/$L-heldout/data.jsonl]" \
       "finetune.epochs=$ep" eval_every=100000 data.eval_max_examples=24 "${over[@]}"
   fi
   # the same final weights scored on the chat held-out set (32 prompts): an eval-only stage → $dir-chat/…/eval_only.json

@@ -42,6 +42,33 @@ def test_answers_prefix_keeps_whole_prompts_nests_and_refuses_too_few(tmp_path):
         oc.answers_prefix(src, 10_000)
 
 
+def test_a_point_takes_round_one_whole_before_round_two_and_the_cli_prints_its_files(
+    tmp_path, capsys
+):
+    run = tmp_path / "run"
+    r1 = _distill(run / "synth" / "en-distill", [10, 20, 30, 40, 50, 60])  # 60 + 150
+    r2 = _distill(run / "synth" / "en-distill-r2", [1, 2, 3, 7, 8, 9])  # 6 + 24
+    _distill(run / "synth" / "en-distill-r10", [1, 1, 1])
+    assert oc.distill_rounds(run, "en") == [r1.parent, r2.parent, run / "synth" / "en-distill-r10"]
+    parts = oc.answers_across([r1, r2], 100)  # inside round 1: round 2 untouched
+    assert [(p.name, n, t) for p, n, t in parts] == [("data-100.jsonl", 6, 210)]
+    assert not (r2.parent / "data-100.jsonl").exists()
+    assert oc.main(["answers", "--src", str(r1), "--src", str(r2), "--tokens", "215"]) == 0
+    out = capsys.readouterr().out.split()
+    assert out == [str(r1.parent / "data-215.jsonl"), str(r2.parent / "data-215.jsonl")]
+    assert len((r1.parent / "data-215.jsonl").read_text().splitlines()) == 6  # round 1 whole
+    assert len((r2.parent / "data-215.jsonl").read_text().splitlines()) == 3  # + a prompt of r2
+    _stage(run / "oc-215" / "en" / "finetune", 1000.0, 1.8, [(8, 1.4, [0.4, 0.1, 0, 0])], 9)
+    chat = run / "oc-215-chat" / "en" / "finetune"
+    chat.mkdir(parents=True)
+    ev = {"tau": 1.3, "alpha": [0.3, 0.0, 0.0, 0.0], "sequences": 32}
+    (chat / "eval_only.json").write_text(json.dumps({"stage": "finetune", "eval": ev}))
+    rows = oc.collect(run, oc.distill_rounds(run, "en"), [215], [], "en")
+    assert rows[0]["answer_tokens"] == 210 + 6  # both rounds' shares
+    with pytest.raises(PolyspecError, match="add a data round"):
+        oc.answers_across([r1, r2], 10_000)
+
+
 def test_slope_per_decade():
     assert oc.slope_per_decade([1e5, 1e6, 1e7], [1.4, 1.5, 1.6]) == pytest.approx(0.1)
     assert oc.slope_per_decade([1e5, 1e5], [1.0, 2.0]) == 0.0
@@ -101,7 +128,7 @@ def test_table_says_which_point_is_not_scored(tmp_path):
     _distill(run / "synth" / "en-distill", [100] * 6)
     _stage(run / "oc-300" / "en" / "finetune", 900.0, 2.0, [(8, 1.4, [0.4, 0.1, 0.0, 0.0])], 10)
     with pytest.raises(PolyspecError, match="not scored yet"):
-        oc.collect(run, run / "synth" / "en-distill", [300], [], "en")
+        oc.collect(run, [run / "synth" / "en-distill"], [300], [], "en")
 
 
 def _point(run, name, tau):

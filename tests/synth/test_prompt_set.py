@@ -158,6 +158,46 @@ def test_prompt_set_guards_dedups_shuffles_and_reports(tmp_path):
     )
 
 
+def test_a_later_round_asks_only_prompts_no_earlier_set_had(tmp_path):
+    synth = tmp_path / "synth" / "en"
+    synth.mkdir(parents=True)
+
+    def alg1(lines):
+        synth.joinpath("data.jsonl").write_text(
+            "".join(
+                json.dumps({"conversations": [{"from": "human", "value": t}, {"from": "gpt"}]})
+                + "\n"
+                for t in lines
+            )
+        )
+
+    old = [INSTRUCTIONS[i] for i in (0, 1, 3, 5)]
+    alg1(old)
+    one = build_prompt_set("en", str(tmp_path))
+    first = tmp_path / "synth" / "en-prompts" / "prompts.jsonl"
+    before = [json.loads(x) for x in first.read_text().splitlines()]
+    later = ["Describe how a bicycle gear system works.", INSTRUCTIONS[0] + " now"]
+    alg1([*old, *later])  # Alg. 1 went on: the old pairs, then new ones
+    report = build_prompt_set("en", str(tmp_path), out_name="prompts-r2", exclude=[str(first)])
+    recs = [
+        json.loads(x)
+        for x in (tmp_path / "synth" / "en-prompts-r2" / "prompts.jsonl").read_text().splitlines()
+    ]
+    assert [r["turns"] for r in recs] == [[later[0]]]  # the near-copy of an old one is out too
+    assert report["in_earlier_sets_by_kind"]["instruction"] == 4
+    assert report["near_duplicates_removed_by_kind"] == {
+        **one["near_duplicates_removed_by_kind"],
+        "instruction": 1,
+    }
+    removed = [
+        report[f"{k}_by_kind"]
+        for k in ("in_earlier_sets", "near_duplicates_removed", "near_heldout_removed")
+    ]
+    assert sum(sum(d.values()) for d in removed) + 1 == report["candidates"]
+    assert recs[0]["id"] == "en-prompts-r2-000000"
+    assert first.read_text().splitlines() == [json.dumps(r, ensure_ascii=False) for r in before]
+
+
 def test_category_of_and_distinct_ngrams():
     assert category_of("instruction", ("Translate this into German: hello",)) == "translation"
     assert category_of("instruction", ("Write a Python function that sorts a list.",)) == "code"
