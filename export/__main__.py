@@ -82,6 +82,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument("--check", default=None, metavar="BUNDLE", help="only validate this bundle")
     ap.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        metavar="LANG=DIR",
+        help="the bundle takes this trained drafter folder for LANG (a learning curve's point) "
+        "instead of <run>/train/LANG/final; repeatable",
+    )
+    ap.add_argument(
         "--bundle",
         default=None,
         help="interop formats: the bundle to convert (default <run>/export/bundle)",
@@ -180,6 +188,12 @@ def write_new_bundle(args: argparse.Namespace, target) -> int:
     langs = [lang.code for lang in parse_languages(args.langs)]
     sizes = parse_sizes(args.sizes)
     out = Path(args.out or Path(args.run) / "export" / "bundle")
+    drafters = {}
+    for item in args.drafter:
+        lang, sep, folder = item.partition("=")
+        if not sep or lang not in langs:
+            raise PolyspecError(f"--drafter {item!r}: expected LANG=DIR with LANG one of {langs}")
+        drafters[lang] = folder
     b = write_bundle(
         out,
         args.run,
@@ -187,6 +201,7 @@ def write_new_bundle(args: argparse.Namespace, target) -> int:
         target.pin(),
         sizes,
         adaptive={"window": args.window, "step": args.step, "offset": args.offset},
+        drafters=drafters,
     )
     print(
         json.dumps(

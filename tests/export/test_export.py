@@ -57,6 +57,38 @@ def test_write_and_load_bundle(tmp_path, trained):
     assert "| vi | eagle1 | finetune | 2 | vi/data.jsonl (" in card
 
 
+def test_a_drafter_trained_elsewhere_goes_into_the_bundle(tmp_path, trained, tiny_llama_dir):
+    run_dir, _ = trained
+    point = tmp_path / "oc-140000" / "en" / "finetune" / "final"  # a learning curve's point
+    shutil.copytree(run_dir / "train" / "de" / "final", point)
+    out = tmp_path / "bundle"
+    r = export_cli(run_dir, tiny_llama_dir, out, "vi,de", "64")
+    assert r.returncode == 0, r.stderr
+    default = (out / "drafters" / "vi" / "model.safetensors").read_bytes()
+    r = run_cli(
+        *[
+            "-m",
+            "export",
+            "--langs",
+            "vi,de",
+            "--run",
+            str(run_dir),
+            "--target",
+            str(tiny_llama_dir),
+        ],
+        *["--out", str(out), "--sizes", "64", "--drafter", f"vi={point}"],
+    )
+    assert r.returncode == 0, r.stderr
+    got = (out / "drafters" / "vi" / "model.safetensors").read_bytes()
+    assert got == (point / "model.safetensors").read_bytes() and got != default
+    r = run_cli(
+        *["-m", "export", "--langs", "vi", "--run", str(run_dir), "--target", str(tiny_llama_dir)],
+        *["--out", str(tmp_path / "b2"), "--drafter", f"ja={point}"],
+    )
+    assert r.returncode != 0 and "expected LANG=DIR" in r.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "b2").exists()
+
+
 @pytest.mark.parametrize("damage", ["corrupt", "missing", "dotdot", "absolute", "format"])
 def test_damaged_bundle_is_refused_in_one_line(tmp_path, trained, damage):
     from export.bundle import load_bundle, write_bundle
