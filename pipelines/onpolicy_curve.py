@@ -24,7 +24,10 @@ ran): the teacher-forced top-1, the score's α₁ and the decoder's α₁ must a
 is a train/decode mismatch (issue 68). Per point: answer tokens, tokens read,
 steps, τ (chain γ 4) and α₁..α₄ on both sets; the slope per decade of answer tokens is a
 least-squares fit of τ and α₁ against log₁₀ tokens over the seed-0 points; the seeds' spread is
-their range at a point. Writes ``<run>/onpolicy-curve.json``, ``.md`` and ``.png``.
+their range at a point. Beside each point, where its drafter stands (``fit``): the first draft's
+training top-1 on answers not yet seen and on answers seen before, next to the held-out top-1 — a
+data-limited drafter fits seen answers far better than unseen ones, a capacity-limited one fits
+neither. Writes ``<run>/onpolicy-curve.json``, ``.md`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -134,6 +137,7 @@ def collect(
                     "seed": seed,
                     "answer_tokens": got,
                     "finetune": stage_summary(base / "finetune"),
+                    "fit": fit(base / "finetune"),
                     "chat": _eval_only(run / f"{base.parent.name}-chat" / lang),
                     "decoded": {
                         key: _decoded(base / "finetune" / f"score_check-{name}.json")
@@ -201,6 +205,52 @@ def _eval_only(folder: Path) -> dict:
     if rec is None:
         raise PolyspecError(f"{path}: not scored yet (rerun scripts/experiments/onpolicy-curve.sh)")
     return rec["eval"]
+
+
+def fit(folder: Path) -> dict | None:
+    """Where a point's drafter stands, from its training log (``metrics.jsonl``: ``top1_0``, the
+    first draft's top-1 on the batch it trains on) and ``final/config.json`` (its epochs): the mean
+    over epoch 1's second half (answers it has not seen yet: what it generalises to on the pool's
+    distribution) and over the last epoch (answers seen before: what it can fit). Unseen ≈ seen
+    with both low is the drafter's capacity; seen ≫ unseen is too little data; unseen ≫ the
+    held-out top-1 is the pool's distance from the held-out prompts."""
+    cfg = read_json_or_none(folder / "final" / "config.json") or {}
+    epochs = ((cfg.get("train_config") or {}).get("finetune") or {}).get("epochs")
+    path = folder / "metrics.jsonl"
+    if not epochs or not path.is_file():
+        return None
+    logged = [(r["step"], r["top1_0"]) for r in read_jsonl(path) if "top1_0" in r]
+    if not logged:
+        return None
+    per_epoch = logged[-1][0] / epochs
+
+    def mean(lo: float, hi: float) -> float | None:
+        xs = [t for s, t in logged if lo < s <= hi]
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    return {
+        "epochs": epochs,
+        "train_top1_unseen": mean(per_epoch / 2, per_epoch),
+        "train_top1_seen": mean(per_epoch * (epochs - 1), logged[-1][0]) if epochs > 1 else None,
+    }
+
+
+def fit_table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| answer tokens | seed | epochs | train top-1, unseen answers (epoch 1, 2nd half) | "
+        "train top-1, seen answers (last epoch) | held-out teacher-forced top-1 | "
+        "chat held-out top-1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        f = r.get("fit") or {}
+        lines.append(
+            f"| {r['answer_tokens']:,} | {r['seed']} | {f.get('epochs', '–')} | "
+            f"{_num(f.get('train_top1_unseen'))} | {_num(f.get('train_top1_seen'))} | "
+            f"{_num(r['finetune'].get('top1_teacher_forced'))} | "
+            f"{_num(r['chat'].get('top1_teacher_forced'))} |"
+        )
+    return lines
 
 
 def slope_per_decade(xs: list[float], ys: list[float]) -> float:
@@ -319,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(x) for x in a.seeds.replace(",", " ").split()]
     rows = collect(a.run, distill_rounds(a.run, a.lang), points, seeds, a.lang)
     lines = table(rows)
+    lines += ["", "Where the drafter stands (first draft's top-1):", "", *fit_table(rows)]
     result = {"run": str(a.run), "lang": a.lang, "points": rows, "summary": summary(rows)}
     names = a.arms.replace(",", " ").split()
     if names:

@@ -69,6 +69,27 @@ def test_a_point_takes_round_one_whole_before_round_two_and_the_cli_prints_its_f
         oc.answers_across([r1, r2], 10_000)
 
 
+def test_fit_reads_unseen_and_seen_top1_by_epoch(tmp_path):
+    folder = tmp_path / "oc-300" / "en" / "finetune"
+    (folder / "final").mkdir(parents=True)
+    (folder / "final" / "config.json").write_text(
+        json.dumps({"train_config": {"finetune": {"epochs": 2.0}}})
+    )
+    # 40 steps, 20 an epoch: steps 15 and 20 are epoch 1's second half, 30 and 40 the last epoch
+    logged = [(5, 0.1), (10, 0.2), (15, 0.3), (20, 0.4), (30, 0.6), (40, 0.7)]
+    logged = [{"step": s, "top1_0": t} for s, t in logged]
+    with open(folder / "metrics.jsonl", "w") as fh:
+        fh.write(json.dumps({"event": "start", "step": 0}) + "\n")
+        for rec in [*logged, {"step": 40, "eval": {"tau": 1.0}}]:
+            fh.write(json.dumps(rec) + "\n")
+    got = oc.fit(folder)
+    assert got == {"epochs": 2.0, "train_top1_unseen": pytest.approx(0.35), "train_top1_seen": 0.65}
+    row = {"answer_tokens": 300, "seed": 0, "fit": got, "finetune": {}, "chat": {}}
+    assert oc.fit_table([row])[2] == "| 300 | 0 | 2.0 | 0.350 | 0.650 | – | – |"
+    (folder / "final" / "config.json").unlink()
+    assert oc.fit(folder) is None  # no epochs known: no guess
+
+
 def test_slope_per_decade():
     assert oc.slope_per_decade([1e5, 1e6, 1e7], [1.4, 1.5, 1.6]) == pytest.approx(0.1)
     assert oc.slope_per_decade([1e5, 1e5], [1.0, 2.0]) == 0.0
