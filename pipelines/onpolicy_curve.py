@@ -121,8 +121,15 @@ def _decoded(path: Path) -> dict | None:
 
 
 def collect(
-    run: Path, distill: list[Path], points: list[int], seeds: list[int], lang: str
+    run: Path,
+    distill: list[Path],
+    points: list[int],
+    seeds: list[int],
+    lang: str,
+    chat: bool = True,
 ) -> list[dict]:
+    """``chat=False``: a language without a second held-out set (heldout-chat.jsonl is English):
+    its rows' ``chat`` is None."""
     rows = []
     for n in points:
         subs = [d / f"data-{n}.jsonl" for d in distill if (d / f"data-{n}.jsonl").is_file()]
@@ -138,24 +145,25 @@ def collect(
                     "answer_tokens": got,
                     "finetune": stage_summary(base / "finetune"),
                     "fit": fit(base / "finetune"),
-                    "chat": _eval_only(run / f"{base.parent.name}-chat" / lang),
+                    "chat": _eval_only(run / f"{base.parent.name}-chat" / lang) if chat else None,
                     "decoded": {
                         key: _decoded(base / "finetune" / f"score_check-{name}.json")
                         for key, name in DECODED.items()
+                        if chat or key != "chat"
                     },
                 }
             )
     return rows
 
 
-def collect_arms(run: Path, n: int, arms: list[str], lang: str) -> list[dict]:
+def collect_arms(run: Path, n: int, arms: list[str], lang: str, chat: bool = True) -> list[dict]:
     """The recipe A/B's arms at point ``n`` (``<run>/oc-<n>-<arm>/``), each scored like a point."""
     return [
         {
             "arm": arm,
             "point": n,
             "finetune": stage_summary(run / f"oc-{n}-{arm}" / lang / "finetune"),
-            "chat": _eval_only(run / f"oc-{n}-{arm}-chat" / lang),
+            "chat": _eval_only(run / f"oc-{n}-{arm}-chat" / lang) if chat else None,
         }
         for arm in arms
     ]
@@ -174,6 +182,7 @@ def recipe(rows: list[dict], arms: list[dict], spread: dict) -> list[dict]:
                 "d_alpha1": round(a[key]["alpha"][0] - base[key]["alpha"][0], 4),
             }
             for key in ("finetune", "chat")
+            if a[key] is not None
         }
         gain = d["finetune"]["d_tau"]
         out.append({"arm": a["arm"], **d, "beats_seed_spread": None if rng is None else gain > rng})
@@ -189,11 +198,18 @@ def arms_table(arms: list[dict], deltas: list[dict]) -> list[str]:
     for a, d in zip(arms, deltas):
         f, c = a["finetune"], a["chat"]
         beats = {None: "–", True: "yes", False: "no"}[d["beats_seed_spread"]]
+        chat = (
+            "– | –"
+            if c is None
+            else (
+                f"{c['tau']:.3f} ({d['chat']['d_tau']:+.3f}) | "
+                f"{c['alpha'][0]:.3f} ({d['chat']['d_alpha1']:+.3f})"
+            )
+        )
         lines.append(
             f"| {a['arm']} | {f['tau']:.3f} ({d['finetune']['d_tau']:+.3f}) | "
             f"{f['alpha'][0]:.3f} ({d['finetune']['d_alpha1']:+.3f}) | {f['alpha'][1]:.3f} | "
-            f"{_num(f.get('top1_teacher_forced'))} | {c['tau']:.3f} ({d['chat']['d_tau']:+.3f}) | "
-            f"{c['alpha'][0]:.3f} ({d['chat']['d_alpha1']:+.3f}) | {beats} |"
+            f"{_num(f.get('top1_teacher_forced'))} | {chat} | {beats} |"
         )
     return lines
 
@@ -248,7 +264,7 @@ def fit_table(rows: list[dict]) -> list[str]:
             f"| {r['answer_tokens']:,} | {r['seed']} | {f.get('epochs', '–')} | "
             f"{_num(f.get('train_top1_unseen'))} | {_num(f.get('train_top1_seen'))} | "
             f"{_num(r['finetune'].get('top1_teacher_forced'))} | "
-            f"{_num(r['chat'].get('top1_teacher_forced'))} |"
+            f"{_num((r['chat'] or {}).get('top1_teacher_forced'))} |"
         )
     return lines
 
@@ -266,6 +282,8 @@ def summary(rows: list[dict]) -> dict:
     xs = [r["answer_tokens"] for r in base]
     out = {}
     for key in ("finetune", "chat"):
+        if any(r[key] is None for r in base):
+            continue
         out[key] = {
             "tau_per_decade": round(slope_per_decade(xs, [r[key]["tau"] for r in base]), 4),
             "alpha1_per_decade": round(slope_per_decade(xs, [r[key]["alpha"][0] for r in base]), 4),
@@ -300,9 +318,14 @@ def table(rows: list[dict]) -> list[str]:
             f"**{f['tau']:.3f}** | "
             + " | ".join(f"{a:.3f}" for a in f["alpha"])
             + f" | {_num(f.get('top1_teacher_forced'))} | {_decoded_cells(dec.get('finetune'))} | "
-            f"**{c['tau']:.3f}** | "
-            + " | ".join(f"{a:.3f}" for a in c["alpha"])
-            + f" | {_num(c.get('top1_teacher_forced'))} | {_decoded_cells(dec.get('chat'))} |"
+            + (
+                " | ".join(["–"] * (k + 4))
+                if c is None
+                else f"**{c['tau']:.3f}** | "
+                + " | ".join(f"{a:.3f}" for a in c["alpha"])
+                + f" | {_num(c.get('top1_teacher_forced'))} | {_decoded_cells(dec.get('chat'))}"
+            )
+            + " |"
         )
     return lines
 
@@ -325,7 +348,9 @@ def plot(rows: list[dict], out: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     for key, label, mark in (("finetune", "24 held-out", "o"), ("chat", "32 chat held-out", "s")):
         for seed in sorted({r["seed"] for r in rows}):
-            pts = [r for r in rows if r["seed"] == seed]
+            pts = [r for r in rows if r["seed"] == seed and r[key] is not None]
+            if not pts:
+                continue
             x = [r["answer_tokens"] for r in pts]
             style = f"{mark}-" if seed == 0 else mark
             a.plot(x, [r[key]["tau"] for r in pts], style, label=f"{label}, seed {seed}")
@@ -358,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lang", default="en")
     t.add_argument("--ab-point", type=int, help="the point the recipe A/B's arms trained at")
     t.add_argument("--arms", default="", help="the A/B's arm names (oc-<ab-point>-<arm>/)")
+    t.add_argument(
+        "--no-chat",
+        dest="chat",
+        action="store_false",
+        help="the language has no second held-out set (heldout-chat.jsonl is English only)",
+    )
     a = ap.parse_args(argv)
     if a.cmd == "answers":
         for dst, n, total in answers_across(a.src, a.tokens):
@@ -367,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     points = [int(x) for x in a.points.replace(",", " ").split()]
     seeds = [int(x) for x in a.seeds.replace(",", " ").split()]
-    rows = collect(a.run, distill_rounds(a.run, a.lang), points, seeds, a.lang)
+    rows = collect(a.run, distill_rounds(a.run, a.lang), points, seeds, a.lang, a.chat)
     lines = table(rows)
     lines += ["", "Where the drafter stands (first draft's top-1):", "", *fit_table(rows)]
     result = {"run": str(a.run), "lang": a.lang, "points": rows, "summary": summary(rows)}
@@ -375,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     if names:
         if a.ab_point not in points:
             raise PolyspecError(f"--ab-point {a.ab_point} is not one of --points {points}")
-        arms = collect_arms(a.run, a.ab_point, names, a.lang)
+        arms = collect_arms(a.run, a.ab_point, names, a.lang, a.chat)
         deltas = recipe(rows, arms, result["summary"]["seed_spread"])
         result.update(recipe_ab=arms, recipe_vs_point=deltas)
         lines += ["", f"Recipe A/B at {a.ab_point:,} answer tokens:", "", *arms_table(arms, deltas)]

@@ -28,6 +28,10 @@
 #      ("name:override,override …"; an arm that changes the drafter's shape, eagle.num_layers, pretrains its own;
 #      `epochs*2` doubles the point's epochs), scored like a point;
 #   8. the table and plot (python -m pipelines.onpolicy_curve table).
+# Another target and language (issue 68's default-target points):
+#   R=runs/oc-gemma TARGET=gemma3-270m LANG_CODE=de TEMPS=0.0,0.7 MAX_NEW=112 POINTS="30000 300000" …
+# a language with no prompts in synth/data/heldout-chat.jsonl (English only) is scored on synth/data/heldout.jsonl
+# alone.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 R=${R:-runs/oc}
@@ -43,6 +47,8 @@ AB_POINT=${AB_POINT:-${POINTS##* }}
 # losses' acceptance loss (speculators' lk_hybrid), training-time test depth 4, a two-layer drafter
 ARMS=${ARMS:-lr5e-5:optim.lr=5e-5,epochs*2 lk:eagle.token_loss=lk_hybrid ttt4:eagle.ttt_steps=4 l2:eagle.num_layers=2}
 PRETRAIN_TOKENS=${PRETRAIN_TOKENS:-1000000}
+TEMPS=${TEMPS:-0.0,0.7,1.0}
+MAX_NEW=${MAX_NEW:-192}
 STEP=${STEP:-all}
 PY=${PY:-.venv/bin/python}
 ACC=${ACC:-.venv/bin/accelerate}
@@ -50,7 +56,9 @@ S=$R/synth
 say() { echo "[onpolicy-curve $(date +%H:%M:%S)] $*"; }
 
 distill=(--config configs/synth/distill.yaml --lang "$L" --target "$TARGET" --run "$R" capture_features=true
-         feature_layers=eagle3 seed=0 sampling.max_new_tokens=192 engine.batch_size=32)
+         feature_layers=eagle3 seed=0 "sampling.max_new_tokens=$MAX_NEW" engine.batch_size=32)
+chat=1  # the second held-out set has this language's prompts
+grep -q "\"lang\": \"$L\"" synth/data/heldout-chat.jsonl || chat=0
 read -r -a instr <<< "$N_INSTR"
 read -r -a ncorpus <<< "$N_CORPUS"
 (( ${#instr[@]} == ${#ncorpus[@]} )) || { echo "N_INSTR and N_CORPUS need one total per data round" >&2; exit 2; }
@@ -72,12 +80,12 @@ for i in "${!instr[@]}"; do
     --sources wordfreq,synth@0.5 --target "$TARGET" --run "$R" "mask_sizes=[8192,16384,32768]"
   say "3. the answers (round $r)"
   $PY -m synth distill "${distill[@]}" max_feature_gb=40 --prompts "$S/$L-prompts$sfx/prompts.jsonl" \
-    --out-name "distill$sfx" --temperatures 0.0,0.7,1.0
+    --out-name "distill$sfx" --temperatures "$TEMPS"
   srcs+=(--src "$S/$L-distill$sfx/data.jsonl")
 done
 say "4. the held-out answers"
 $PY -m synth distill "${distill[@]}" --prompts heldout --out-name heldout --temperatures 0
-$PY -m synth distill "${distill[@]}" --prompts heldout-chat --out-name heldout-chat --temperatures 0
+(( chat )) && $PY -m synth distill "${distill[@]}" --prompts heldout-chat --out-name heldout-chat --temperatures 0
 [[ $STEP == data ]] && exit 0
 
 say "5. corpus prefill, pretrain"
@@ -114,14 +122,14 @@ point() {  # point N SEED [ARM OVERRIDES…]
       "finetune.epochs=$ep" eval_every=100000 data.eval_max_examples=24 "${over[@]}"
   fi
   # the same final weights scored on the chat held-out set (32 prompts): an eval-only stage → $dir-chat/…/eval_only.json
-  [[ -f $R/$dir-chat/$L/finetune/eval_only.json ]] || \
+  (( chat )) && [[ ! -f $R/$dir-chat/$L/finetune/eval_only.json ]] && \
     $ACC launch "${train[@]}" "train_dir=$dir-chat" stage=finetune eval_only=true "init_from=$out/finetune/final" \
       "data.finetune=[$S/$L-heldout-chat/data.jsonl]" "data.eval_file=[$S/$L-heldout-chat/data.jsonl]" \
       data.eval_max_examples=32 "${over[@]}"
   # the decoder's own α and τ (chain γ 4) beside the training score, on each held-out set's captured answers
   [[ -n $arm ]] && return 0  # the A/B compares training scores
   local hs
-  for hs in heldout heldout-chat; do
+  for hs in heldout $( (( chat )) && echo heldout-chat); do
     [[ -f $out/finetune/score_check-$hs.json ]] || \
       $PY -m pipelines.score_check --run "$R" --target "$TARGET" --drafter "$out/finetune/final" --lang "$L" \
         --heldout "$S/$L-$hs/data.jsonl" --gamma 4
@@ -138,4 +146,4 @@ for a in $ARMS; do
 done
 say "8. the table"
 $PY -m pipelines.onpolicy_curve table --run "$R" --points "$POINTS" --seeds "$SEEDS" --lang "$L" \
-  --ab-point "$AB_POINT" --arms "${names[*]}"
+  --ab-point "$AB_POINT" --arms "${names[*]}" $( (( chat )) || echo --no-chat)

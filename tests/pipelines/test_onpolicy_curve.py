@@ -183,3 +183,26 @@ def test_the_recipe_arms_are_tabled_against_their_point_and_its_seed_spread(tmp_
     # without a second seed at the point the table cannot say
     deltas = oc.recipe(got["points"][:1], got["recipe_ab"][:1], {})
     assert deltas[0]["beats_seed_spread"] is None
+
+
+def test_a_language_without_the_chat_set_is_tabled_on_its_one_held_out_set(tmp_path):
+    run = tmp_path / "run"
+    _distill(run / "synth" / "de-distill", [100] * 30)
+    for n in (300, 3000):
+        oc.answers_prefix(run / "synth" / "de-distill" / "data.jsonl", n)
+    for name, tau in (("oc-300", 1.30), ("oc-3000", 1.50), ("oc-3000-lk", 1.45)):
+        _stage(run / name / "de" / "finetune", 900.0, 2.0, [(8, tau, [tau - 1, 0.1, 0.0, 0.0])], 10)
+    args = ["table", "--run", str(run), "--points", "300 3000", "--lang", "de"]
+    with pytest.raises(SystemExit):  # the chat set is expected by default
+        oc.main(args)
+    assert oc.main([*args, "--no-chat", "--ab-point", "3000", "--arms", "lk"]) == 0
+    got = json.loads((run / "onpolicy-curve.json").read_text())
+    assert [r["chat"] for r in got["points"]] == [None, None]
+    assert set(got["summary"]) == {"finetune", "seed_spread"}
+    assert got["summary"]["finetune"]["tau_per_decade"] == pytest.approx(0.2)
+    assert got["recipe_vs_point"][0]["finetune"]["d_tau"] == pytest.approx(-0.05)
+    md = (run / "onpolicy-curve.md").read_text()
+    row = "| 3,000 | 0 | 1,800 (8) | **1.500** | 0.500 | 0.100 | 0.000 | 0.000 | – | – | – |"
+    assert row + " – |" * 8 in md.splitlines()  # the chat set's eight cells empty
+    assert "| lk | 1.450 (-0.050) | 0.450 (-0.050) | 0.100 | – | – | – | – |" in md
+    assert (run / "onpolicy-curve.png").stat().st_size > 1000
