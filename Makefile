@@ -47,7 +47,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.polyspec-installed
 
-.PHONY: help setup setup-vllm check-vllm test test-all test-unit lint demo show-config check-lang check-langs corpus prefill synth vocab train export check-speculators check-llamacpp eval pf-study all clean-venv
+.PHONY: help setup setup-vllm check-vllm test test-all test-unit lint demo show-config check-lang check-langs corpus prefill synth vocab train export check-speculators check-llamacpp eval pf-study all chat-large clean-venv
 
 help:
 	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
@@ -64,6 +64,7 @@ help:
 	@echo "  make setup-vllm | make check-vllm RUN=...   the drafters served by vLLM (CPU build): plain vs eagle3 vs ngram"
 	@echo "  make pf-study LANG=vi [RECIPE=eagle-cpu]   pretrain→finetune vs finetune-only vs untrained"
 	@echo "  make all LANGS=vi,de,ja TARGET=... PROFILE=cpu-demo"
+	@echo "  make chat-large [RUN=...]   the chat target's drafter on 3M on-policy answer tokens (hours; resumable)"
 
 # The venv is (re)built whenever pyproject.toml changes; every target that runs Python depends on it.
 $(STAMP): pyproject.toml
@@ -277,6 +278,16 @@ all: $(STAMP)
 		$(if $(filter command line,$(origin TARGET)),--target $(TARGET)) \
 		$(if $(filter command line,$(origin RUN)),--run $(RUN)) \
 		$(if $(FROM),--from $(FROM)) $(if $(FORCE),--force) $(if $(DRY_RUN),--dry-run)
+
+# make chat-large [RUN=runs/chat-large]: the chat drafter of the on-policy curve's top point (issue 68;
+# docs/experiments.md): the target's answers in three rounds (ADASPEC Alg. 1 to 6,500 instructions, 1,400 corpus-paragraph
+# prompts, T 0 / 0.7 / 1.0), the 1M-token corpus pretrain, a finetune on the first 3M answer tokens, then its bundle
+# and polyspec's eval (ar, eagle3, pld, hybrid). Hours on 2 cores; rerun the same command to go on where it stopped.
+CHAT_LARGE_RUN = $(if $(filter command line,$(origin RUN)),$(RUN),runs/chat-large)
+chat-large: $(STAMP)
+	R=$(CHAT_LARGE_RUN) N_INSTR="1150 2400 6500" N_CORPUS="200 500 1400" POINTS=3000000 SEEDS= SEED_POINTS= ARMS= \
+		bash scripts/experiments/onpolicy-curve.sh
+	R=$(CHAT_LARGE_RUN) POINT=3000000 ENGINES=polyspec bash scripts/experiments/onpolicy-engines.sh
 
 clean-venv:
 	rm -rf $(VENV)
