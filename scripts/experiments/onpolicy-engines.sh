@@ -12,8 +12,8 @@
 #   3. vLLM (its own venv, make setup-vllm): plain, eagle3 at each VLLM_SWEEP length, vLLM's ngram; fp32, at each
 #      VLLM_BATCH size (default 1; VLLM_BATCH=1,16 adds the 16-prompt groups); outputs against plain
 #      (python -m engines.vllm) → <point>/vllm/ (batch 1) or <point>/vllm-b<sizes>/;
-#   4. llama.cpp: make check-llamacpp with the point's bundle (builds llama.cpp once; GGUFs, plain, the drafter, its
-#      n-gram mode) → <point>/llamacpp/.
+#   4. llama.cpp: make check-llamacpp with the point's bundle, the same prompts and length (builds llama.cpp once;
+#      GGUFs, plain, the drafter, its n-gram mode) → <point>/llamacpp/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 R=${R:-runs/oc}
@@ -52,7 +52,8 @@ for engine in $ENGINES; do
         --dtype float32 ;;
     llamacpp)
       say "4. llama.cpp"
-      [[ -f $P/llamacpp/llamacpp.json ]] || make -s check-llamacpp RUN="$P" BUNDLE="$B" TARGET="$TARGET" ;;
+      [[ -f $P/llamacpp/llamacpp.json ]] || make -s check-llamacpp RUN="$P" BUNDLE="$B" TARGET="$TARGET" \
+        LLAMACPP_PROMPTS="$PROMPTS" LLAMACPP_N="$N" ;;
     *) echo "unknown engine $engine (polyspec, vllm, llamacpp)" >&2; exit 2 ;;
   esac
 done
