@@ -57,8 +57,8 @@ say() { echo "[onpolicy-curve $(date +%H:%M:%S)] $*"; }
 
 distill=(--config configs/synth/distill.yaml --lang "$L" --target "$TARGET" --run "$R" capture_features=true
          feature_layers=eagle3 seed=0 "sampling.max_new_tokens=$MAX_NEW" engine.batch_size=32)
-chat=1  # the second held-out set has this language's prompts
-grep -q "\"lang\": \"$L\"" synth/data/heldout-chat.jsonl || chat=0
+# 1: the second held-out set has this language's prompts (read by its one reader, polyspec/heldout.py)
+chat=$($PY -c 'import sys; from polyspec.heldout import load_heldout_chat as c; print(int(bool(c(sys.argv[1]))))' "$L")
 read -r -a instr <<< "$N_INSTR"
 read -r -a ncorpus <<< "$N_CORPUS"
 (( ${#instr[@]} == ${#ncorpus[@]} )) || { echo "N_INSTR and N_CORPUS need one total per data round" >&2; exit 2; }
