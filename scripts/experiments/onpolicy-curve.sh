@@ -4,6 +4,7 @@
 #
 #   bash scripts/experiments/onpolicy-curve.sh              # every step; rerun the same command to go on
 #   R=runs/oc STEP=data bash scripts/experiments/onpolicy-curve.sh   # only the data (Alg. 1, prompts, answers)
+#   STEP=plan bash scripts/experiments/onpolicy-curve.sh              # print the settings and the finetunes, run nothing
 #
 # Steps, each skipped when its output is there (so a stopped run continues where it stopped; the synth steps
 # resume inside themselves with the same data as one uninterrupted run):
@@ -40,12 +41,13 @@ L=${LANG_CODE:-en}
 N_INSTR=${N_INSTR:-7000}
 N_CORPUS=${N_CORPUS:-1300}
 POINTS=${POINTS:-140000 300000 700000 1400000 3000000}
-SEEDS=${SEEDS:-1}
-SEED_POINTS=${SEED_POINTS:-140000 700000}
+# SEEDS, SEED_POINTS and ARMS: set but empty means none (make chat-large), unset the default
+SEEDS=${SEEDS-1}
+SEED_POINTS=${SEED_POINTS-140000 700000}
 AB_POINT=${AB_POINT:-${POINTS##* }}
 # EAGLE-3's own recipe (lr 5e-5, warmup, 0.8^i by draft position: eagle.ttt_decay's default, more epochs), LK
 # losses' acceptance loss (speculators' lk_hybrid), training-time test depth 4, a two-layer drafter
-ARMS=${ARMS:-lr5e-5:optim.lr=5e-5,epochs*2 lk:eagle.token_loss=lk_hybrid ttt4:eagle.ttt_steps=4 l2:eagle.num_layers=2}
+ARMS=${ARMS-lr5e-5:optim.lr=5e-5,epochs*2 lk:eagle.token_loss=lk_hybrid ttt4:eagle.ttt_steps=4 l2:eagle.num_layers=2}
 PRETRAIN_TOKENS=${PRETRAIN_TOKENS:-1000000}
 TEMPS=${TEMPS:-0.0,0.7,1.0}
 MAX_NEW=${MAX_NEW:-192}
@@ -54,6 +56,13 @@ PY=${PY:-.venv/bin/python}
 ACC=${ACC:-.venv/bin/accelerate}
 S=$R/synth
 say() { echo "[onpolicy-curve $(date +%H:%M:%S)] $*"; }
+if [[ $STEP == plan ]]; then
+  echo "run=$R target=$TARGET lang=$L temperatures=$TEMPS max_new=$MAX_NEW pretrain_tokens=$PRETRAIN_TOKENS"
+  echo "rounds: instructions=[$N_INSTR] corpus_prompts=[$N_CORPUS]"
+  echo "points=[$POINTS] seeds=[$SEEDS] seed_points=[$SEED_POINTS] ab_point=$AB_POINT arms=[$(for a in $ARMS; do printf "%s " "${a%%:*}"; done)]"
+  echo "finetunes: $(wc -w <<< "$POINTS") points + $(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$SEED_POINTS") )) seed runs + $(wc -w <<< "$ARMS") arms"
+  exit 0
+fi
 
 distill=(--config configs/synth/distill.yaml --lang "$L" --target "$TARGET" --run "$R" capture_features=true
          feature_layers=eagle3 seed=0 "sampling.max_new_tokens=$MAX_NEW" engine.batch_size=32)

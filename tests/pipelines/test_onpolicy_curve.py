@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from test_learning_curve import _stage
@@ -206,3 +209,24 @@ def test_a_language_without_the_chat_set_is_tabled_on_its_one_held_out_set(tmp_p
     assert row + " – |" * 8 in md.splitlines()  # the chat set's eight cells empty
     assert "| lk | 1.450 (-0.050) | 0.450 (-0.050) | 0.100 | – | – | – | – |" in md
     assert (run / "onpolicy-curve.png").stat().st_size > 1000
+
+
+def _plan(**env):
+    """The curve script's STEP=plan output under ``env`` (unset: the script's defaults)."""
+    script = Path(__file__).resolve().parents[2] / "scripts/experiments/onpolicy-curve.sh"
+    base = {k: v for k, v in os.environ.items() if k not in {"SEEDS", "SEED_POINTS", "ARMS"}}
+    out = subprocess.run(
+        ["bash", str(script)],
+        env={**base, **env, "STEP": "plan"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_the_curve_script_runs_no_seeds_or_arms_when_they_are_set_empty():
+    # make chat-large passes SEEDS= SEED_POINTS= ARMS=: empty means none, not the defaults
+    assert "0 seed runs + 0 arms" in _plan(SEEDS="", SEED_POINTS="", ARMS="", POINTS="3000000")
+    assert "seeds=[1] seed_points=[140000 700000]" in _plan()
+    assert "2 seed runs + 4 arms" in _plan()
