@@ -30,7 +30,7 @@
 #      `epochs*2` doubles the point's epochs), scored like a point;
 #   8. the table and plot (python -m pipelines.onpolicy_curve table).
 # Another target and language (issue 68's default-target points):
-#   R=runs/oc-gemma TARGET=gemma3-270m LANG_CODE=de TEMPS=0.0,0.7 MAX_NEW=112 POINTS="30000 300000" …
+#   R=runs/oc-gemma TARGET=gemma3-270m LANG_CODE=de TEMPS=0.0,0.7 MAX_NEW=112 DISTILL_BATCH=128 POINTS="30000 300000" …
 # a language with no prompts in synth/data/heldout-chat.jsonl (English only) is scored on synth/data/heldout.jsonl
 # alone.
 set -euo pipefail
@@ -51,13 +51,14 @@ ARMS=${ARMS-lr5e-5:optim.lr=5e-5,epochs*2 lk:eagle.token_loss=lk_hybrid ttt4:eag
 PRETRAIN_TOKENS=${PRETRAIN_TOKENS:-1000000}
 TEMPS=${TEMPS:-0.0,0.7,1.0}
 MAX_NEW=${MAX_NEW:-192}
+DISTILL_BATCH=${DISTILL_BATCH:-32}  # rows a distillation batch; Gemma-3 (262K head): 128, the profiles' own
 STEP=${STEP:-all}
 PY=${PY:-.venv/bin/python}
 ACC=${ACC:-.venv/bin/accelerate}
 S=$R/synth
 say() { echo "[onpolicy-curve $(date +%H:%M:%S)] $*"; }
 if [[ $STEP == plan ]]; then
-  echo "run=$R target=$TARGET lang=$L temperatures=$TEMPS max_new=$MAX_NEW pretrain_tokens=$PRETRAIN_TOKENS"
+  echo "run=$R target=$TARGET lang=$L temperatures=$TEMPS max_new=$MAX_NEW distill_batch=$DISTILL_BATCH pretrain_tokens=$PRETRAIN_TOKENS"
   echo "rounds: instructions=[$N_INSTR] corpus_prompts=[$N_CORPUS]"
   echo "points=[$POINTS] seeds=[$SEEDS] seed_points=[$SEED_POINTS] ab_point=$AB_POINT arms=[$(for a in $ARMS; do printf "%s " "${a%%:*}"; done)]"
   echo "finetunes: $(wc -w <<< "$POINTS") points + $(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$SEED_POINTS") )) seed runs + $(wc -w <<< "$ARMS") arms"
@@ -65,7 +66,7 @@ if [[ $STEP == plan ]]; then
 fi
 
 distill=(--config configs/synth/distill.yaml --lang "$L" --target "$TARGET" --run "$R" capture_features=true
-         feature_layers=eagle3 seed=0 "sampling.max_new_tokens=$MAX_NEW" engine.batch_size=32)
+         feature_layers=eagle3 seed=0 "sampling.max_new_tokens=$MAX_NEW" "engine.batch_size=$DISTILL_BATCH")
 # 1: the second held-out set has this language's prompts (read by its one reader, polyspec/heldout.py)
 chat=$($PY -c 'import sys; from polyspec.heldout import load_heldout_chat as c; print(int(bool(c(sys.argv[1]))))' "$L")
 read -r -a instr <<< "$N_INSTR"
