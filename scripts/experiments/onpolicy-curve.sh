@@ -4,7 +4,7 @@
 #
 #   bash scripts/experiments/onpolicy-curve.sh              # every step; rerun the same command to go on
 #   R=runs/oc STEP=data bash scripts/experiments/onpolicy-curve.sh   # only the data (Alg. 1, prompts, answers)
-#   STEP=plan bash scripts/experiments/onpolicy-curve.sh              # print the settings and the finetunes, run nothing
+#   STEP=plan bash scripts/experiments/onpolicy-curve.sh   # print the settings and the finetunes, run nothing
 #
 # Steps, each skipped when its output is there (so a stopped run continues where it stopped; the synth steps
 # resume inside themselves with the same data as one uninterrupted run):
@@ -30,7 +30,8 @@
 #      `epochs*2` doubles the point's epochs), scored like a point;
 #   8. the table and plot (python -m pipelines.onpolicy_curve table).
 # Another target and language (issue 68's default-target points):
-#   R=runs/oc-gemma TARGET=gemma3-270m LANG_CODE=de TEMPS=0.0,0.7 MAX_NEW=112 DISTILL_BATCH=128 POINTS="30000 300000" …
+#   R=runs/oc-gemma TARGET=gemma3-270m LANG_CODE=de TEMPS=0.0,0.7 MAX_NEW=112 DISTILL_BATCH=128 N_INSTR=1200 \
+#     N_CORPUS=300 POINTS="23000 230000" SEEDS= SEED_POINTS= ARMS= PRETRAIN_TOKENS=500000   (docs/experiments.md)
 # a language with no prompts in synth/data/heldout-chat.jsonl (English only) is scored on synth/data/heldout.jsonl
 # alone.
 set -euo pipefail
@@ -58,10 +59,12 @@ ACC=${ACC:-.venv/bin/accelerate}
 S=$R/synth
 say() { echo "[onpolicy-curve $(date +%H:%M:%S)] $*"; }
 if [[ $STEP == plan ]]; then
-  echo "run=$R target=$TARGET lang=$L temperatures=$TEMPS max_new=$MAX_NEW distill_batch=$DISTILL_BATCH pretrain_tokens=$PRETRAIN_TOKENS"
-  echo "rounds: instructions=[$N_INSTR] corpus_prompts=[$N_CORPUS]"
-  echo "points=[$POINTS] seeds=[$SEEDS] seed_points=[$SEED_POINTS] ab_point=$AB_POINT arms=[$(for a in $ARMS; do printf "%s " "${a%%:*}"; done)]"
-  echo "finetunes: $(wc -w <<< "$POINTS") points + $(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$SEED_POINTS") )) seed runs + $(wc -w <<< "$ARMS") arms"
+  echo "run=$R target=$TARGET lang=$L temperatures=$TEMPS max_new=$MAX_NEW distill_batch=$DISTILL_BATCH"
+  echo "rounds: instructions=[$N_INSTR] corpus_prompts=[$N_CORPUS] pretrain_tokens=$PRETRAIN_TOKENS"
+  arm_names=$(for a in $ARMS; do printf "%s " "${a%%:*}"; done)
+  echo "points=[$POINTS] seeds=[$SEEDS] seed_points=[$SEED_POINTS] ab_point=$AB_POINT arms=[${arm_names% }]"
+  n_seed_runs=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$SEED_POINTS") ))
+  echo "finetunes: $(wc -w <<< "$POINTS") points + $n_seed_runs seed runs + $(wc -w <<< "$ARMS") arms"
   exit 0
 fi
 
