@@ -49,6 +49,8 @@ AB_POINT=${AB_POINT:-${POINTS##* }}
 # EAGLE-3's own recipe (lr 5e-5, warmup, 0.8^i by draft position: eagle.ttt_decay's default, more epochs), LK
 # losses' acceptance loss (speculators' lk_hybrid), training-time test depth 4, a two-layer drafter
 ARMS=${ARMS-lr5e-5:optim.lr=5e-5,epochs*2 lk:eagle.token_loss=lk_hybrid ttt4:eagle.ttt_steps=4 l2:eagle.num_layers=2}
+names=()  # the arms' names (oc-<ab-point>-<name>/)
+for a in $ARMS; do names+=("${a%%:*}"); done
 PRETRAIN_TOKENS=${PRETRAIN_TOKENS:-1000000}
 TEMPS=${TEMPS:-0.0,0.7,1.0}
 MAX_NEW=${MAX_NEW:-192}
@@ -61,10 +63,9 @@ say() { echo "[onpolicy-curve $(date +%H:%M:%S)] $*"; }
 if [[ $STEP == plan ]]; then
   echo "run=$R target=$TARGET lang=$L temperatures=$TEMPS max_new=$MAX_NEW distill_batch=$DISTILL_BATCH"
   echo "rounds: instructions=[$N_INSTR] corpus_prompts=[$N_CORPUS] pretrain_tokens=$PRETRAIN_TOKENS"
-  arm_names=$(for a in $ARMS; do printf "%s " "${a%%:*}"; done)
-  echo "points=[$POINTS] seeds=[$SEEDS] seed_points=[$SEED_POINTS] ab_point=$AB_POINT arms=[${arm_names% }]"
+  echo "points=[$POINTS] seeds=[$SEEDS] seed_points=[$SEED_POINTS] ab_point=$AB_POINT arms=[${names[*]}]"
   n_seed_runs=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$SEED_POINTS") ))
-  echo "finetunes: $(wc -w <<< "$POINTS") points + $n_seed_runs seed runs + $(wc -w <<< "$ARMS") arms"
+  echo "finetunes: $(wc -w <<< "$POINTS") points + $n_seed_runs seed runs + ${#names[@]} arms"
   exit 0
 fi
 
@@ -150,12 +151,10 @@ point() {  # point N SEED [ARM OVERRIDES…]
 }
 for n in $POINTS; do point "$n" 0; done
 for s in $SEEDS; do for n in $SEED_POINTS; do point "$n" "$s"; done; done
-names=()
 for a in $ARMS; do
   say "7. recipe A/B at $AB_POINT: ${a%%:*}"
   IFS=, read -r -a o <<< "${a#*:}"
   point "$AB_POINT" 0 "${a%%:*}" "${o[@]}"
-  names+=("${a%%:*}")
 done
 say "8. the table"
 $PY -m pipelines.onpolicy_curve table --run "$R" --points "$POINTS" --seeds "$SEEDS" --lang "$L" \
