@@ -47,7 +47,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.polyspec-installed
 
-.PHONY: help setup setup-vllm check-vllm test test-all test-unit lint demo show-config check-lang check-langs corpus prefill synth vocab train export check-speculators check-llamacpp eval pf-study all chat-large clean-venv
+.PHONY: help setup setup-vllm check-vllm test test-all test-unit lint demo show-config check-lang check-langs corpus prefill synth vocab train export check-speculators check-llamacpp eval pf-study all chat-large chat-large-pack clean-venv
 
 help:
 	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
@@ -65,6 +65,7 @@ help:
 	@echo "  make pf-study LANG=vi [RECIPE=eagle-cpu]   pretrain→finetune vs finetune-only vs untrained"
 	@echo "  make all LANGS=vi,de,ja TARGET=... PROFILE=cpu-demo"
 	@echo "  make chat-large [RUN=...]   the chat target's drafter on 3M on-policy answer tokens (hours; resumable)"
+	@echo "  make chat-large-pack [RUN=...]   its data (text + token ids) into $(CHAT_LARGE_PACKS), for an empty disk"
 
 # The venv is (re)built whenever pyproject.toml changes; every target that runs Python depends on it.
 $(STAMP): pyproject.toml
@@ -281,13 +282,20 @@ all: $(STAMP)
 
 # make chat-large [RUN=runs/chat-large]: the chat drafter of the on-policy curve's top point (issue 68;
 # docs/experiments.md): the target's answers in three rounds (ADASPEC Alg. 1 to 6,500 instructions, 1,400 corpus-paragraph
-# prompts, T 0 / 0.7 / 1.0), the 1M-token corpus pretrain, a finetune on the first 3M answer tokens, then its bundle
-# and polyspec's eval (ar, eagle3, pld, hybrid). Hours on 2 cores; rerun the same command to go on where it stopped.
+# prompts, T 0 / 0.7 / 1.0, 128-row batches), the 1M-token corpus pretrain, a finetune on the first 3M answer tokens,
+# then its bundle and polyspec's eval (ar, eagle3, pld, hybrid). Hours on 2 cores; rerun the same command to go on
+# where it stopped. `make chat-large-pack` packs the run's data (text and token ids) into $(CHAT_LARGE_PACKS), which a
+# run on an empty disk unpacks first, its features made again by the target's prefill.
 CHAT_LARGE_RUN = $(if $(filter command line,$(origin RUN)),$(RUN),runs/chat-large)
+CHAT_LARGE_PACKS = synth/data/packs/chat-large
 chat-large: $(STAMP)
 	R=$(CHAT_LARGE_RUN) N_INSTR="1150 2400 6500" N_CORPUS="200 500 1400" POINTS=3000000 SEEDS= SEED_POINTS= ARMS= \
-		bash scripts/experiments/onpolicy-curve.sh
+		DISTILL_BATCH=128 PACKS=$(CHAT_LARGE_PACKS) bash scripts/experiments/onpolicy-curve.sh
 	R=$(CHAT_LARGE_RUN) POINT=3000000 ENGINES=polyspec bash scripts/experiments/onpolicy-engines.sh
+
+chat-large-pack: $(STAMP)
+	$(PY) -m synth pack --run $(CHAT_LARGE_RUN) $(wildcard $(CHAT_LARGE_RUN)/synth/* $(CHAT_LARGE_RUN)/vocab) \
+		--out $(CHAT_LARGE_PACKS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -5,6 +5,8 @@ self-distillation).
         [key=value ...]
     python -m synth distill --lang vi [--prompts seeds|file.jsonl|org/dataset]
         [--temperatures 0,0.3,0.7,1]
+    python -m synth pack --run R R/synth/<folder> R/vocab … --out DIR   # text + ids, no features
+    python -m synth unpack DIR/*.tar.xz --run R                # back, features by prefill
 
 Trailing ``key.path=value`` arguments override the YAML config (``instruction.max_new_tokens=64``).
 Exit status: 0 when N pairs are kept, 3 when the attempt budget ran out first (what was kept stays).
@@ -48,6 +50,43 @@ def _overrides(args: argparse.Namespace, extra: dict[str, str]) -> list[str]:
         **extra,
     }
     return [f"{k}={v}" for k, v in flags.items() if v is not None] + list(args.overrides)
+
+
+def _packs(argv: list[str]) -> int:
+    """``pack`` / ``unpack`` (synth/pack.py)."""
+    from synth import pack
+
+    ap = argparse.ArgumentParser(
+        prog=f"python -m synth {argv[0]}", description=pack.__doc__.splitlines()[0]
+    )
+    if argv[0] == "pack":
+        ap.add_argument("folders", nargs="+", help="folders inside the run (<run>/synth/en)")
+        ap.add_argument("--run", required=True)
+        ap.add_argument("--out", required=True, help="folder of the packs")
+        a = ap.parse_args(argv[1:])
+        for f in a.folders:
+            p = pack.pack(f, a.run, a.out)
+            print(f"{p}: {p.stat().st_size / 2**20:.1f} MiB")
+        return 0
+    ap.add_argument("packs", nargs="+", help="<folder>.tar.xz")
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--target", help="default: the one named in the packed shards")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument(
+        "--dtype", default=None, help="the target's dtype (default: its registry entry's)"
+    )
+    a = ap.parse_args(argv[1:])
+    folders = [pack.unpack(p, a.run) for p in a.packs]
+    todo = [f for f in folders if pack.ids_only_shards(f)]
+    if not todo:
+        print(f"synth unpack: {len(folders)} folders under {a.run}/synth, every feature there")
+        return 0
+    from polyspec.targets import load_target
+
+    target = load_target(a.target or pack.target_of(todo[0]), device=a.device, dtype=a.dtype)
+    for f in todo:
+        print(json.dumps(pack.refill(f, target)))
+    return 0
 
 
 @cli_entry
@@ -106,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(report, indent=2, ensure_ascii=False))
         return 0
+    if argv[:1] in (["pack"], ["unpack"]):
+        return _packs(argv)
     ap = argparse.ArgumentParser(prog="python -m synth", description=SynthConfig.__doc__)
     _common(ap)
     ap.add_argument("--n", type=int)

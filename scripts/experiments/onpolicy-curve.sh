@@ -6,6 +6,9 @@
 #   R=runs/oc STEP=data bash scripts/experiments/onpolicy-curve.sh   # only the data (Alg. 1, prompts, answers)
 #   STEP=plan bash scripts/experiments/onpolicy-curve.sh   # print the settings and the finetunes, run nothing
 #
+# PACKS=<folder>: the run's synth folders as packs (python -m synth pack: text and token ids, no features, small
+# enough to keep in the repository), unpacked first where the run lacks them, their features made again by the
+# target's prefill — how the data outlives a disk that is not kept between sessions.
 # Steps, each skipped when its output is there (so a stopped run continues where it stopped; the synth steps
 # resume inside themselves with the same data as one uninterrupted run):
 #   1. ADASPEC Alg. 1 at scale: N_INSTR instructions by the target, rotating few-shot prompts, near-duplicates out;
@@ -56,6 +59,7 @@ TEMPS=${TEMPS:-0.0,0.7,1.0}
 MAX_NEW=${MAX_NEW:-192}
 DISTILL_BATCH=${DISTILL_BATCH:-32}  # rows a distillation batch; Gemma-3 (262K head): 128, the profiles' own
 STEP=${STEP:-all}
+PACKS=${PACKS:-}
 PY=${PY:-.venv/bin/python}
 ACC=${ACC:-.venv/bin/accelerate}
 S=$R/synth
@@ -63,12 +67,17 @@ say() { echo "[onpolicy-curve $(date +%H:%M:%S)] $*"; }
 if [[ $STEP == plan ]]; then
   echo "run=$R target=$TARGET lang=$L temperatures=$TEMPS max_new=$MAX_NEW distill_batch=$DISTILL_BATCH"
   echo "rounds: instructions=[$N_INSTR] corpus_prompts=[$N_CORPUS] pretrain_tokens=$PRETRAIN_TOKENS"
+  [[ -n $PACKS ]] && echo "packs: $(find "$PACKS" -name '*.tar.xz' 2>/dev/null | wc -l) in $PACKS"
   echo "points=[$POINTS] seeds=[$SEEDS] seed_points=[$SEED_POINTS] ab_point=$AB_POINT arms=[${names[*]}]"
   n_seed_runs=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$SEED_POINTS") ))
   echo "finetunes: $(wc -w <<< "$POINTS") points + $n_seed_runs seed runs + ${#names[@]} arms"
   exit 0
 fi
 
+if [[ -n $PACKS ]] && compgen -G "$PACKS/*.tar.xz" > /dev/null; then
+  say "0. the packed data ($PACKS)"
+  $PY -m synth unpack "$PACKS"/*.tar.xz --run "$R" --target "$TARGET"
+fi
 distill=(--config configs/synth/distill.yaml --lang "$L" --target "$TARGET" --run "$R" capture_features=true
          feature_layers=eagle3 seed=0 "sampling.max_new_tokens=$MAX_NEW" "engine.batch_size=$DISTILL_BATCH")
 # 1: the second held-out set has this language's prompts (read by its one reader, polyspec/heldout.py)

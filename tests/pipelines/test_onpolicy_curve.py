@@ -230,3 +230,9 @@ def test_the_curve_script_runs_no_seeds_or_arms_when_they_are_set_empty():
     assert "0 seed runs + 0 arms" in _plan(SEEDS="", SEED_POINTS="", ARMS="", POINTS="3000000")
     assert "seeds=[1] seed_points=[140000 700000]" in _plan()
     assert "2 seed runs + 4 arms" in _plan()
+
+
+def test_the_curve_script_names_the_packs_it_unpacks_first(tmp_path):
+    (tmp_path / "synth+en.tar.xz").write_bytes(b"")
+    assert f"packs: 1 in {tmp_path}" in _plan(PACKS=str(tmp_path))
+    assert "packs:" not in _plan()
