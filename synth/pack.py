@@ -53,18 +53,11 @@ def pack(folder: str | Path, run: str | Path, out_dir: str | Path) -> Path:
         raise PolyspecError(f"{folder} is not inside the run {run}") from None
     # the commit point first: every shard a committed record names is on disk by then
     first = [folder / "progress.json"] if (folder / "progress.json").is_file() else []
-    text = [
-        *folder.glob("*.json"),
-        *folder.glob("*.jsonl"),
-        *folder.glob("*/*.json"),
-        *folder.glob("*/*.jsonl"),
-    ]
+    shards = set(folder.glob("features/*.safetensors"))
+    rest = {p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")}
     members = [
-        (p.relative_to(folder).as_posix(), p.read_bytes())
-        for p in first + sorted(set(text) - set(first))
-    ]
-    members += [
-        (f"features/{p.name}", _ids_only(p)) for p in sorted(folder.glob("features/*.safetensors"))
+        (p.relative_to(folder).as_posix(), _ids_only(p) if p in shards else p.read_bytes())
+        for p in first + sorted(rest - set(first))
     ]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:xz", format=tarfile.PAX_FORMAT) as tar:

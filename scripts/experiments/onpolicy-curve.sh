@@ -98,8 +98,8 @@ for i in "${!instr[@]}"; do
     --corpus "${ncorpus[$i]}" --out-name "prompts$sfx" "${earlier[@]}"
   earlier+=(--exclude "$S/$L-prompts$sfx/prompts.jsonl")
   # one vocabulary for every point, from data none of them trains on (wordfreq + the Alg. 1 pairs), made before
-  # the answers exist
-  [[ -f $R/vocab/DONE.json ]] || $PY -m vocab --config configs/vocab/default.yaml --langs "$L" \
+  # the answers exist (summary.json: what `python -m vocab` writes last)
+  [[ -f $R/vocab/summary.json ]] || $PY -m vocab --config configs/vocab/default.yaml --langs "$L" \
     --sources wordfreq,synth@0.5 --target "$TARGET" --run "$R" "mask_sizes=[8192,16384,32768]"
   say "3. the answers (round $r)"
   $PY -m synth distill "${distill[@]}" max_feature_gb=40 --prompts "$S/$L-prompts$sfx/prompts.jsonl" \

@@ -123,11 +123,13 @@ def test_folders_without_features_pack_with_their_subfolders_and_stay_in_the_run
     (run / "vocab" / "en").mkdir(parents=True)
     (run / "vocab" / "DONE.json").write_text("{}")
     (run / "vocab" / "en" / "ranked.json").write_text("[1, 2]")
+    (run / "vocab" / "en.safetensors").write_bytes(b"\x00\x01 not only text")
     p = pack.pack(run / "vocab", run, tmp_path / "packs")
     assert p.name == "vocab.tar.xz"
     shutil.rmtree(run / "vocab")
     out = pack.unpack(p, run)
     assert out == run / "vocab" and (out / "en" / "ranked.json").read_text() == "[1, 2]"
+    assert (out / "en.safetensors").read_bytes() == b"\x00\x01 not only text", "every file"
     assert not pack.ids_only_shards(out) and [x.name for x in run.iterdir()] == ["vocab"]
     with pytest.raises(PolyspecError, match="is not inside the run"):
         pack.pack(run / "vocab", tmp_path / "other", tmp_path / "packs")
