@@ -79,7 +79,7 @@ def _packs(argv: list[str]) -> int:
     folders = [pack.unpack(p, a.run) for p in a.packs]
     todo = [f for f in folders if pack.ids_only_shards(f)]
     if not todo:
-        print(f"synth unpack: {len(folders)} folders under {a.run}/synth, every feature there")
+        print(f"synth unpack: {len(folders)} folders under {a.run}, every feature there")
         return 0
     from polyspec.targets import load_target
 
