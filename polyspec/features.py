@@ -122,6 +122,10 @@ class FeatureReader:
         raw = (self._file(path).metadata() or {}).get("aux_layers")
         return json.loads(raw) if raw and raw != "None" else None
 
+    def records(self, path: str) -> list[str]:
+        """The record ids the shard holds, sorted."""
+        return sorted(k[: -len(".ids")] for k in self._file(path).keys() if k.endswith(".ids"))
+
     def ids(self, path: str, rid: str) -> tuple[list[int], int]:
         return self.get(path, rid, "ids").tolist(), int(self.get(path, rid, "start")[0])
 

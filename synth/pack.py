@@ -35,7 +35,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from polyspec.errors import PolyspecError
-from polyspec.features import prefill_features, write_shard
+from polyspec.features import FeatureReader, prefill_features, write_shard
 from polyspec.io import atomic_write_bytes, canonical_safetensors
 
 SUFFIX = ".tar.xz"
@@ -115,31 +115,23 @@ def ids_only_shards(folder: str | Path) -> list[Path]:
 def refill(folder: str | Path, target: Any, batch_tokens: int = 4096) -> dict:
     """Every ids-only shard of ``folder`` with its features from the target's prefill; figures."""
     shards = ids_only_shards(folder)
+    reader = FeatureReader(target.spec.name, target.tokenizer_sha256)
     tokens, t0 = 0, time.perf_counter()
     for p in tqdm(shards, desc=f"features {Path(folder).name}", unit="shard", dynamic_ncols=True):
-        with safe_open(str(p), framework="pt") as h:
-            meta = h.metadata() or {}
-            ids = {
-                k[: -len(".ids")]: h.get_tensor(k).tolist() for k in h.keys() if k.endswith(".ids")
-            }
-            start = {
-                k[: -len(".start")]: int(h.get_tensor(k)[0])
-                for k in h.keys()
-                if k.endswith(".start")
-            }
-        if (
-            meta.get("target") != target.spec.name
-            or meta.get("tokenizer") != target.tokenizer_sha256
-        ):
-            raise PolyspecError(
-                f"{p}: ids of target {meta.get('target')!r}, not {target.spec.name!r}"
-            )
-        aux = json.loads(meta.get("aux_layers") or "null")
-        rids = sorted(ids)
-        feats = prefill_features(target, [ids[r] for r in rids], aux, batch_tokens)
-        rows = {r: {"ids": ids[r], "start": start[r], **f} for r, f in zip(rids, feats)}
+        path = str(p)
+        aux = reader.aux_layers(path)  # the reader refuses another target's ids
+        rids = reader.records(path)
+        seqs = {r: reader.ids(path, r) for r in rids}
+        feats = prefill_features(target, [seqs[r][0] for r in rids], aux, batch_tokens)
+        rows = {r: {"ids": seqs[r][0], "start": seqs[r][1], **f} for r, f in zip(rids, feats)}
+        # the header distillation writes
+        meta = {
+            "target": reader.target,
+            "tokenizer": reader.tokenizer,
+            "aux_layers": json.dumps(aux),
+        }
         write_shard(p, rows, meta)
-        tokens += sum(len(ids[r]) for r in rids)
+        tokens += sum(len(seqs[r][0]) for r in rids)
     seconds = time.perf_counter() - t0
     return {
         "folder": str(folder),
