@@ -4,6 +4,7 @@ the references scale: EAGLE-3's scaling figure; "Scylla", arXiv 2505.07858). Col
 
     python -m pipelines.onpolicy_curve answers --src R/synth/en-distill/data.jsonl --tokens 140000
     python -m pipelines.onpolicy_curve table --run R --points "140000 300000 ..." [--seeds "1"]
+    python -m pipelines.onpolicy_curve merge --curve R1/onpolicy-curve.json --curve R2/… --out P
 
 ``answers`` writes a point's share of the distilled answers: the first prompts of the (shuffled)
 prompt set, all of their temperatures, up to N answer tokens, as ``data-<N>.jsonl`` beside the
@@ -27,7 +28,9 @@ least-squares fit of τ and α₁ against log₁₀ tokens over the seed-0 point
 their range at a point. Beside each point, where its drafter stands (``fit``): the first draft's
 training top-1 on answers not yet seen and on answers seen before, next to the held-out top-1 — a
 data-limited drafter fits seen answers far better than unseen ones, a capacity-limited one fits
-neither. Writes ``<run>/onpolicy-curve.json``, ``.md`` and ``.png``.
+neither. Writes ``<run>/onpolicy-curve.json``, ``.md`` and ``.png``, the json with the curve's
+``label`` (``--label``, default this host's kind). ``merge`` pools several runs' curves (one
+continued in another run, on another disk or host) into one table, slope and plot, a series each.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import sys
 from pathlib import Path
 
 from pipelines.learning_curve import stage_summary
+from polyspec.device import host_kind
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none, read_jsonl
 
@@ -339,28 +343,54 @@ def _num(x: float | None) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
-def plot(rows: list[dict], out: Path) -> None:
+def plot(curves: list[tuple[str, list[dict]]], out: Path) -> None:
+    """τ and α₁ against answer tokens: one series a (curve, held-out set, seed); a curve's label
+    names it in the legend where there are several."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for key, label, mark in (("finetune", "24 held-out", "o"), ("chat", "32 chat held-out", "s")):
-        for seed in sorted({r["seed"] for r in rows}):
-            pts = [r for r in rows if r["seed"] == seed and r[key] is not None]
-            if not pts:
-                continue
-            x = [r["answer_tokens"] for r in pts]
-            style = f"{mark}-" if seed == 0 else mark
-            a.plot(x, [r[key]["tau"] for r in pts], style, label=f"{label}, seed {seed}")
-            b.plot(x, [r[key]["alpha"][0] for r in pts], style, label=f"{label}, seed {seed}")
+    for name, rows in curves:
+        for key, label, mark in (
+            ("finetune", "24 held-out", "o"),
+            ("chat", "32 chat held-out", "s"),
+        ):
+            for seed in sorted({r["seed"] for r in rows}):
+                pts = [r for r in rows if r["seed"] == seed and r[key] is not None]
+                if not pts:
+                    continue
+                x = [r["answer_tokens"] for r in pts]
+                style = f"{mark}-" if seed == 0 else mark
+                tag = (
+                    f"{name}: {label}, seed {seed}" if len(curves) > 1 else f"{label}, seed {seed}"
+                )
+                a.plot(x, [r[key]["tau"] for r in pts], style, label=tag)
+                b.plot(x, [r[key]["alpha"][0] for r in pts], style, label=tag)
     a.set(xscale="log", xlabel="on-policy answer tokens", ylabel="τ (chain γ 4, final weights)")
     b.set(xscale="log", xlabel="on-policy answer tokens", ylabel="α₁")
-    a.legend(fontsize=7)
+    a.legend(fontsize=6 if len(curves) > 1 else 7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def merge(paths: list[Path]) -> tuple[list[tuple[str, list[dict]]], list[dict]]:
+    """Several runs' ``onpolicy-curve.json`` (a curve continued on another machine or another draw
+    of the same recipe's data) → the curves, each under its label, and their points pooled in
+    token order, which the slope and the table read as one curve."""
+    curves = []
+    for path in paths:
+        rec = read_json_or_none(path)
+        if rec is None:
+            raise PolyspecError(f"{path}: no such curve (python -m pipelines.onpolicy_curve table)")
+        curves.append((rec.get("label") or rec["run"], rec["points"]))
+    pooled = sorted(
+        (dict(r, curve=name) for name, rows in curves for r in rows),
+        key=lambda r: (r["answer_tokens"], r["seed"]),
+    )
+    return curves, pooled
 
 
 @cli_entry
@@ -383,13 +413,30 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lang", default="en")
     t.add_argument("--ab-point", type=int, help="the point the recipe A/B's arms trained at")
     t.add_argument("--arms", default="", help="the A/B's arm names (oc-<ab-point>-<arm>/)")
+    t.add_argument("--label", help="the curve's name in a merged plot (default: this host's kind)")
     t.add_argument(
         "--no-chat",
         dest="chat",
         action="store_false",
         help="the language has no second held-out set (heldout-chat.jsonl is English only)",
     )
+    m = sub.add_parser("merge", help="several runs' onpolicy-curve.json → one table, slope, plot")
+    m.add_argument("--curve", required=True, type=Path, action="append", help="a run's curve")
+    m.add_argument("--out", required=True, type=Path, help="PREFIX → PREFIX.json, .md, .png")
     a = ap.parse_args(argv)
+    if a.cmd == "merge":
+        curves, pooled = merge(a.curve)
+        lines = table(pooled) + ["", "Curves:", ""]
+        for name, rows in curves:
+            lines.append(f"- {name}: " + ", ".join(f"{r['answer_tokens']:,}" for r in rows))
+        result = {"curves": [str(p) for p in a.curve], "points": pooled, "summary": summary(pooled)}
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(a.out.with_suffix(".json"), result)
+        atomic_write_text(a.out.with_suffix(".md"), "\n".join(lines) + "\n")
+        plot(curves, a.out.with_suffix(".png"))
+        print("\n".join(lines))
+        print(json.dumps(result["summary"], indent=2))
+        return 0
     if a.cmd == "answers":
         for dst, n, total in answers_across(a.src, a.tokens):
             say = f"[onpolicy-curve] {dst}: {n:,} answers, {total:,} answer tokens"
@@ -401,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = collect(a.run, distill_rounds(a.run, a.lang), points, seeds, a.lang, a.chat)
     lines = table(rows)
     lines += ["", "Where the drafter stands (first draft's top-1):", "", *fit_table(rows)]
-    result = {"run": str(a.run), "lang": a.lang, "points": rows, "summary": summary(rows)}
+    label = a.label or host_kind()
+    result = {"run": str(a.run), "label": label, "lang": a.lang, "points": rows}
+    result["summary"] = summary(rows)
     names = a.arms.replace(",", " ").split()
     if names:
         if a.ab_point not in points:
@@ -412,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", f"Recipe A/B at {a.ab_point:,} answer tokens:", "", *arms_table(arms, deltas)]
     atomic_write_json(a.run / "onpolicy-curve.json", result)
     atomic_write_text(a.run / "onpolicy-curve.md", "\n".join(lines) + "\n")
-    plot(rows, a.run / "onpolicy-curve.png")
+    plot([(label, rows)], a.run / "onpolicy-curve.png")
     print("\n".join(lines))
     print(json.dumps(result["summary"], indent=2))
     return 0

@@ -188,6 +188,42 @@ def test_the_recipe_arms_are_tabled_against_their_point_and_its_seed_spread(tmp_
     assert deltas[0]["beats_seed_spread"] is None
 
 
+def test_merge_pools_two_runs_curves_into_one_slope_table_and_plot(tmp_path, capsys):
+    # a curve continued in a second run (another disk or host): its top point pooled with the first
+    files = []
+    for name, points in (("a", {300: 1.40, 1200: 1.50}), ("b", {4800: 1.60})):
+        run = tmp_path / name
+        _distill(run / "synth" / "en-distill", [100] * 60)
+        for n, tau in points.items():
+            oc.answers_prefix(run / "synth" / "en-distill" / "data.jsonl", n)
+            _point(run, f"oc-{n}", tau)
+        args = ["table", "--run", str(run), "--points", " ".join(map(str, points))]
+        assert oc.main([*args, "--label", f"host {name}"]) == 0
+        files.append(run / "onpolicy-curve.json")
+    got = json.loads(files[0].read_text())
+    assert got["label"] == "host a"
+    out = tmp_path / "docs" / "merged"
+    curves = ["--curve", str(files[1]), "--curve", str(files[0])]
+    assert oc.main(["merge", *curves, "--out", str(out)]) == 0
+    merged = json.loads(out.with_suffix(".json").read_text())
+    assert [(r["answer_tokens"], r["curve"]) for r in merged["points"]] == [
+        (300, "host a"),
+        (1200, "host a"),
+        (4800, "host b"),
+    ]
+    # 1.40 → 1.50 → 1.60 at ×4 steps: one least-squares line through all three points
+    slope = merged["summary"]["finetune"]["tau_per_decade"]
+    assert slope == pytest.approx(0.1 / math.log10(4), abs=1e-4)
+    md = out.with_suffix(".md").read_text()
+    assert "| 4,800 | 0 | 1,800 (8) | **1.600** |" in md
+    assert "- host b: 4,800" in md and "- host a: 300, 1,200" in md
+    assert out.with_suffix(".png").stat().st_size > 1000
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        oc.main(["merge", "--curve", str(tmp_path / "none.json"), "--out", str(out)])
+    assert "none.json: no such curve" in capsys.readouterr().err
+
+
 def test_a_language_without_the_chat_set_is_tabled_on_its_one_held_out_set(tmp_path):
     run = tmp_path / "run"
     _distill(run / "synth" / "de-distill", [100] * 30)
