@@ -344,34 +344,48 @@ def _num(x: float | None) -> str:
 
 
 def plot(curves: list[tuple[str, list[dict]]], out: Path) -> None:
-    """τ and α₁ against answer tokens: one series a (curve, held-out set, seed); a curve's label
-    names it in the legend where there are several."""
+    """τ and α₁ against answer tokens: a colour a held-out set, a marker a curve (its label in the
+    legend where there are several), seed 0's points joined across the curves, other seeds alone."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, rows in curves:
-        for key, label, mark in (
-            ("finetune", "24 held-out", "o"),
-            ("chat", "32 chat held-out", "s"),
-        ):
-            for seed in sorted({r["seed"] for r in rows}):
-                pts = [r for r in rows if r["seed"] == seed and r[key] is not None]
-                if not pts:
-                    continue
-                x = [r["answer_tokens"] for r in pts]
-                style = f"{mark}-" if seed == 0 else mark
-                tag = (
-                    f"{name}: {label}, seed {seed}" if len(curves) > 1 else f"{label}, seed {seed}"
-                )
-                a.plot(x, [r[key]["tau"] for r in pts], style, label=tag)
-                b.plot(x, [r[key]["alpha"][0] for r in pts], style, label=tag)
-    a.set(xscale="log", xlabel="on-policy answer tokens", ylabel="τ (chain γ 4, final weights)")
-    b.set(xscale="log", xlabel="on-policy answer tokens", ylabel="α₁")
-    a.legend(fontsize=6 if len(curves) > 1 else 7)
-    fig.tight_layout()
+    sets = (("finetune", "24 held-out", "C0"), ("chat", "32 chat held-out", "C2"))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2 if len(curves) > 1 else 3.8))
+    for ax, ylabel, value in (
+        (axes[0], "τ (chain γ 4, final weights)", lambda r, k: r[k]["tau"]),
+        (axes[1], "α₁", lambda r, k: r[k]["alpha"][0]),
+    ):
+        for key, label, colour in sets:
+            line = sorted(
+                (r for _, rows in curves for r in rows if r["seed"] == 0 and r[key] is not None),
+                key=lambda r: r["answer_tokens"],
+            )
+            ax.plot(
+                [r["answer_tokens"] for r in line], [value(r, key) for r in line], "-", c=colour
+            )
+            for (name, rows), mark in zip(curves, "osD^v"):
+                for seed in sorted({r["seed"] for r in rows}):
+                    pts = [r for r in rows if r["seed"] == seed and r[key] is not None]
+                    tag = f"{label}, seed {seed}" + (f" — {name}" if len(curves) > 1 else "")
+                    ax.plot(
+                        [r["answer_tokens"] for r in pts],
+                        [value(r, key) for r in pts],
+                        mark,
+                        c=colour,
+                        alpha=1.0 if seed == 0 else 0.45,
+                        label=tag if pts and ax is axes[0] else None,
+                    )
+        ax.set(xscale="log", xlabel="on-policy answer tokens", ylabel=ylabel)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if len(curves) > 1:
+        fig.legend(loc="lower center", ncol=2, fontsize=6.5, frameon=False)
+        fig.tight_layout(rect=(0, 0.06 * (1 + len(curves)), 1, 1))
+    else:
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
