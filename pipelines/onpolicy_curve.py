@@ -407,6 +407,18 @@ def merge(paths: list[Path]) -> tuple[list[tuple[str, list[dict]]], list[dict]]:
     return curves, pooled
 
 
+def _write(
+    prefix: Path, result: dict, lines: list[str], curves: list[tuple[str, list[dict]]]
+) -> None:
+    """PREFIX.json, .md and .png, then the table and the summary on stdout."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(prefix.with_suffix(".json"), result)
+    atomic_write_text(prefix.with_suffix(".md"), "\n".join(lines) + "\n")
+    plot(curves, prefix.with_suffix(".png"))
+    print("\n".join(lines))
+    print(json.dumps(result["summary"], indent=2))
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
@@ -444,12 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, rows in curves:
             lines.append(f"- {name}: " + ", ".join(f"{r['answer_tokens']:,}" for r in rows))
         result = {"curves": [str(p) for p in a.curve], "points": pooled, "summary": summary(pooled)}
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(a.out.with_suffix(".json"), result)
-        atomic_write_text(a.out.with_suffix(".md"), "\n".join(lines) + "\n")
-        plot(curves, a.out.with_suffix(".png"))
-        print("\n".join(lines))
-        print(json.dumps(result["summary"], indent=2))
+        _write(a.out, result, lines, curves)
         return 0
     if a.cmd == "answers":
         for dst, n, total in answers_across(a.src, a.tokens):
@@ -473,11 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         deltas = recipe(rows, arms, result["summary"]["seed_spread"])
         result.update(recipe_ab=arms, recipe_vs_point=deltas)
         lines += ["", f"Recipe A/B at {a.ab_point:,} answer tokens:", "", *arms_table(arms, deltas)]
-    atomic_write_json(a.run / "onpolicy-curve.json", result)
-    atomic_write_text(a.run / "onpolicy-curve.md", "\n".join(lines) + "\n")
-    plot([(label, rows)], a.run / "onpolicy-curve.png")
-    print("\n".join(lines))
-    print(json.dumps(result["summary"], indent=2))
+    _write(a.run / "onpolicy-curve", result, lines, [(label, rows)])
     return 0
 
 
