@@ -36,6 +36,7 @@ continued in another run, on another disk or host) into one table, slope and plo
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -366,7 +367,7 @@ def plot(curves: list[tuple[str, list[dict]]], out: Path) -> None:
             ax.plot(
                 [r["answer_tokens"] for r in line], [value(r, key) for r in line], "-", c=colour
             )
-            for (name, rows), mark in zip(curves, "osD^v"):
+            for (name, rows), mark in zip(curves, itertools.cycle("osD^v")):
                 for seed in sorted({r["seed"] for r in rows}):
                     pts = [r for r in rows if r["seed"] == seed and r[key] is not None]
                     tag = f"{label}, seed {seed}" + (f" — {name}" if len(curves) > 1 else "")
@@ -382,7 +383,7 @@ def plot(curves: list[tuple[str, list[dict]]], out: Path) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
     if len(curves) > 1:
         fig.legend(loc="lower center", ncol=2, fontsize=6.5, frameon=False)
-        fig.tight_layout(rect=(0, 0.06 * (1 + len(curves)), 1, 1))
+        fig.tight_layout(rect=(0, min(0.6, 0.06 * (1 + len(curves))), 1, 1))
     else:
         axes[0].legend(fontsize=7)
         fig.tight_layout()
@@ -470,8 +471,13 @@ def main(argv: list[str] | None = None) -> int:
     lines = table(rows)
     lines += ["", "Where the drafter stands (first draft's top-1):", "", *fit_table(rows)]
     label = a.label or host_kind()
-    result = {"run": str(a.run), "label": label, "lang": a.lang, "points": rows}
-    result["summary"] = summary(rows)
+    result = {
+        "run": str(a.run),
+        "label": label,
+        "lang": a.lang,
+        "points": rows,
+        "summary": summary(rows),
+    }
     names = a.arms.replace(",", " ").split()
     if names:
         if a.ab_point not in points:

@@ -272,3 +272,24 @@ def test_the_curve_script_names_the_packs_it_unpacks_first(tmp_path):
     (tmp_path / "synth+en.tar.xz").write_bytes(b"")
     assert f"packs: 1 in {tmp_path}" in _plan(PACKS=str(tmp_path))
     assert "packs:" not in _plan()
+
+
+def test_plot_marks_every_curve_past_the_fifth(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    labels, real = [], matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        labels.append(kwargs.get("label"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    sets = {"finetune": {"tau": 1.5, "alpha": [0.4]}, "chat": {"tau": 1.7, "alpha": [0.5]}}
+    curves = [
+        (f"curve {i}", [{"seed": 0, "answer_tokens": 1000 * (i + 1), **sets}]) for i in range(7)
+    ]
+    oc.plot(curves, tmp_path / "seven.png")
+    # one legend entry per curve and held-out set: none dropped when the markers run out
+    assert sum(1 for x in labels if x and x.endswith("— curve 6")) == 2
+    assert len({x for x in labels if x}) == 14
+    assert (tmp_path / "seven.png").stat().st_size > 1000
