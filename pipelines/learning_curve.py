@@ -51,7 +51,8 @@ def corpus_prefix(src: Path, tokens: int) -> tuple[Path, int, int]:
 
 def stage_summary(folder: Path) -> dict:
     """One stage's ``metrics.jsonl`` → tokens read, rate, steps and its last held-out score (the
-    final weights')."""
+    final weights'). Tokens and seconds cover every launch of a resumed stage; None where its
+    metrics predate that count (an older end record of a resumed launch held that launch alone)."""
     path = folder / "metrics.jsonl"
     if not path.is_file():
         raise PolyspecError(
@@ -68,17 +69,30 @@ def stage_summary(folder: Path) -> dict:
     if end is None or not evals:
         raise PolyspecError(f"{path}: the stage has not finished")
     last = evals[-1]
+    if "stage_tokens" in end:
+        tokens, seconds = end["stage_tokens"], end["stage_seconds"]
+    elif start is None or not start.get("step"):  # one launch from step 0
+        tokens, seconds = round(end["train_tokens_per_s"] * end["seconds"]), end["seconds"]
+    else:
+        tokens = seconds = None
     return {
         "examples": start["train_examples"] if start else None,
         "steps": last["step"],
-        "tokens": round(end["train_tokens_per_s"] * end["seconds"]),
-        "tokens_per_s": end["train_tokens_per_s"],
-        "seconds": end["seconds"],
+        "tokens": tokens,
+        "tokens_per_s": (
+            round(tokens / seconds, 1) if tokens and seconds else end["train_tokens_per_s"]
+        ),
+        "seconds": seconds,
         "tau": last["eval"]["tau"],
         "alpha": last["eval"]["alpha"],
         "sequences": last["eval"]["sequences"],
         "top1_teacher_forced": last["eval"].get("top1_teacher_forced"),
     }
+
+
+def count(n: int | None) -> str:
+    """A table cell for a token count: "–" where it is unknown."""
+    return "–" if n is None else f"{n:,}"
 
 
 def collect(run: Path, corpus: Path, points: list[int], lang: str) -> list[dict]:
@@ -108,8 +122,8 @@ def table(rows: list[dict]) -> list[str]:
     for r in rows:
         p, f = r["pretrain"], r["finetune"]
         lines.append(
-            f"| {r['corpus_tokens']:,} | {p['tokens']:,} ({p['steps']}) | {f['tokens']:,} "
-            f"({f['steps']}) | "
+            f"| {r['corpus_tokens']:,} | {count(p['tokens'])} ({p['steps']}) | "
+            f"{count(f['tokens'])} ({f['steps']}) | "
             f"**{f['tau']:.3f}** | "
             + " | ".join(f"{a:.3f}" for a in f["alpha"])
             + f" | {f['sequences']} |"
@@ -123,6 +137,7 @@ def plot(rows: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if r["pretrain"]["tokens"]]  # the x axis: points whose count is known
     x = [r["pretrain"]["tokens"] for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     a.plot(x, [r["finetune"]["tau"] for r in rows], "o-")

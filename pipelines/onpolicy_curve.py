@@ -42,7 +42,7 @@ import math
 import sys
 from pathlib import Path
 
-from pipelines.learning_curve import stage_summary
+from pipelines.learning_curve import count, stage_summary
 from polyspec.device import host_kind
 from polyspec.errors import PolyspecError, cli_entry
 from polyspec.io import atomic_write_json, atomic_write_text, read_json_or_none, read_jsonl
@@ -319,7 +319,7 @@ def table(rows: list[dict]) -> list[str]:
         f, c = r["finetune"], r["chat"]
         dec = r.get("decoded") or {}
         lines.append(
-            f"| {r['answer_tokens']:,} | {r['seed']} | {f['tokens']:,} ({f['steps']}) | "
+            f"| {r['answer_tokens']:,} | {r['seed']} | {count(f['tokens'])} ({f['steps']}) | "
             f"**{f['tau']:.3f}** | "
             + " | ".join(f"{a:.3f}" for a in f["alpha"])
             + f" | {_num(f.get('top1_teacher_forced'))} | {_decoded_cells(dec.get('finetune'))} | "

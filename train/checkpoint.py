@@ -3,9 +3,10 @@
 ``accelerator.save_state`` writes the model, the optimizer (DeepSpeed's own sharded files under
 ZeRO) and every process's RNG; ``trainer_state.json`` follows, written last, so a folder without it
 is incomplete and never resumed from. It holds the layout, the step (= the data position:
-``train.data.step_indices``), the best held-out score, the scheduler and the config hash — a resume
-with another config, other data or another process layout is refused. A damaged file is a one-line
-error naming it.
+``train.data.step_indices``), the best held-out score, the scheduler, the config hash — a resume
+with another config, other data or another process layout is refused — and the stage's progress
+(tokens read and seconds trained over every launch so far), so a resumed stage reports its whole
+run. A damaged file is a one-line error naming it.
 """
 
 from __future__ import annotations
@@ -74,7 +75,14 @@ def checkpoints(out: Path) -> list[Path]:
 
 
 def save_checkpoint(
-    acc, out: Path, step: int, best: float, scheduler, cfg_hash: str, keep: int
+    acc,
+    out: Path,
+    step: int,
+    best: float,
+    scheduler,
+    cfg_hash: str,
+    keep: int,
+    progress: dict | None = None,
 ) -> Path:
     """``accelerator.save_state`` (every process takes part), then ``trainer_state.json``; keeps the
     last ``keep``."""
@@ -94,6 +102,7 @@ def save_checkpoint(
                 "best": best,
                 "scheduler": scheduler.state_dict(),
                 "config_hash": cfg_hash,
+                "progress": progress,
             },
         )
         for old in checkpoints(out)[:-keep]:
@@ -102,9 +111,10 @@ def save_checkpoint(
     return ck
 
 
-def resume(acc, out: Path, scheduler, cfg_hash: str) -> tuple[Path, int, float] | None:
+def resume(acc, out: Path, scheduler, cfg_hash: str) -> tuple[Path, int, float, dict | None] | None:
     """Load the latest checkpoint into the prepared model/optimizer (``acc``) and ``scheduler``:
-    → (its folder, step, best held-out score), or None when the stage has none."""
+    → (its folder, step, best held-out score, progress: ``{"tokens", "seconds"}`` so far or None
+    for a checkpoint written before it was kept), or None when the stage has none."""
     found = checkpoints(out)
     if not found:
         return None
@@ -132,7 +142,7 @@ def resume(acc, out: Path, scheduler, cfg_hash: str) -> tuple[Path, int, float] 
     except _DAMAGE as e:
         raise _corrupt(ck, e, ck) from None
     scheduler.load_state_dict(state["scheduler"])
-    return ck, int(state["step"]), float(state["best"])
+    return ck, int(state["step"]), float(state["best"]), state.get("progress")
 
 
 def _trainer_state(ck: Path) -> dict[str, Any]:

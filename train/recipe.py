@@ -123,6 +123,9 @@ class DrafterRecipe:
         # 6. counters, resume, trackers (feature noise draws from the global torch RNG, which
         #    save_state keeps per process)
         self.step, self.best = 0, -1.0
+        # tokens read and seconds trained by earlier launches of this stage (None: resumed from a
+        # checkpoint that predates the count)
+        self.before: dict | None = {"tokens": 0, "seconds": 0.0}
         if not timing_only:
             self._resume()
         if log_with:
@@ -676,7 +679,7 @@ class DrafterRecipe:
             out_of_time = cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds
             if self.step % cfg.checkpoint_every == 0 or self.step == steps or out_of_time:
                 # the last one too: a rerun of a finished stage trains nothing
-                self.save_checkpoint()
+                self.save_checkpoint(self._progress(tokens, t0))
             if out_of_time:
                 self._log_line({"event": "max_seconds", "step": self.step, "steps": steps})
                 break
@@ -684,12 +687,16 @@ class DrafterRecipe:
         final_eval = self.evaluate()
         self._save_weights(self.out / "final", {"eval": final_eval, "step": self.step})
         tok_s = round(tokens / max(time.time() - t0, 1e-9), 1)
+        whole = self._progress(tokens, t0)
         self._log_line(
             {
                 "event": "end",
                 "stage": self.stage,
-                "train_tokens_per_s": tok_s,
+                "train_tokens_per_s": tok_s,  # this launch's
                 "seconds": round(time.time() - t0, 1),
+                # every launch's, a resumed stage's whole run
+                "stage_tokens": whole and whole["tokens"],
+                "stage_seconds": whole and whole["seconds"],
             }
         )
         return {
@@ -774,9 +781,19 @@ class DrafterRecipe:
             )
         self.acc.wait_for_everyone()
 
-    def save_checkpoint(self) -> None:
+    def _progress(self, tokens: int, t0: float) -> dict | None:
+        """The stage's tokens read and seconds trained so far, this launch (``tokens`` since
+        ``t0``) and the earlier ones; None where an earlier launch's count is unknown."""
+        if self.before is None:
+            return None
+        return {
+            "tokens": self.before["tokens"] + tokens,
+            "seconds": round(self.before["seconds"] + time.time() - t0, 1),
+        }
+
+    def save_checkpoint(self, progress: dict | None) -> None:
         """The stage's resumable state (``train.checkpoint``): model, optimizer, RNG, data position,
-        scheduler."""
+        scheduler, progress."""
         checkpoint.save_checkpoint(
             self.acc,
             self.out,
@@ -785,13 +802,14 @@ class DrafterRecipe:
             self.sched,
             self._config_hash(),
             self.cfg.keep_checkpoints,
+            progress,
         )
 
     def _resume(self) -> None:
         got = checkpoint.resume(self.acc, self.out, self.sched, self._config_hash())
         if got is None:
             return
-        ck, self.step, self.best = got
+        ck, self.step, self.best, self.before = got
         if self.acc.is_main_process:
             print(f"[train] resumed {self.cfg.lang}/{self.stage} from {ck.name}", flush=True)
 

@@ -101,6 +101,25 @@ def test_table_reads_each_points_final_score_and_draws_the_curve(tmp_path):
     assert (corpus / "learning-curve.png").stat().st_size > 1000
 
 
+def test_stage_summary_counts_every_launch_of_a_resumed_stage(tmp_path):
+    folder = tmp_path / "finetune"
+    _stage(folder, 1000.0, 2.0, [(8, 1.5, [0.5, 0.0])], 10)
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    # a second launch resumed at step 6: its end record holds that launch alone
+    resumed = json.dumps({"event": "start", "stage": "finetune", "step": 6, "train_examples": 10})
+    (folder / "metrics.jsonl").write_text("\n".join([lines[0], resumed, *lines[1:]]) + "\n")
+    old = lc.stage_summary(folder)
+    assert old["tokens"] is None and old["seconds"] is None and old["tau"] == 1.5
+    # the trainer now writes the stage's totals over every launch
+    end = {**json.loads(lines[-1]), "stage_tokens": 5000, "stage_seconds": 4.0}
+    new_lines = [lines[0], resumed, *lines[1:-1], json.dumps(end)]
+    (folder / "metrics.jsonl").write_text("\n".join(new_lines) + "\n")
+    new = lc.stage_summary(folder)
+    assert (new["tokens"], new["seconds"], new["tokens_per_s"]) == (5000, 4.0, 1250.0)
+    row = {"corpus_tokens": 0, "pretrain": old, "finetune": new}
+    assert lc.table([row])[-1].startswith("| 0 | – (8) | 5,000 (8) | **1.500** |")
+
+
 def test_table_says_which_point_has_not_finished(tmp_path):
     run = tmp_path / "run"
     _stage(run / "lc-0" / "en" / "pretrain", 1000.0, 2.0, [(5, 1.2, [0.2, 0.0])], 10)

@@ -1108,6 +1108,17 @@ def test_kill_9_then_resume_reaches_the_same_final_loss(tmp_path, llama_run, tin
 
     a, b = losses(tmp_path / "ref"), losses(tmp_path / "crash")
     assert a[8] == pytest.approx(b[8], rel=1e-5) and a[6] == pytest.approx(b[6], rel=1e-5)
+    # the resumed stage reports its whole run: the killed launch's tokens up to checkpoint-4 count
+    ends = {
+        d: [
+            json.loads(x)
+            for x in (tmp_path / d / "train/vi/finetune/metrics.jsonl").read_text().splitlines()
+            if '"end"' in x
+        ][-1]
+        for d in ("ref", "crash")
+    }
+    assert ends["crash"]["stage_tokens"] == ends["ref"]["stage_tokens"] > 0
+    assert ends["crash"]["stage_seconds"] >= ends["crash"]["seconds"]
 
 
 @pytest.mark.slow
