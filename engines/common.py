@@ -51,17 +51,17 @@ def drafter_folders(path: str | Path) -> dict[str, Path]:
 
 def bench_plan(folders: dict[str, Path], langs: list[str] | None) -> list[tuple[str | None, str]]:
     """(drafter, prompt language) pairs: a language's drafter on that language's held-out prompts, a
-    multilingual one (``polyspec.json`` ``languages``) on each of its languages; ``langs`` keeps
-    only those languages. Without drafters: plain + n-gram on ``langs`` (default en)."""
+    multilingual one (``polyspec.json`` ``languages``) on each of its languages, a folder of another
+    name on its ``polyspec.json`` ``lang``'s (two drafters of one language side by side); ``langs``
+    keeps only those languages. Without drafters: plain + n-gram on ``langs`` (default en)."""
     if not folders:
         return [(None, lang) for lang in (langs or ["en"])]
     plan = []
     for name, folder in folders.items():
-        own = (
-            [name]
-            if load_heldout(name)
-            else list((read_json_or_none(folder / "polyspec.json") or {}).get("languages") or [])
-        )
+        info = read_json_or_none(folder / "polyspec.json") or {}
+        own = [name] if load_heldout(name) else list(info.get("languages") or [])
+        if not own and load_heldout(info.get("lang") or ""):
+            own = [info["lang"]]
         if not own:
             raise PolyspecError(
                 f"drafter {folder}: no held-out prompts in {name!r} and no languages in its "
@@ -88,7 +88,7 @@ def export_bundle(bundle_dir: str | Path, target_name: str, out: str | Path, log
 
     target = load_target(target_name, device="cpu", dtype="float32")
     b = load_bundle(bundle_dir, target_pin=target.pin())
-    log(f"[llamacpp] exporting {b.root} to the speculators format → {out}")
+    log(f"[engines] exporting {b.root} to the speculators format → {out}")
     for folder in write_speculators(b, target, out):
         check_speculators(folder, target.vocab_size)
     return Path(out)

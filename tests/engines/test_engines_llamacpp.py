@@ -365,6 +365,15 @@ def test_drafter_folders_and_the_plan(tmp_path):
     ]
     assert bench_plan(folders, ["de"]) == [("multilingual", "de")]
     assert bench_plan({}, None) == [(None, "en")]
+    # two drafters of one language side by side, each folder named for its arm
+    two = _speculators_folder(tmp_path / "ab" / "two-layers", {"lang": "en"})
+    one = tmp_path / "ab" / "one-layer"
+    one.symlink_to(en, target_is_directory=True)
+    assert bench_plan(drafter_folders(tmp_path / "ab"), None) == [
+        ("one-layer", "en"),
+        ("two-layers", "en"),
+    ]
+    assert drafter_folders(tmp_path / "ab")["two-layers"] == two
     with pytest.raises(PolyspecError, match="no drafter for ja"):
         bench_plan(folders, ["ja"])
     with pytest.raises(PolyspecError, match="no speculators-format"):
