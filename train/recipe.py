@@ -679,21 +679,22 @@ class DrafterRecipe:
             out_of_time = cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds
             if self.step % cfg.checkpoint_every == 0 or self.step == steps or out_of_time:
                 # the last one too: a rerun of a finished stage trains nothing
-                self.save_checkpoint(self._progress(tokens, t0))
+                self.save_checkpoint(self._progress(tokens, time.time() - t0))
             if out_of_time:
                 self._log_line({"event": "max_seconds", "step": self.step, "steps": steps})
                 break
         bar.close()
         final_eval = self.evaluate()
         self._save_weights(self.out / "final", {"eval": final_eval, "step": self.step})
-        tok_s = round(tokens / max(time.time() - t0, 1e-9), 1)
-        whole = self._progress(tokens, t0)
+        elapsed = time.time() - t0  # one reading: the launch's and the stage's seconds agree
+        tok_s = round(tokens / max(elapsed, 1e-9), 1)
+        whole = self._progress(tokens, elapsed)
         self._log_line(
             {
                 "event": "end",
                 "stage": self.stage,
                 "train_tokens_per_s": tok_s,  # this launch's
-                "seconds": round(time.time() - t0, 1),
+                "seconds": round(elapsed, 1),
                 # every launch's, a resumed stage's whole run
                 "stage_tokens": whole and whole["tokens"],
                 "stage_seconds": whole and whole["seconds"],
@@ -781,14 +782,14 @@ class DrafterRecipe:
             )
         self.acc.wait_for_everyone()
 
-    def _progress(self, tokens: int, t0: float) -> dict | None:
-        """The stage's tokens read and seconds trained so far, this launch (``tokens`` since
-        ``t0``) and the earlier ones; None where an earlier launch's count is unknown."""
+    def _progress(self, tokens: int, seconds: float) -> dict | None:
+        """The stage's tokens read and seconds trained so far: this launch's (``tokens`` in
+        ``seconds``) and the earlier ones'; None where an earlier launch's count is unknown."""
         if self.before is None:
             return None
         return {
             "tokens": self.before["tokens"] + tokens,
-            "seconds": round(self.before["seconds"] + time.time() - t0, 1),
+            "seconds": round(self.before["seconds"] + seconds, 1),
         }
 
     def save_checkpoint(self, progress: dict | None) -> None:
