@@ -347,8 +347,6 @@ def make_exact(model: nn.Module, pack: bool = True) -> dict[str, int]:
         pack_linears(model, min_numel=0)
     probed: dict[tuple, bool] = {}  # per (features in, out, dtype, bias): the probe's answer
     for parent in list(model.modules()):
-        if isinstance(parent, RowInvariantLinear):  # already padded (idempotent)
-            continue
         for name, child in list(parent.named_children()):
             # not packed: CUDA, a CPU without oneDNN for the dtype, ``pack=False``, POLYSPEC_PACK=0
             if type(child) is nn.Linear:
@@ -361,8 +359,10 @@ def make_exact(model: nn.Module, pack: bool = True) -> dict[str, int]:
                 # a packed kernel that rounds one row otherwise than several (AMD Zen 4): padded
                 if not probed[shape]:
                     setattr(parent, name, RowInvariantLinear(child))
-    kinds = [type(m) for m in model.modules()]
-    return {"packed": kinds.count(PackedLinear), "row_padded": kinds.count(RowInvariantLinear)}
+    padded = [m for m in model.modules() if type(m) is RowInvariantLinear]
+    packed = [m for m in model.modules() if type(m) is PackedLinear]
+    packed += [m for m in padded if type(m.kernel) is PackedLinear]
+    return {"packed": len(packed), "row_padded": len(padded)}
 
 
 def is_exact(model: nn.Module) -> bool:

@@ -135,30 +135,44 @@ class RowInvariantLinear(nn.Module):
     """``nn.Linear`` whose GEMM always has a multiple of ``ROW_BLOCK`` rows (zero-padded), so that a
     row is multiplied by the same kernel whether 1 or ``ROW_BLOCK`` rows share the call. For the
     invariant mode where the linear cannot be prepacked (``polyspec.packed``): CUDA, or a CPU
-    without oneDNN for the dtype."""
+    without oneDNN for the dtype; or a packed layer whose kernel rounds a lone row otherwise.
+
+    The wrapped layer (``nn.Linear``, ``PackedLinear``, any linear) is the kernel, not a child
+    module: its ``weight`` and ``bias`` are this module's own parameters, so ``state_dict`` keys and
+    ``named_parameters`` stay the plain model's (``q_proj.weight``, never ``q_proj.inner.weight``)
+    and whatever copies, saves or hashes a target's weights by name sees the same names in either
+    mode."""
 
     def __init__(self, linear: nn.Module):
         super().__init__()
-        self.inner = linear
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        # the same Parameter objects (tied embeddings and .weight readers see the original)
+        self.weight, self.bias = linear.weight, linear.bias
+        # plain attribute, not a submodule: its parameters are registered once, here
+        object.__setattr__(self, "kernel", linear)
 
-    @property
-    def weight(self) -> torch.Tensor:  # tied embeddings and get_output_embeddings().weight read it
-        return self.inner.weight
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.inner.bias
+    def _kernel(self) -> nn.Module:
+        """The wrapped layer, pointed at this module's parameters again if they were replaced
+        (``load_state_dict(assign=True)``, ``tie_weights``, a conversion that makes new ones)."""
+        k = self.kernel
+        if k.weight is not self.weight:
+            k.weight = self.weight
+        if k.bias is not self.bias:
+            k.bias = self.bias
+        return k
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         n = flat.shape[0]
         if n > MAX_ROWS:  # a prefill: shared by every method (polyspec.exact), not padded
-            return self.inner(x)
+            return self._kernel()(x)
         pad = -n % ROW_BLOCK
         if pad:
             flat = torch.cat([flat, flat.new_zeros(pad, flat.shape[1])])
-        return self.inner(flat)[:n].view(*x.shape[:-1], self.out_features)
+        return self._kernel()(flat)[:n].view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"row_block={ROW_BLOCK}, kernel={self.kernel!r}"
 
 
 # Output elements a row-invariance probe compares (over as many random rows as that takes): a

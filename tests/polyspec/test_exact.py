@@ -155,6 +155,70 @@ def test_row_padded_linears_give_a_row_the_same_bits_at_1_and_at_k_rows():
         assert inv.weight is lin.weight
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["row-padded", "packed-and-padded"])
+def test_the_invariant_mode_keeps_a_models_weight_names_and_values(pack, monkeypatch):
+    """Padding forced on whatever this host's probe says: ``pack=False`` wraps every ``nn.Linear``
+    (as on AVX2 CPUs and CUDA), and a probe that finds every packed kernel rounding a lone row
+    otherwise pads every packed one too (as on AMD Zen 4). The ``state_dict`` keys and values,
+    ``named_parameters`` and the tied head must stay the plain model's: an oracle drafter, a
+    drafter initialised from the target's layers and a checkpoint hash read them by name."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import polyspec.packed
+    from polyspec.exact import make_exact
+
+    monkeypatch.setattr(polyspec.packed, "rows_invariant", lambda layer: False)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        attention_bias=True,  # biases too
+    )
+    plain = LlamaForCausalLM(cfg).eval()
+    model = copy.deepcopy(plain)
+    counts = make_exact(model, pack=pack)
+    linears = sum(type(m) is nn.Linear for m in plain.modules())
+    assert counts["row_padded"] == linears  # the padding really is on for every linear
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    want, got = plain.state_dict(), model.state_dict()
+    assert list(got) == list(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    # and a copy loads back into the plain architecture by name, strictly
+    LlamaForCausalLM(cfg).load_state_dict(copy.deepcopy(model).float().state_dict(), strict=True)
+
+
+def test_a_row_padded_exact_targets_layers_copy_into_drafters(tiny_llama_dir, tmp_path):
+    """The AVX2 host's path on any host (``pack=False``: every linear row-padded): an oracle drafter
+    copied from the exact target saves and loads, and is kept when decoding (token-identical to the
+    target's own greedy decoding); an EAGLE-1 drafter's layer starts from the exact target's."""
+    from decoder.core import Decoder
+    from polyspec.drafter_models import EagleDrafter, copy_target_layer, eagle_layer_config
+
+    target = load_target(str(tiny_llama_dir), dtype="bfloat16", exact=True, pack=False)
+    assert any(isinstance(m, RowInvariantLinear) for m in target.model.modules())
+    bundle = make_tiny_bundle(tmp_path / "bundle", target, drafter="oracle", noise=0.05)
+    dec = Decoder(target, bundle, method="chain", gamma=4)
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(4, target.vocab_size, (12,), generator=g).tolist() * 3
+    out = dec.generate(prompt, 32, stop=[])
+    assert out.tokens == greedy_generate(target, prompt, 32)
+    assert sum(s.accepted for s in out.steps) > 0
+    drafter = EagleDrafter(eagle_layer_config(target.model.config))
+    idx = copy_target_layer(drafter, target.model)
+    src = target.model.get_decoder().layers[idx].self_attn.q_proj.weight
+    assert torch.equal(drafter.layer.layers[0].self_attn.q_proj.weight, src.float())
+
+
 def _row_mismatches(layer, rows: int, k: int) -> int:
     """Output elements where a row computed alone differs from the same row among k."""
     x = torch.randn(rows, layer.in_features).to(layer.weight.dtype)
