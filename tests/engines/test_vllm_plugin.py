@@ -1,0 +1,191 @@
+"""polyspec's vLLM plugin (plugins/vllm, ``make setup-vllm`` installs it) inside the real vLLM
+(its CPU build, the engines environment). The target is a tiny Gemma-3
+(``polyspec.testing.build_engine_target(family="gemma3")``: sliding and full-attention layers,
+head_dim 64) and the drafter ``oracle_eagle3``, whose first draft is right wherever vLLM feeds it
+the target's aux hidden states as polyspec reads them — so accepted drafts show that vLLM's Gemma-3
+now collects them. Every engine runs eagerly (``enforce_eager``); each vLLM start costs ~40-50 s on
+2 cores, the module ~4-5 min."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+
+from polyspec.errors import PolyspecError
+from polyspec.vllm_process import VLLMProcess, cpu_env, vllm_python
+
+pytestmark = pytest.mark.slow
+
+try:
+    VLLM_PYTHON = vllm_python()
+except PolyspecError as e:
+    pytest.skip(f"vLLM environment absent ({e})", allow_module_level=True)
+
+_HAS_PLUGIN = (
+    subprocess.run(
+        [VLLM_PYTHON, "-c", "import polyspec_vllm"], capture_output=True, env=cpu_env()
+    ).returncode
+    == 0
+)
+if not _HAS_PLUGIN:
+    pytest.skip("polyspec-vllm is not installed there (make setup-vllm)", allow_module_level=True)
+
+N = 20
+# greedy, with the chosen token's logprob: "unchanged" means the same numbers too
+GREEDY = {"temperature": 0, "max_tokens": N, "ignore_eos": True, "logprobs": 0}
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """A tiny Gemma-3 target, its oracle EAGLE-3 drafter (draft vocabulary: 700 of 768 ids), the
+    same drafter with a hybrid settings file, and prompts of draft-vocabulary ids: one without a
+    repeated bigram (drafted by the drafter), one that repeats itself (drafted by prompt lookup)."""
+    from export.interop import write_speculators_folder
+    from polyspec.targets import load_target
+    from polyspec.testing import build_engine_target, oracle_eagle3
+    from polyspec_vllm.settings import Hybrid, write
+
+    root = tmp_path_factory.mktemp("vllm-plugin")
+    path = build_engine_target(root / "target", family="gemma3")
+    target = load_target(str(path), device="cpu", dtype="float32")
+    draft_ids = torch.arange(target.vocab_size).flip(0)[:700]
+    drafter = write_speculators_folder(
+        oracle_eagle3(target, draft_ids),
+        target,
+        root / "speculators" / "en",
+        3,
+        {"lang": "en", "target": target.pin()},
+    )
+    hybrid = root / "hybrid" / "en"
+    hybrid.mkdir(parents=True)
+    for f in drafter.iterdir():
+        (hybrid / f.name).symlink_to(f)
+    write(hybrid, Hybrid(ngram_min=2, ngram_max=4, drafter_tokens=1))
+    g = torch.Generator().manual_seed(0)
+    ids = draft_ids[torch.randperm(len(draft_ids), generator=g)].tolist()
+    prompts = [ids[:14], ids[20:25] * 3]
+    return {"root": root, "target": path, "drafter": drafter, "hybrid": hybrid, "prompts": prompts}
+
+
+def _run(gemma, name, spec=None, env=None):
+    llm = {
+        "model": str(gemma["target"]),
+        "dtype": "float32",
+        "enforce_eager": True,
+        "max_model_len": 256,
+        "disable_log_stats": False,
+        "seed": 0,
+    }
+    if spec is not None:
+        llm["speculative_config"] = spec
+    log = gemma["root"] / f"{name}.log"
+    with VLLMProcess(llm, log=log, env=env) as p:
+        outs, _ = p.generate(gemma["prompts"], [GREEDY] * len(gemma["prompts"]))
+        metrics = p.metrics()
+    return outs, metrics, log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def plain(gemma):
+    return _run(gemma, "plain")
+
+
+def test_without_a_polyspec_setting_vllm_serves_as_without_the_plugin(gemma, plain):
+    """The plugin registers its Gemma-3 class over vLLM's: plain decoding gives the same tokens
+    and the same logprobs as vLLM with the plugin left out (``VLLM_PLUGINS``)."""
+    outs, _, log = plain
+    bare, _, bare_log = _run(gemma, "no-plugin", env={"VLLM_PLUGINS": ""})
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in bare]
+    assert [o["logprobs"] for o in outs] == [o["logprobs"] for o in bare]
+    assert all(len(o["token_ids"]) == N for o in outs)
+    # the two runs really differed in the plugin: only one loaded it
+    assert "polyspec" not in bare_log.lower().replace("polyspec-vllm-", "")
+
+
+def test_gemma3_serves_polyspecs_eagle3_drafter_losslessly_with_drafts_kept(gemma, plain):
+    """vLLM 0.32 alone refuses an EAGLE-3 drafter for Gemma-3 ("Model does not support EAGLE3
+    interface"); with the plugin it runs, fp32 outputs equal plain decoding's, and the oracle's
+    first draft is kept (vLLM feeds it the aux hidden states polyspec's export reads)."""
+    spec = {"method": "eagle3", "model": str(gemma["drafter"]), "num_speculative_tokens": 2}
+    outs, m, _ = _run(gemma, "eagle3", spec)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in plain[0]]
+    drafts = m["vllm:spec_decode_num_drafts"]
+    per_pos = m["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert drafts > 0 and per_pos[0] >= 0.9 * drafts, m
+    # the oracle's second draft reads its own state: mostly wrong
+    assert per_pos[1] <= 0.3 * drafts, m
+
+
+def test_hybrid_takes_ngram_rows_and_drafter_rows_in_one_step_losslessly(gemma, plain):
+    """hybrid (drafter_tokens 1, num_speculative_tokens 3): the repeating prompt's rows come from
+    prompt lookup (3 tokens), the other's from the drafter (1 token) in the same first steps;
+    output equal to plain decoding's, and drafts past the first position kept (only n-gram rows
+    have them)."""
+    spec = {"method": "eagle3", "model": str(gemma["hybrid"]), "num_speculative_tokens": 3}
+    outs, m, log = _run(gemma, "hybrid", spec, env={"POLYSPEC_VLLM_LOG_EVERY": "1"})
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in plain[0]]
+    per_pos = m["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert per_pos[0] > 0 and per_pos[1] > 0 and per_pos[2] > 0, m
+    stats = re.findall(
+        r"HybridStats\(ngram_rows=(\d+), drafter_rows=(\d+), steps=(\d+), mixed_steps=(\d+)\)", log
+    )
+    assert stats, log[-3000:]
+    ngram_rows, drafter_rows, steps, mixed = map(int, stats[-1])
+    assert ngram_rows > 0 and drafter_rows > 0 and mixed > 0, stats[-1]
+
+
+def _start_error(env_extra: dict, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [VLLM_PYTHON, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**cpu_env(), **env_extra},
+        timeout=300,
+    )
+
+
+def test_another_vllm_version_is_refused_in_one_line():
+    r = _start_error(
+        {},
+        "import vllm; vllm.__version__ = '0.33.1'\nfrom polyspec_vllm import register; register()",
+    )
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: polyspec-vllm: tested with vLLM 0.32.0 only, found 0.33.1")
+    assert "Traceback" not in r.stderr
+
+
+def test_a_drafter_for_another_target_is_refused_at_start_up(gemma, tmp_path):
+    """A Llama target's drafter on the Gemma-3 target (same vocabulary and width: shapes alone do
+    not tell) stops vLLM before any weight loads, with one line naming the cause."""
+    from export.interop import write_speculators_folder
+    from polyspec.targets import load_target
+    from polyspec.testing import build_engine_target, oracle_eagle3
+
+    llama_dir = build_engine_target(tmp_path / "llama", family="llama")
+    llama = load_target(str(llama_dir), device="cpu", dtype="float32")
+    folder = write_speculators_folder(
+        oracle_eagle3(llama, torch.arange(llama.vocab_size)),
+        llama,
+        tmp_path / "speculators" / "en",
+        3,
+        {"lang": "en", "target": llama.pin()},
+    )
+    spec = {"method": "eagle3", "model": str(folder), "num_speculative_tokens": 2}
+    code = (
+        "from vllm import LLM\n"
+        f"LLM(model={str(gemma['target'])!r}, dtype='float32', enforce_eager=True, "
+        f"max_model_len=256, speculative_config={json.dumps(spec)})"
+    )
+    r = _start_error({}, code)
+    assert r.returncode == 1, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: polyspec-vllm: drafter {folder} was not trained for target")
+    assert "trained on a llama model, the target is gemma3_text" in last
+    assert "Loading weights" not in r.stderr and "Traceback" not in r.stderr
+    assert os.path.isdir(folder)

@@ -1,0 +1,115 @@
+"""The vLLM plugin's pure-Python parts (plugins/vllm: polyspec_vllm.settings, .hybrid's rule,
+.checks, the version pin), without vLLM. The plugin inside the real vLLM: test_vllm_plugin.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from polyspec_vllm import SUPPORTED_VLLM, PolyspecVllmError, check_vllm_version
+from polyspec_vllm.checks import drafter_problems
+from polyspec_vllm.hybrid import HybridStats, choose
+from polyspec_vllm.settings import FILE, Hybrid, Settings, SettingsError, parse, read, write
+
+
+def test_the_hybrid_takes_the_ngram_row_where_there_is_one_else_the_drafters_own_length():
+    ngram = [[5, 6, 7], [], [9], []]
+    drafted = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [1, 1, 1]]
+    rows, took = choose(ngram, drafted, drafter_tokens=2)
+    assert rows == [[5, 6, 7], [4, 5], [9], [1, 1]]
+    assert took == [True, False, True, False]
+    with pytest.raises(ValueError, match="3 n-gram rows for 4"):
+        choose(ngram[:3], drafted, 2)
+    stats = HybridStats(log_every=2)
+    assert not stats.add(took) and stats.add([True, True])
+    assert (stats.ngram_rows, stats.drafter_rows, stats.steps, stats.mixed_steps) == (4, 2, 2, 1)
+
+
+def test_settings_round_trip_and_refuse_what_the_plugin_cannot_honour(tmp_path):
+    assert read(tmp_path) is None and read(None) is None
+    write(tmp_path, Hybrid(ngram_min=3, ngram_max=5, drafter_tokens=2))
+    assert read(tmp_path) == Settings(hybrid=Hybrid(3, 5, 2))
+    write(tmp_path, None)
+    assert read(tmp_path) == Settings(hybrid=None)
+    good = {"format": "polyspec_vllm", "version": 1}
+    for bad, says in [
+        ({**good, "version": 2}, "version 2"),
+        ({**good, "hybird": None}, "unknown keys"),
+        ({**good, "hybrid": {"ngram_min": 3}}, "exactly the keys"),
+        ({**good, "hybrid": {"ngram_min": 3, "ngram_max": 5, "drafter_tokens": True}}, "integers"),
+        ([], "JSON object"),
+    ]:
+        with pytest.raises(SettingsError, match=says):
+            parse(bad)
+    (tmp_path / FILE).write_text("{not json")
+    with pytest.raises(SettingsError, match="not valid JSON"):
+        read(tmp_path)
+    with pytest.raises(SettingsError, match="ngram_min ≤ ngram_max"):
+        Hybrid(4, 3, 1).check(3)
+    with pytest.raises(SettingsError, match="raise num_speculative_tokens"):
+        Hybrid(2, 3, 4).check(3)
+    Hybrid(2, 3, 3).check(3)
+
+
+def test_the_version_pin():
+    check_vllm_version(SUPPORTED_VLLM[0])
+    check_vllm_version(SUPPORTED_VLLM[0] + "+cpu")
+    with pytest.raises(PolyspecVllmError) as e:
+        check_vllm_version("0.31.2")
+    assert str(e.value.code).startswith("error: polyspec-vllm: tested with vLLM 0.32.0 only")
+    assert "\n" not in str(e.value.code)
+
+
+def test_a_drafter_folder_is_checked_against_its_target(tmp_path, tiny_llama_dir):
+    from types import SimpleNamespace
+
+    from export.interop import write_speculators_folder
+    from polyspec.targets import load_target
+    from polyspec.testing import oracle_eagle3
+
+    target = load_target(str(tiny_llama_dir), device="cpu", dtype="float32")
+    folder = write_speculators_folder(
+        oracle_eagle3(target, torch.arange(target.vocab_size)),
+        target,
+        tmp_path / "en",
+        2,
+        {"lang": "en", "target": target.pin()},
+    )
+    cfg = target.model.config
+
+    def like(**kw):
+        base = dict(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            model_type=cfg.model_type,
+        )
+        return SimpleNamespace(**{**base, **kw})
+
+    assert drafter_problems(folder, like(), str(tiny_llama_dir)) == []
+    assert drafter_problems(folder, like(model_type="gemma3_text"), None) == [
+        "it was trained on a llama model, the target is gemma3_text"
+    ]
+    got = drafter_problems(folder, like(vocab_size=999, num_hidden_layers=1), None)
+    n = cfg.num_hidden_layers
+    assert f"it was trained on a {n}-layer target, this one has 1" in got
+    assert f"its vocabulary has {cfg.vocab_size} ids, the target's 999" in got
+    assert any(p.startswith("it reads target layers") for p in got)
+    # the same shapes, another tokenizer: its saved vocabulary tells
+    other = tmp_path / "other-tok"
+    target.tokenizer.save_pretrained(other)
+    vocab = json.loads((other / "tokenizer.json").read_text())
+    a, b = list(vocab["model"]["vocab"])[10:12]
+    vocab["model"]["vocab"][a], vocab["model"]["vocab"][b] = (
+        vocab["model"]["vocab"][b],
+        vocab["model"]["vocab"][a],
+    )
+    (other / "tokenizer.json").write_text(json.dumps(vocab))
+    assert drafter_problems(folder, like(), str(other)) == [
+        "its tokenizer differs from the target's (4 entries differ)"
+    ]
+    # a folder polyspec did not export: not its business
+    (folder / "polyspec.json").unlink()
+    assert drafter_problems(folder, like(model_type="gemma3_text"), None) == []
