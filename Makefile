@@ -217,26 +217,31 @@ check-llamacpp: $(STAMP)
 		$(if $(wildcard $(dir $(SPEC_BUNDLE))engines.json),--engines $(dir $(SPEC_BUNDLE))engines.json)
 
 # make check-vllm RUN=… [TARGET=…] [LANGS=…] [BUNDLE=<an engines export's bundle>] [VLLM_PROMPTS=24] [VLLM_N=128]
-#      [VLLM_SWEEP=1,2,3,4] [VLLM_BATCH=1,16] [VLLM_DTYPE=float32|bfloat16] [VLLM_DRAFTERS=<speculators folders or one>]
-#      [VLLM_ARGS=…]
+#      [VLLM_SWEEP=1,2,3,4] [VLLM_BATCH=1,4,16] [VLLM_DTYPE=float32|bfloat16] [VLLM_DRAFTERS=<speculators folders or one>]
+#      [VLLM_QUESTIONS=<question files>] [VLLM_HYBRID_MIN=2,3] [VLLM_HYBRID_DRAFTER=2] [VLLM_ARGS=…]
 # Every EAGLE-3 drafter of the run's engines export (each language's and the multilingual one) served by vLLM's offline
-# LLM (the engines environment: setup-vllm) on the held-out prompts: plain, eagle3 at each draft length, vLLM's ngram;
-# batch 1 and 16; outputs against plain (float32: identical or it fails), vLLM's per-position acceptance, tok/s ratios,
-# the step cost fitted from the sweep and the chosen draft_n written into engines.json → $(RUN)/vllm/vllm.{json,md}
+# LLM (the engines environment: setup-vllm, with polyspec's plugin: Gemma-3 targets too) on the held-out prompts (or
+# VLLM_QUESTIONS): plain, eagle3 at each draft length, the plugin's hybrid (n-gram rows where the context's last
+# VLLM_HYBRID_MIN tokens recur, else the drafter's VLLM_HYBRID_DRAFTER), vLLM's ngram; each batch size; outputs against
+# plain (float32: identical or it fails), vLLM's per-position acceptance, tok/s ratios, the step cost fitted from the
+# sweep, the chosen draft_n and the draft length by batch size written into engines.json → $(RUN)/vllm/vllm.{json,md}
 # (python -m engines.vllm), then the run's report is rebuilt. VLLM_ARGS: e.g. --draft-models DIR (small-LM
 # drafters as vLLM's draft_model), --eager.
 VLLM_PROMPTS ?= 24
 VLLM_N       ?= 128
 VLLM_SWEEP   ?= 1,2,3,4
-VLLM_BATCH   ?= 1,16
+VLLM_BATCH   ?= 1,4,16
 VLLM_DTYPE   ?= float32
 VLLM_ARGS    ?=
+VLLM_HYBRID_MIN ?= 2,3
+VLLM_HYBRID_DRAFTER ?= 2
 VLLM_DRAFTERS ?= $(dir $(SPEC_BUNDLE))speculators
 check-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m engines.vllm --target $(TARGET) --out $(RUN)/vllm \
 		$(if $(wildcard $(VLLM_DRAFTERS)/config.json $(VLLM_DRAFTERS)/*/config.json),--drafters $(VLLM_DRAFTERS)) \
 		$(if $(filter command line,$(origin LANGS)),--langs $(LANGS)) --prompts $(VLLM_PROMPTS) --n $(VLLM_N) \
-		--sweep $(VLLM_SWEEP) --batch $(VLLM_BATCH) --dtype $(VLLM_DTYPE) \
+		--sweep $(VLLM_SWEEP) --batch $(VLLM_BATCH) --dtype $(VLLM_DTYPE) $(if $(VLLM_QUESTIONS),--questions $(VLLM_QUESTIONS)) \
+		--hybrid-min "$(VLLM_HYBRID_MIN)" --hybrid-drafter $(VLLM_HYBRID_DRAFTER) \
 		$(if $(wildcard $(dir $(SPEC_BUNDLE))engines.json),--engines $(dir $(SPEC_BUNDLE))engines.json) $(VLLM_ARGS)
 	$(if $(wildcard $(RUN)/report/report.md),$(PY) -m pipelines report --run $(RUN))
 

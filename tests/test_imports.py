@@ -30,7 +30,8 @@ PIPELINES_MAY_IMPORT = {"train.score"}
 # engines measures the export's formats inside the engines: besides the stages' public modules it
 # reads and writes those formats (the speculators layout, llama.cpp's GGUF conversion). Stages and
 # pipelines never import engines.
-ENGINES_MAY_IMPORT = {"export.interop", "export.gguf"}
+# and the decoder bench's question files (users bench their own prompts in the engines too).
+ENGINES_MAY_IMPORT = {"export.interop", "export.gguf", "decoder.bench.questions"}
 
 
 def module_name(root: Path, path: Path) -> str:

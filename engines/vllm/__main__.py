@@ -3,7 +3,8 @@
 
     python -m engines.vllm --target T --drafters <run>/export/engines --out <run>/vllm [--langs en]
         [--prompts 24] [--n 128] [--sweep 1,2,3,4] [--batch 1,16] [--dtype float32|bfloat16]
-        [--ngram-k 3] [--draft-models DIR] [--engines <run>/export/engines/engines.json] [--eager]
+        [--ngram-k 3] [--hybrid-min 2,3] [--hybrid-drafter 2] [--questions FILE[,FILE]]
+        [--draft-models DIR] [--engines <run>/export/engines/engines.json] [--eager]
 
 What runs and what is measured: :mod:`engines.vllm.run`; the draft length and the report:
 :mod:`engines.vllm.report`. Writes ``<out>/vllm.json``, ``<out>/vllm.md`` and each engine's log
@@ -68,6 +69,21 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ngram-k", type=int, default=3, help="vLLM ngram: num_speculative_tokens")
     ap.add_argument("--ngram-n", type=int, default=3, help="vLLM ngram: prompt_lookup_max (min 1)")
     ap.add_argument(
+        "--hybrid-min",
+        default="2,3",
+        help="polyspec's hybrid (the vLLM plugin): the shortest n-gram matches to try, "
+        "comma-separated ('' for none)",
+    )
+    ap.add_argument(
+        "--hybrid-drafter", default="2", help="the hybrid's drafter draft lengths, comma-separated"
+    )
+    ap.add_argument(
+        "--questions",
+        default=None,
+        help="question files (the decoder bench's format: question_id, category, language, turns;"
+        " comma-separated) instead of the held-out prompts: --prompts per language of --langs",
+    )
+    ap.add_argument(
         "--eager",
         action="store_true",
         help="vLLM enforce_eager (no torch.compile: quick start, slower)",
@@ -90,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         ngram_k=a.ngram_k,
         ngram_n=a.ngram_n,
         eager=a.eager,
+        hybrid_min=_ints(a.hybrid_min, "hybrid-min") if a.hybrid_min.strip() else (),
+        hybrid_drafter=_ints(a.hybrid_drafter, "hybrid-drafter"),
+        questions=a.questions,
     )
     langs = parse_langs(a.langs)
     engines = Path(a.engines) if a.engines else None

@@ -8,7 +8,9 @@ the prompts' prefill) / drafts ÷ plain's seconds per token, fitted as 1 + a + c
 (``engines.draft_length.fit_step_cost`` with a flat verify curve: the sweep measures the whole
 step); vLLM's α from the longest run; the predicted speedup E(k) / (1 + a + c·k) for k ≤ 8 and the
 measured ones → ``draft_n`` (``engines.draft_length.choose``; a chosen length not run yet is run
-too). Written into ``--engines`` (``engines.json``: ``draft_n.vllm`` and the serve command).
+too). Written into ``--engines`` (``engines.json``: ``draft_n.vllm``, the serve command, and
+``num_speculative_tokens_per_batch_size.vllm``: each measured batch size's best measured length, 0
+where no length beat plain there).
 """
 
 from __future__ import annotations
@@ -109,6 +111,19 @@ def best_measured(speedups: dict[int, float], tolerance: float = TOLERANCE) -> i
     return shortest_within(speedups, tolerance) if speedups else None
 
 
+def batch_schedule(speedups: dict[int, dict[int, float]]) -> list[list[int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` from measured speedups (batch size → {draft
+    length: tok/s over plain's}): the batch sizes above the previous measured one up to each
+    measured ``b`` draft ``b``'s best measured length, or 0 (no drafts) where none beat plain; vLLM
+    carries the last range's K to larger batches. → [[start, end, K], …]."""
+    out, start = [], 1
+    for b in sorted(speedups):
+        k, best = max(speedups[b].items(), key=lambda kv: (kv[1], -kv[0]), default=(0, 0.0))
+        out.append([start, b, k if best > 1.0 else 0])
+        start = b + 1
+    return out
+
+
 def round_or_none(x: float | None, nd: int) -> float | None:
     return None if x is None else round(x, nd)
 
@@ -134,6 +149,11 @@ def write_engines(engines_json: Path, report: dict, out: Path) -> None:
         raise PolyspecError(f"{engines_json} not found: --engines names an export's engines.json")
     lengths = {k: d for k, d in report["draft_length"].items() if k in rec.get("drafters", {})}
     draft_length.set_draft_lengths(rec, lengths, "vllm")
+    for name, d in lengths.items():  # the draft length by batch size, 0 where drafting lost
+        if d.get("schedule"):
+            rec["drafters"][name].setdefault("num_speculative_tokens_per_batch_size", {})[
+                "vllm"
+            ] = d["schedule"]
     table = rec.setdefault("engines", {}).setdefault("vllm", {"format": "speculators"})
     table["tested_here"] = (
         f"make check-vllm: vLLM {report['vllm']['version']} on {report['machine']['host']}, "
@@ -246,6 +266,13 @@ def markdown(report: dict) -> str:
             "| predicted × | " + " | ".join(f"{d['predicted_speedup'][k]:.2f}" for k in ks) + " |",
             "| measured × | " + " | ".join(_f(d["measured_speedup"].get(k)) for k in ks) + " |",
         ]
+        if d.get("schedule"):
+            lines += [
+                "",
+                "By batch size (vLLM's `num_speculative_tokens_per_batch_size`, 0 = no drafts): "
+                + ", ".join(f"{a}–{b}: {k}" for a, b, k in d["schedule"])
+                + ".",
+            ]
     lines += ["", "## Definitions", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
     return "\n".join(lines) + "\n"
 

@@ -16,6 +16,14 @@ rendered and tokenized by polyspec as every engine gets them: vLLM receives the 
   languages.
 - ``draft@k``: each small-LM drafter of ``--draft-models``
   (``python -m export --format hf-assistant``'s folders) as vLLM's ``draft_model`` method.
+- ``hybrid-m<m>@d``: each EAGLE-3 drafter with polyspec's vLLM plugin's ``hybrid``
+  (``plugins/vllm``): per request and step, prompt lookup's ``--ngram-k`` drafts where the context's
+  last ``m`` … max(m, ``--ngram-n``) tokens recur, else the drafter's ``d`` (``--hybrid-min``,
+  ``--hybrid-drafter``). Its drafter folder is ``<out>/hybrid/<drafter>-m<m>-d<d>/``: links to the
+  drafter's files and the plugin's ``polyspec_vllm.json``.
+
+The prompts: the first ``--prompts`` held-out prompts of each language, or ``--questions FILE``
+(the decoder bench's question files, :mod:`decoder.bench.questions`: users bench their own prompts).
 
 Every mode runs at each batch size of ``--batch``: the prompts in groups of that size, one
 ``generate`` call per group (batch 1: one prompt at a time). A mode vLLM refuses (an EAGLE-3 drafter
@@ -48,6 +56,7 @@ from typing import Any
 from engines.common import bench_plan, heldout_prompts, resolve_drafters
 from engines.vllm.report import (
     DEFINITIONS,
+    batch_schedule,
     best_measured,
     choose_length,
     polyspec_alpha,
@@ -90,6 +99,10 @@ class Settings:
     # vLLM's enforce_eager: no torch.compile (start-up ~30 s instead of ~2 min; slower steps)
     eager: bool = False
     k_max: int = 8  # longest draft length the choice considers
+    # polyspec's hybrid (the vLLM plugin): the shortest n-gram matches tried, the drafter's lengths
+    hybrid_min: tuple[int, ...] = (2, 3)
+    hybrid_drafter: tuple[int, ...] = (2,)
+    questions: str | None = None  # question files instead of the held-out prompts
 
 
 @dataclass
@@ -104,15 +117,15 @@ class Mode:
 # ------------------------------------------------------------------------------------------ running
 
 
-def prompt_rows(target, langs: list[str], k: int) -> list[dict]:
-    """The first ``k`` held-out prompts of each language as the engines get them: polyspec's
-    rendering and ids."""
+def prompt_rows(target, langs: list[str], k: int, questions: str | None = None) -> list[dict]:
+    """The first ``k`` held-out prompts of each language (or of ``questions``, question files) as
+    the engines get them: polyspec's rendering and ids."""
     from polyspec.prompts import encode, render
 
     fmt = target.spec.prompt_format
     rows = []
     for lang in langs:
-        for q in heldout_prompts(lang, k):
+        for q in heldout_prompts(lang, k) if questions is None else _questions(questions, lang, k):
             text = render(fmt, target.tokenizer, [{"role": "user", "content": q["turns"][0]}])
             rows.append(
                 {
@@ -123,6 +136,16 @@ def prompt_rows(target, langs: list[str], k: int) -> list[dict]:
                 }
             )
     return rows
+
+
+def _questions(path: str, lang: str, k: int) -> list[dict]:
+    """The first ``k`` questions of ``lang`` in question files, shaped as held-out prompts."""
+    from decoder.bench.questions import read_question_files, select_questions
+
+    qs = select_questions(read_question_files(path), [lang], source=path)[:k]
+    return [
+        {"id": str(q["question_id"]), "category": q["category"], "turns": q["turns"]} for q in qs
+    ]
 
 
 def spec_counters(metrics: dict) -> dict:
@@ -242,12 +265,28 @@ def engine_args(model: str, s: Settings, max_len: int) -> dict:
     }
 
 
+def hybrid_folder(out: Path, name: str, folder: Path, m: int, d: int, s: Settings) -> Path:
+    """A drafter folder for the plugin's hybrid: links to ``folder``'s files and a
+    ``polyspec_vllm.json`` asking for n-gram matches of ``m`` tokens and ``d`` drafter tokens."""
+    from polyspec_vllm.settings import Hybrid, write
+
+    here = out / "hybrid" / f"{name}-m{m}-d{d}"
+    here.mkdir(parents=True, exist_ok=True)
+    for f in Path(folder).iterdir():
+        link = here / f.name
+        if f.name != "polyspec_vllm.json" and not link.exists():
+            link.symlink_to(f.resolve())
+    write(here, Hybrid(ngram_min=m, ngram_max=max(m, s.ngram_n), drafter_tokens=d))
+    return here
+
+
 def spec_modes(
     folders: dict[str, Path],
     plan: list[tuple[str | None, str]],
     draft_models: dict[str, Path],
     s: Settings,
     langs: list[str],
+    out: Path | None = None,
 ) -> list[Mode]:
     modes = [
         Mode(
@@ -273,6 +312,21 @@ def spec_modes(
             )
             for k in s.sweep
         ]
+        if out is not None:
+            modes += [
+                Mode(
+                    f"hybrid-m{m}@{d}",
+                    name,
+                    own,
+                    {
+                        "method": "eagle3",
+                        "model": str(hybrid_folder(out, name, folder, m, d, s)),
+                        "num_speculative_tokens": max(s.ngram_k, d),
+                    },
+                )
+                for m in s.hybrid_min
+                for d in s.hybrid_drafter
+            ]
     for name, folder in draft_models.items():
         modes += [
             Mode(
@@ -339,7 +393,7 @@ def bench(
             [lang for _, lang in plan] + [n for n in smalls if langs is None and load_heldout(n)]
         )
     )
-    rows = prompt_rows(target, all_langs, s.prompts)
+    rows = prompt_rows(target, all_langs, s.prompts, s.questions)
     max_len = max(len(r["ids"]) for r in rows) + s.n + max(s.sweep + (s.ngram_k,)) + 8
     path = model_path(target.spec)
     ctx = Context(
@@ -362,7 +416,7 @@ def bench(
         )
         ctx.refused = {name: why for name in folders}
         log(f"[vllm] {why}: plain, ngram and draft models only")
-    modes = spec_modes(folders, plan, smalls, s, all_langs)
+    modes = spec_modes(folders, plan, smalls, s, all_langs, out if eagle3 else None)
     t_start = time.perf_counter()
     log(
         f"[vllm] {sum(_key(m) not in ctx.refused for m in modes) + 1} engines × batch "
@@ -547,7 +601,8 @@ def _probe_margins(
 
 
 def _draft_lengths(ctx: Context, modes: list[Mode]) -> dict:
-    """Per drafter: the length chosen at the smallest batch, the best measured at the largest."""
+    """Per drafter: the length chosen at the smallest batch, the best measured at the largest, and
+    the schedule by batch size vLLM reads (:func:`engines.vllm.report.batch_schedule`)."""
     s = ctx.s
     lengths = {}
     low, big = min(s.batches), max(s.batches)
@@ -571,6 +626,16 @@ def _draft_lengths(ctx: Context, modes: list[Mode]) -> dict:
                     }
                 )
             }
+            pick["schedule"] = batch_schedule(
+                {
+                    b: {
+                        _k(m): m.runs[b]["tok_s"] / _subset(ctx.plain[b], sub)["tok_s"]
+                        for m in mine
+                        if m.runs.get(b) and m.runs[b]["tok_s"]
+                    }
+                    for b in s.batches
+                }
+            )
             lengths[key] = pick
     return lengths
 
@@ -630,17 +695,19 @@ def _k(mode: Mode) -> int:
 
 
 def _sweep(modes: list[Mode]) -> dict[str, list[Mode]]:
-    """The drafters' modes that ran, by drafter: ``<name>`` (EAGLE-3) or
-    ``<name> (draft_model)``."""
+    """The drafters' draft-length sweeps that ran, by drafter: ``<name>`` (EAGLE-3) or
+    ``<name> (draft_model)`` (the hybrid's modes are not a sweep of the drafter's length)."""
     out: dict[str, list[Mode]] = {}
     for m in modes:
-        if m.drafter and m.runs:
+        if m.drafter and m.runs and not m.name.startswith("hybrid"):
             out.setdefault(_key(m), []).append(m)
     return out
 
 
 def _key(m: Mode) -> str:
-    return m.drafter if m.name.startswith("eagle3@") else f"{m.drafter} (draft_model)"
+    """The drafter a mode runs, as ``ctx.refused`` names it (EAGLE-3 drafters, the hybrid's too) or
+    ``<name> (draft_model)``."""
+    return f"{m.drafter} (draft_model)" if m.name.startswith("draft@") else m.drafter
 
 
 def _mode_at(m: Mode, k: int) -> Mode:

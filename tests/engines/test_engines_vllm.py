@@ -6,6 +6,7 @@ for, and the one-line errors before any engine starts."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -176,7 +177,11 @@ def test_bench_measures_speedup_acceptance_step_cost_and_draft_length(
 ):
     engines = _engines(tmp_path / "engines.json")
     rc = vllm_cli(
-        tiny_llama_dir, tmp_path / "out", "--prompts 4 --n 80 --batch 1,2", drafters, engines
+        tiny_llama_dir,
+        tmp_path / "out",
+        "--prompts 4 --n 80 --batch 1,2 --hybrid-min=",
+        drafters,
+        engines,
     )
     assert rc == 0
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
@@ -204,6 +209,19 @@ def test_bench_measures_speedup_acceptance_step_cost_and_draft_length(
     assert d["polyspec_alpha"] == [0.5, 0.25] and "heldout_alpha" in d["polyspec_alpha_from"]
     rec = json.loads(engines.read_text())
     assert rec["drafters"]["en"]["draft_n"]["vllm"] == 2
+    # the draft length by batch size: each measured size's best measured length (or 0)
+    by_b = {
+        b: {
+            int(m["mode"][7:]): m["by_batch"][str(b)]["speedup"]
+            for m in modes.values()
+            if m["mode"].startswith("eagle3@")
+        }
+        for b in (1, 2)
+    }
+    want = [[1, 1, max(by_b[1], key=by_b[1].get)], [2, 2, max(by_b[2], key=by_b[2].get)]]
+    want = [[a, b, k if by_b[b][k] > 1 else 0] for a, b, k in want]
+    assert d["schedule"] == want and want[0][2] > 0
+    assert rec["drafters"]["en"]["num_speculative_tokens_per_batch_size"]["vllm"] == want
     assert '"num_speculative_tokens": <draft_n>' in rec["engines"]["vllm"]["command"]
     assert rep["plain_again"]["identical"] == 4 and rep["plain_again"]["drift"] == pytest.approx(
         1.0
@@ -319,7 +337,8 @@ def test_an_engine_that_fails_to_start_is_tried_again_then_recorded(
     failing twice is recorded with vLLM's line and the other draft lengths still run."""
     # eagle3@2 is also the chosen length: run again, failing again
     fake.fail = {"eagle3@2": 4, "eagle3@3": 1}
-    assert vllm_cli(tiny_llama_dir, tmp_path / "out", "--prompts 2 --n 12 --batch 1", drafters) == 0
+    options = "--prompts 2 --n 12 --batch 1 --hybrid-min="
+    assert vllm_cli(tiny_llama_dir, tmp_path / "out", options, drafters) == 0
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
     assert [m["mode"] for m in rep["modes"]] == ["ngram", "eagle3@1", "eagle3@3", "eagle3@4"]
     assert (
@@ -354,3 +373,67 @@ def test_draft_models_run_as_vllms_draft_model_on_the_runs_languages(
         "model": str(small),
         "num_speculative_tokens": 2,
     }
+
+
+def test_the_hybrid_modes_serve_the_drafter_with_the_plugins_settings(
+    fake, drafters, tiny_llama_dir, tmp_path
+):
+    """--hybrid-min 2,3 --hybrid-drafter 1: one hybrid engine per match length, each on a folder of
+    links to the drafter's files and the plugin's settings, drafting --ngram-k tokens; the hybrid's
+    modes stay out of the draft-length choice (they are not a sweep of the drafter's length)."""
+    from polyspec_vllm.settings import Hybrid, read
+
+    rc = vllm_cli(
+        tiny_llama_dir,
+        tmp_path / "out",
+        "--prompts 2 --n 16 --batch 1 --sweep 1,2 --ngram-k 4 --ngram-n 3 --hybrid-min 2,3 "
+        "--hybrid-drafter 1",
+        drafters,
+    )
+    assert rc == 0
+    rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
+    hybrid = {m["mode"]: m for m in rep["modes"] if m["mode"].startswith("hybrid")}
+    assert set(hybrid) == {"hybrid-m2@1", "hybrid-m3@1"}
+    for m, entry in ((2, hybrid["hybrid-m2@1"]), (3, hybrid["hybrid-m3@1"])):
+        spec = entry["speculative_config"]
+        assert spec["method"] == "eagle3" and spec["num_speculative_tokens"] == 4
+        folder = Path(spec["model"])
+        assert read(folder).hybrid == Hybrid(ngram_min=m, ngram_max=3, drafter_tokens=1)
+        assert (folder / "model.safetensors").resolve() == (
+            drafters / "en" / "model.safetensors"
+        ).resolve()
+        assert entry["drafter"] == "en" and entry["by_batch"]["1"]["identical"] == 2
+    assert set(rep["draft_length"]["en"]["measured_speedup"]) == {"1", "2"}
+
+
+def test_the_batch_schedule_drafts_each_measured_size_its_best_length_and_none_where_all_lose():
+    from engines.vllm.report import batch_schedule
+
+    got = batch_schedule({16: {1: 0.8, 2: 0.7}, 1: {1: 1.3, 2: 1.5, 3: 1.5}, 4: {1: 1.1, 2: 1.05}})
+    # batch 1: 2 and 3 tie, the shorter; 2-4: 1; 5-16: nothing beats plain
+    assert got == [[1, 1, 2], [2, 4, 1], [5, 16, 0]]
+    assert batch_schedule({}) == []
+
+
+def test_questions_files_replace_the_held_out_prompts(fake, drafters, tiny_llama_dir, tmp_path):
+    """--questions: a user's own prompts (the decoder bench's question format), --prompts of each
+    language; a file without the language is one error line."""
+    qs = tmp_path / "mine.jsonl"
+    qs.write_text(
+        "\n".join(
+            json.dumps({"question_id": f"q{i}", "category": "qa", "language": lang, "turns": [t]})
+            for i, (lang, t) in enumerate(
+                [("en", "Name three rivers."), ("de", "Nenne drei Flüsse."), ("en", "Why?")]
+            )
+        )
+    )
+    options = f"--prompts 5 --n 8 --batch 1 --sweep 1 --hybrid-min= --questions {qs}"
+    assert vllm_cli(tiny_llama_dir, tmp_path / "out", options, drafters) == 0
+    rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
+    plain = next(m for m in rep["modes"] if m["mode"] == "eagle3@1")
+    assert plain["by_batch"]["1"]["prompts"] == 2  # the two English questions, not de's
+    assert rep["settings"]["prompts"] == {"en": 2}
+    (tmp_path / "de.jsonl").write_text(qs.read_text().splitlines()[1])
+    with pytest.raises(SystemExit) as e:
+        vllm_cli(tiny_llama_dir, tmp_path / "o2", f"--questions {tmp_path / 'de.jsonl'}", drafters)
+    assert e.value.code == 2
