@@ -139,6 +139,32 @@ def test_hybrid_takes_ngram_rows_and_drafter_rows_in_one_step_losslessly(gemma, 
     assert ngram_rows > 0 and drafter_rows > 0 and mixed > 0, stats[-1]
 
 
+def test_vllm_reads_the_draft_length_by_batch_size_that_check_vllm_writes(gemma):
+    """``num_speculative_tokens_per_batch_size`` as engines.vllm writes it, with 0 where drafting
+    lost: here batch 1 gets no drafts, so one prompt alone is drafted never, the two prompts
+    together are."""
+    spec = {
+        "method": "eagle3",
+        "model": str(gemma["drafter"]),
+        "num_speculative_tokens": 2,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 16, 2]],
+    }
+    llm = {
+        "model": str(gemma["target"]),
+        "dtype": "float32",
+        "enforce_eager": True,
+        "max_model_len": 256,
+        "disable_log_stats": False,
+        "speculative_config": spec,
+    }
+    with VLLMProcess(llm, log=gemma["root"] / "schedule.log") as p:
+        p.generate(gemma["prompts"][:1], [GREEDY])
+        alone = p.metrics().get("vllm:spec_decode_num_drafts", 0)
+        p.generate(gemma["prompts"], [GREEDY] * 2)
+        together = p.metrics()["vllm:spec_decode_num_drafts"] - alone
+    assert alone == 0 and together > 0, (alone, together)
+
+
 def _start_error(env_extra: dict, code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [VLLM_PYTHON, "-c", code],
