@@ -47,7 +47,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.polyspec-installed
 
-.PHONY: help setup setup-vllm check-vllm test test-all test-unit lint demo show-config check-lang check-langs corpus prefill synth vocab train export check-speculators check-llamacpp eval pf-study all chat-large chat-large-pack clean-venv
+.PHONY: help setup setup-vllm check-vllm serve-vllm load-vllm test test-all test-unit lint demo show-config check-lang check-langs corpus prefill synth vocab train export check-speculators check-llamacpp eval pf-study all chat-large chat-large-pack clean-venv
 
 help:
 	@echo "polyspec — multilingual speculative-decoding drafter pipeline"
@@ -61,7 +61,10 @@ help:
 	@echo "  make vocab LANGS=vi,de,ja | make train LANG=vi | make export LANGS=... | make eval"
 	@echo "  make check-speculators BUNDLE=...   EAGLE-3 drafters loaded by vllm-project/speculators, logits compared"
 	@echo "  make check-llamacpp BUNDLE=...      EAGLE-3 drafters run in llama.cpp: plain vs eagle3 vs n-gram, tok/s"
-	@echo "  make setup-vllm | make check-vllm RUN=...   the drafters served by vLLM (CPU build): plain vs eagle3 vs ngram"
+	@echo "  make setup-vllm | make check-vllm RUN=...   the drafters served by vLLM (CPU build, polyspec's plugin):"
+	@echo "                            plain vs ngram vs eagle3 vs hybrid, batch 1/4/16"
+	@echo "  make serve-vllm RUN=... [LANG=vi] [VLLM_MODE=hybrid]   vllm serve with the run's drafter on 127.0.0.1"
+	@echo "  make load-vllm RUN=... [LANG=vi]   vllm serve under load: plain / ngram / eagle3 / hybrid servers"
 	@echo "  make pf-study LANG=vi [RECIPE=eagle-cpu]   pretrain→finetune vs finetune-only vs untrained"
 	@echo "  make all LANGS=vi,de,ja TARGET=... PROFILE=cpu-demo"
 	@echo "  make chat-large [RUN=...]   the chat target's drafter on 3M on-policy answer tokens (hours; resumable)"
@@ -244,6 +247,31 @@ check-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 		--hybrid-min "$(VLLM_HYBRID_MIN)" --hybrid-drafter $(VLLM_HYBRID_DRAFTER) \
 		$(if $(wildcard $(dir $(SPEC_BUNDLE))engines.json),--engines $(dir $(SPEC_BUNDLE))engines.json) $(VLLM_ARGS)
 	$(if $(wildcard $(RUN)/report/report.md),$(PY) -m pipelines report --run $(RUN))
+
+# make serve-vllm RUN=… [TARGET=…] [LANG=vi] [VLLM_MODE=hybrid|eagle3|ngram|plain] [PORT=8000] [VLLM_DTYPE=float32]
+# vLLM's OpenAI-compatible server on 127.0.0.1 with polyspec's plugin and the run's drafter for LANG (its engines export,
+# at the draft length and the schedule by batch size check-vllm wrote); prints the server's and a client's command
+# (python -m engines.vllm.serve). Ctrl-C stops it.
+PORT      ?= 8000
+VLLM_MODE ?= hybrid
+serve-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
+	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m engines.vllm.serve --run $(RUN) --target $(TARGET) \
+		--lang $(LANG_CODE) --mode $(VLLM_MODE) --port $(PORT) --dtype $(VLLM_DTYPE)
+
+# make load-vllm RUN=… [TARGET=…] [LANG=vi] [LOAD_MODES=plain,ngram,eagle3,hybrid] [LOAD_CONCURRENCY=1,4,16]
+#      [LOAD_TEMPERATURES=0,0.7] [LOAD_PROMPTS=16] [LOAD_N=64] [VLLM_DTYPE=float32]
+# vllm serve under load: each mode's server in turn on 127.0.0.1, bounded clients over LANG's held-out prompts;
+# throughput, p50/p95 latency, failures, greedy answers against the plain server's, a client dropped mid-stream and
+# malformed requests → $(RUN)/vllm/load/load.{json,md} (python -m engines.vllm.load).
+LOAD_MODES        ?= plain,ngram,eagle3,hybrid
+LOAD_CONCURRENCY  ?= 1,4,16
+LOAD_TEMPERATURES ?= 0,0.7
+LOAD_PROMPTS      ?= 16
+LOAD_N            ?= 64
+load-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
+	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m engines.vllm.load --run $(RUN) --target $(TARGET) \
+		--lang $(LANG_CODE) --modes $(LOAD_MODES) --concurrency $(LOAD_CONCURRENCY) \
+		--temperatures $(LOAD_TEMPERATURES) --prompts $(LOAD_PROMPTS) --n $(LOAD_N) --dtype $(VLLM_DTYPE)
 
 # make eval BUNDLE=<bundle> [QUESTIONS=question.jsonl] [METHODS=ar,adaspec,...] [MAX_NEW_TOKENS=128] [PER_CELL=1] [GAMMA=4]
 eval: $(STAMP)

@@ -65,6 +65,7 @@ from engines.vllm.report import (
     write,
     write_engines,
 )
+from engines.vllm.serve import hybrid_folder
 from export.interop import check_speculators
 from polyspec.device import host_kind
 from polyspec.errors import PolyspecError
@@ -265,21 +266,6 @@ def engine_args(model: str, s: Settings, max_len: int) -> dict:
     }
 
 
-def hybrid_folder(out: Path, name: str, folder: Path, m: int, d: int, s: Settings) -> Path:
-    """A drafter folder for the plugin's hybrid: links to ``folder``'s files and a
-    ``polyspec_vllm.json`` asking for n-gram matches of ``m`` tokens and ``d`` drafter tokens."""
-    from polyspec_vllm.settings import Hybrid, write
-
-    here = out / "hybrid" / f"{name}-m{m}-d{d}"
-    here.mkdir(parents=True, exist_ok=True)
-    for f in Path(folder).iterdir():
-        link = here / f.name
-        if f.name != "polyspec_vllm.json" and not link.exists():
-            link.symlink_to(f.resolve())
-    write(here, Hybrid(ngram_min=m, ngram_max=max(m, s.ngram_n), drafter_tokens=d))
-    return here
-
-
 def spec_modes(
     folders: dict[str, Path],
     plan: list[tuple[str | None, str]],
@@ -320,7 +306,15 @@ def spec_modes(
                     own,
                     {
                         "method": "eagle3",
-                        "model": str(hybrid_folder(out, name, folder, m, d, s)),
+                        "model": str(
+                            hybrid_folder(
+                                out / "hybrid" / f"{name}-m{m}-d{d}",
+                                folder,
+                                m,
+                                max(m, s.ngram_n),
+                                d,
+                            )
+                        ),
                         "num_speculative_tokens": max(s.ngram_k, d),
                     },
                 )

@@ -215,3 +215,60 @@ def test_a_drafter_for_another_target_is_refused_at_start_up(gemma, tmp_path):
     assert "trained on a llama model, the target is gemma3_text" in last
     assert "Loading weights" not in r.stderr and "Traceback" not in r.stderr
     assert os.path.isdir(folder)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vllm_serve_with_the_plugin_under_load(gemma, tmp_path):
+    """``python -m engines.vllm.load``: a plain server and the plugin's hybrid server on 127.0.0.1,
+    1 and 2 concurrent clients, greedy and at temperature 0.7: no failed request, every greedy
+    answer equal to the plain server's, drafts accepted; a client dropped mid-stream and malformed
+    requests (4xx each) leave the server answering."""
+    from conftest import run_cli
+
+    out = tmp_path / "load"
+    r = run_cli(
+        "-m",
+        "engines.vllm.load",
+        "--target",
+        str(gemma["target"]),
+        "--drafter",
+        str(gemma["drafter"]),
+        "--run",
+        str(tmp_path),
+        "--lang",
+        "en",
+        "--modes",
+        "plain,hybrid",
+        "--concurrency",
+        "1,2",
+        "--temperatures",
+        "0,0.7",
+        "--prompts",
+        "3",
+        "--n",
+        "16",
+        "--eager",
+        "--port",
+        str(_free_port()),
+        "--out",
+        str(out),
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    rep = json.loads((out / "load.json").read_text())
+    hybrid = rep["modes"]["hybrid"]
+    for key, p in hybrid["passes"].items():
+        assert p["failures"] == 0 and p["requests"] == 3, key
+        if p["temperature"] == 0:
+            assert p["identical"] == 3, key
+    assert hybrid["spec"]["accepted"] > 0, hybrid["spec"]
+    assert rep["modes"]["plain"]["spec"]["drafts"] == 0
+    assert hybrid["dropped_stream_first_chunk"] and hybrid["serves_after"]
+    assert all(400 <= b["status"] < 500 for b in hybrid["bad_requests"]), hybrid["bad_requests"]
+    assert "| hybrid | 2 | 0.7 |" in (out / "load.md").read_text()
