@@ -164,14 +164,15 @@ def write_engine_exports(
     return record
 
 
-# Target architectures whose vLLM model serves no EAGLE-3 drafts (no SupportsEagle3), as measured by
-# make check-vllm's probe of the installed vLLM; the probe's answer replaces this line in
-# engines.json when check-vllm runs.
-VLLM_NO_EAGLE3 = {
-    "Gemma3ForCausalLM": "vLLM 0.32's Gemma3ForCausalLM does not implement SupportsEagle3: vLLM "
-    "serves no EAGLE-3 drafter for Gemma-3 (its ngram method runs; its draft_model method runs "
-    "but changed the output in fp32 on the CPU build)"
+# Target architectures whose vLLM model serves EAGLE-3 drafts only with polyspec's vLLM plugin
+# (plugins/vllm: vLLM 0.32's Gemma-3 classes lack SupportsEagle3; the plugin adds it), as measured
+# by make check-vllm's probe of the installed vLLM.
+VLLM_NEEDS_PLUGIN = {
+    arch: "vLLM 0.32's Gemma-3 classes do not implement SupportsEagle3; polyspec's vLLM plugin "
+    "adds it: pip install ./plugins/vllm into vLLM's environment (make setup-vllm does)"
+    for arch in ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 }
+PLUGIN_INSTALL = "pip install ./plugins/vllm"
 
 
 def engine_table(
@@ -213,13 +214,8 @@ def engine_table(
             "tested_here": "yes",
         },
     }
-    if architecture in VLLM_NO_EAGLE3:
-        table["vllm"] = {
-            "loads": [],
-            "format": "speculators",
-            "why": VLLM_NO_EAGLE3[architecture],
-            "tested_here": table["vllm"]["tested_here"],
-        }
+    if architecture in VLLM_NEEDS_PLUGIN:
+        table["vllm"]["needs"] = {"plugin": PLUGIN_INSTALL, "why": VLLM_NEEDS_PLUGIN[architecture]}
     if gguf:
         table["llama.cpp"] = {
             "loads": names,

@@ -405,8 +405,8 @@ def bench(
     if folders and not eagle3:
         why = (
             f"vLLM's {target.config.architectures[0]} does not implement SupportsEagle3: vLLM "
-            "serves no EAGLE-3 "
-            "drafter for this target"
+            "serves no EAGLE-3 drafter for this target (Gemma-3: polyspec's vLLM plugin adds it, "
+            "pip install ./plugins/vllm in vLLM's environment; make setup-vllm does)"
         )
         ctx.refused = {name: why for name in folders}
         log(f"[vllm] {why}: plain, ngram and draft models only")

@@ -347,3 +347,17 @@ def test_packed_steps_give_the_loss_and_gradients_of_running_every_entry(ttt_ste
     for n in g0:
         assert torch.allclose(g1[n], g0[n], rtol=1e-4, atol=1e-6), n
     assert r1 < r0, (r1, r0)  # the MLP ran on fewer rows
+
+
+def test_the_vllm_line_of_a_gemma3_target_names_the_plugin_it_needs(tmp_path):
+    """vLLM 0.32 serves EAGLE-3 for Gemma-3 only through polyspec's plugin: the engines table says
+    so (and still lists the drafters); a Llama target needs nothing."""
+    from export.engines import PLUGIN_INSTALL, engine_table
+
+    drafters = {"vi": {"polyspec": True}, "multilingual": {"polyspec": False}}
+    gemma = engine_table(tmp_path, drafters, "/t", 3, gguf=False, architecture="Gemma3ForCausalLM")
+    assert gemma["vllm"]["loads"] == ["multilingual", "vi"]
+    assert gemma["vllm"]["needs"]["plugin"] == PLUGIN_INSTALL
+    assert "SupportsEagle3" in gemma["vllm"]["needs"]["why"]
+    llama = engine_table(tmp_path, drafters, "/t", 3, gguf=False, architecture="LlamaForCausalLM")
+    assert "needs" not in llama["vllm"]
