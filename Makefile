@@ -221,7 +221,7 @@ check-llamacpp: $(STAMP)
 
 # make check-vllm RUN=… [TARGET=…] [LANGS=…] [BUNDLE=<an engines export's bundle>] [VLLM_PROMPTS=24] [VLLM_N=128]
 #      [VLLM_SWEEP=1,2,3,4] [VLLM_BATCH=1,4,16] [VLLM_DTYPE=float32|bfloat16] [VLLM_DRAFTERS=<speculators folders or one>]
-#      [VLLM_QUESTIONS=<question files>] [VLLM_HYBRID_MIN=2,3] [VLLM_HYBRID_DRAFTER=2] [VLLM_ARGS=…]
+#      [VLLM_QUESTIONS=<question files>] [VLLM_HYBRID_MIN=auto|2,3] [VLLM_HYBRID_DRAFTER=2] [VLLM_ARGS=…]
 # Every EAGLE-3 drafter of the run's engines export (each language's and the multilingual one) served by vLLM's offline
 # LLM (the engines environment: setup-vllm, with polyspec's plugin: Gemma-3 targets too) on the held-out prompts (or
 # VLLM_QUESTIONS): plain, eagle3 at each draft length, the plugin's hybrid (n-gram rows where the context's last
@@ -236,7 +236,7 @@ VLLM_SWEEP   ?= 1,2,3,4
 VLLM_BATCH   ?= 1,4,16
 VLLM_DTYPE   ?= float32
 VLLM_ARGS    ?=
-VLLM_HYBRID_MIN ?= 2,3
+VLLM_HYBRID_MIN ?= auto
 VLLM_HYBRID_DRAFTER ?= 2
 VLLM_DRAFTERS ?= $(dir $(SPEC_BUNDLE))speculators
 check-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)

@@ -3,7 +3,7 @@
 
     python -m engines.vllm --target T --drafters <run>/export/engines --out <run>/vllm [--langs en]
         [--prompts 24] [--n 128] [--sweep 1,2,3,4] [--batch 1,16] [--dtype float32|bfloat16]
-        [--ngram-k 3] [--hybrid-min 2,3] [--hybrid-drafter 2] [--questions FILE[,FILE]]
+        [--ngram-k 3] [--hybrid-min auto|2,3] [--hybrid-drafter 2] [--questions FILE[,FILE]]
         [--draft-models DIR] [--engines <run>/export/engines/engines.json] [--eager]
 
 What runs and what is measured: :mod:`engines.vllm.run`; the draft length and the report:
@@ -70,9 +70,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ngram-n", type=int, default=3, help="vLLM ngram: prompt_lookup_max (min 1)")
     ap.add_argument(
         "--hybrid-min",
-        default="2,3",
-        help="polyspec's hybrid (the vLLM plugin): the shortest n-gram matches to try, "
-        "comma-separated ('' for none)",
+        default="auto",
+        help="polyspec's hybrid (the vLLM plugin): auto (calibrated from this run's curves, the "
+        "drafter at its draft_n), or the shortest n-gram matches to try, comma-separated, each "
+        "with every --hybrid-drafter length ('' for none)",
     )
     ap.add_argument(
         "--hybrid-drafter", default="2", help="the hybrid's drafter draft lengths, comma-separated"
@@ -106,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         ngram_k=a.ngram_k,
         ngram_n=a.ngram_n,
         eager=a.eager,
-        hybrid_min=_ints(a.hybrid_min, "hybrid-min") if a.hybrid_min.strip() else (),
+        hybrid_auto=a.hybrid_min.strip() == "auto",
+        hybrid_min=_ints(a.hybrid_min, "hybrid-min")
+        if a.hybrid_min.strip() not in ("", "auto")
+        else (),
         hybrid_drafter=_ints(a.hybrid_drafter, "hybrid-drafter"),
         questions=a.questions,
     )

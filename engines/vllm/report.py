@@ -149,6 +149,10 @@ def write_engines(engines_json: Path, report: dict, out: Path) -> None:
         raise PolyspecError(f"{engines_json} not found: --engines names an export's engines.json")
     lengths = {k: d for k, d in report["draft_length"].items() if k in rec.get("drafters", {})}
     draft_length.set_draft_lengths(rec, lengths, "vllm")
+    for name, h in (report.get("hybrid") or {}).items():  # the calibrated hybrid, for serving
+        if name in rec.get("drafters", {}) and h["ngram_min"] <= h["ngram_max"]:
+            keys = ("ngram_min", "ngram_max", "drafter_tokens", "ngram_tokens")
+            rec["drafters"][name].setdefault("hybrid", {})["vllm"] = {k: h[k] for k in keys}
     for name, d in lengths.items():  # the draft length by batch size, 0 where drafting lost
         if d.get("schedule"):
             rec["drafters"][name].setdefault("num_speculative_tokens_per_batch_size", {})[

@@ -18,8 +18,11 @@ rendered and tokenized by polyspec as every engine gets them: vLLM receives the 
   (``python -m export --format hf-assistant``'s folders) as vLLM's ``draft_model`` method.
 - ``hybrid-m<m>@d``: each EAGLE-3 drafter with polyspec's vLLM plugin's ``hybrid``
   (``plugins/vllm``): per request and step, prompt lookup's ``--ngram-k`` drafts where the context's
-  last ``m`` … max(m, ``--ngram-n``) tokens recur, else the drafter's ``d`` (``--hybrid-min``,
-  ``--hybrid-drafter``). Its drafter folder is ``<out>/hybrid/<drafter>-m<m>-d<d>/``: links to the
+  last ``m`` … max(m, n_max) tokens recur, else the drafter's ``d``. ``--hybrid-min auto`` (the
+  default): after the sweep, ``m`` calibrated from this run's curves (:mod:`engines.vllm.calibrate`:
+  prompt lookup's acceptance by match length on plain's answers against the drafter's α and step
+  cost), ``d`` the chosen ``draft_n``, n_max ``HYBRID_N_MAX``; else every ``--hybrid-min`` ×
+  ``--hybrid-drafter``. Its drafter folder is ``<out>/hybrid/<drafter>-m<m>-d<d>/``: links to the
   drafter's files and the plugin's ``polyspec_vllm.json``.
 
 The prompts: the first ``--prompts`` held-out prompts of each language, or ``--questions FILE``
@@ -74,6 +77,7 @@ from polyspec.io import read_json_or_none
 from polyspec.vllm_process import VLLMProcess, vllm_python
 
 TOP_LOGPROBS = 5
+HYBRID_N_MAX = 6  # the longest suffix the calibrated hybrid matches
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
@@ -100,8 +104,10 @@ class Settings:
     # vLLM's enforce_eager: no torch.compile (start-up ~30 s instead of ~2 min; slower steps)
     eager: bool = False
     k_max: int = 8  # longest draft length the choice considers
-    # polyspec's hybrid (the vLLM plugin): the shortest n-gram matches tried, the drafter's lengths
-    hybrid_min: tuple[int, ...] = (2, 3)
+    # polyspec's hybrid (the vLLM plugin): calibrated (engines.vllm.calibrate: m from this run's
+    # curves, the drafter at its draft_n), or these shortest n-gram matches × drafter lengths
+    hybrid_auto: bool = True
+    hybrid_min: tuple[int, ...] = ()
     hybrid_drafter: tuple[int, ...] = (2,)
     questions: str | None = None  # question files instead of the held-out prompts
 
@@ -300,27 +306,28 @@ def spec_modes(
         ]
         if out is not None:
             modes += [
-                Mode(
-                    f"hybrid-m{m}@{d}",
-                    name,
-                    own,
-                    {
-                        "method": "eagle3",
-                        "model": str(
-                            hybrid_folder(
-                                out / "hybrid" / f"{name}-m{m}-d{d}",
-                                folder,
-                                m,
-                                max(m, s.ngram_n),
-                                d,
-                            )
-                        ),
-                        "num_speculative_tokens": max(s.ngram_k, d),
-                    },
-                )
+                hybrid_mode(name, folder, own, m, s.ngram_n, d, s, out)
                 for m in s.hybrid_min
                 for d in s.hybrid_drafter
             ]
+    return modes + _draft_model_modes(draft_models, s, langs)
+
+
+def hybrid_mode(
+    name: str, folder: Path, own: list[str], m: int, n_max: int, d: int, s: Settings, out: Path
+) -> Mode:
+    """The plugin's hybrid for one drafter (its folder of links and settings under ``out``)."""
+    here = hybrid_folder(out / "hybrid" / f"{name}-m{m}-d{d}", folder, m, max(m, n_max), d)
+    return Mode(
+        f"hybrid-m{m}@{d}",
+        name,
+        own,
+        {"method": "eagle3", "model": str(here), "num_speculative_tokens": max(s.ngram_k, d)},
+    )
+
+
+def _draft_model_modes(draft_models: dict[str, Path], s: Settings, langs: list[str]) -> list[Mode]:
+    modes = []
     for name, folder in draft_models.items():
         modes += [
             Mode(
@@ -347,6 +354,9 @@ class Context:
     python: str
     out: Path
     eagle3: bool  # this vLLM serves EAGLE-3 drafts for the target's architecture
+    folders: dict[str, Path] = field(default_factory=dict)  # the EAGLE-3 drafters by name
+    # drafter → the calibrated hybrid (engines.vllm.calibrate): curve, m, d, why
+    hybrid: dict[str, dict] = field(default_factory=dict)
     # drafter key → why vLLM serves none for this target
     refused: dict[str, str] = field(default_factory=dict)
     # mode → vLLM's error line (it failed every try)
@@ -400,6 +410,7 @@ def bench(
         python,
         out,
         eagle3,
+        folders=folders,
         load_start=os.getloadavg(),
     )
     if folders and not eagle3:
@@ -436,7 +447,11 @@ def bench(
         for mode in extra:  # a chosen length not run yet: run it too, so the choice is measured
             run_spec(ctx, mode, log)
             modes.append(mode)
-        if extra:
+        hybrid = _calibrated_hybrid(ctx, modes, report, log) if s.hybrid_auto and eagle3 else []
+        for mode in hybrid:
+            run_spec(ctx, mode, log)
+            modes.append(mode)
+        if extra or hybrid:
             report = _assemble(ctx, modes, plain_engine)
         again = run_pass(plain_engine, rows, ctx.params, 1)
         first = ctx.plain.get(1)
@@ -538,6 +553,7 @@ def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dic
         "refused": ctx.refused or None,
         "failed": ctx.failed or None,
         "draft_length": lengths,
+        "hybrid": ctx.hybrid or None,
         "definitions": dict(DEFINITIONS),
     }
 
@@ -632,6 +648,44 @@ def _draft_lengths(ctx: Context, modes: list[Mode]) -> dict:
             )
             lengths[key] = pick
     return lengths
+
+
+def _calibrated_hybrid(ctx: Context, modes: list[Mode], report: dict, log) -> list[Mode]:
+    """Per EAGLE-3 drafter with a chosen ``draft_n``: prompt lookup's acceptance by match length on
+    plain's batch-1 answers to the drafter's prompts, against the drafter's α and step cost
+    (:mod:`engines.vllm.calibrate`) → ``m``; the hybrid mode to run (none where no match length
+    beats the drafter). Records each choice in ``ctx.hybrid``."""
+    from engines.vllm.calibrate import choose_ngram_min, ngram_curve
+
+    s, todo = ctx.s, []
+    for name, d in report["draft_length"].items():
+        folder = ctx.folders.get(name)
+        mine = next((m for m in modes if m.drafter == name and m.name.startswith("eagle3@")), None)
+        if folder is None or mine is None or 1 not in ctx.plain:
+            continue
+        rows = ctx.rows_of(mine.langs)
+        answers = ctx.plain[1]["outputs"]
+        curve = ngram_curve(
+            [(r["ids"] + answers[r["id"]], len(r["ids"])) for r in rows], HYBRID_N_MAX, s.ngram_k
+        )
+        pick = choose_ngram_min(curve, d["alpha"], d["draft_n"], s.ngram_k, d["step_cost"]["c"])
+        m = pick["ngram_min"]
+        ctx.hybrid[name] = {
+            **pick,
+            "drafter_tokens": d["draft_n"],
+            "ngram_tokens": s.ngram_k,
+            "ngram_max": HYBRID_N_MAX,
+            "curve": curve,
+        }
+        log(
+            f"[vllm] hybrid for {name}: n-gram rows from {m}-token matches "
+            f"({pick['ngram_share']:.0%} of plain's answer positions), else the drafter's "
+            f"{d['draft_n']}"
+        )
+        if m <= HYBRID_N_MAX:
+            n_max, k = HYBRID_N_MAX, d["draft_n"]
+            todo.append(hybrid_mode(name, folder, mine.langs, m, n_max, k, s, ctx.out))
+    return todo
 
 
 def _machine_record(ctx: Context) -> dict:

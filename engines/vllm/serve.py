@@ -102,7 +102,8 @@ def speculative_config(
     """The ``--speculative-config`` of ``mode``. eagle3 / hybrid: the drafter folder at the
     ``draft_n`` (and the draft length by batch size) ``make check-vllm`` recorded for it in
     ``engines.json``; hybrid: prompt lookup's ``ngram_k`` drafts where the last ``hybrid_min`` …
-    ``ngram_n`` tokens recur, else the drafter's ``draft_n``."""
+    ``ngram_n`` tokens recur, else the drafter's ``draft_n`` — or the hybrid ``make check-vllm``
+    calibrated for this drafter (``engines.json``: ``hybrid.vllm``)."""
     if mode not in MODES:
         raise PolyspecError(f"--mode {mode!r}: one of {', '.join(MODES)}")
     if mode == "plain":
@@ -122,6 +123,7 @@ def speculative_config(
     rec = ((read_json_or_none(engines_json) or {}) if engines_json else {}).get("drafters", {})
     mine = rec.get(drafter.name, {})
     draft_n = (mine.get("draft_n") or {}).get("vllm") or DEFAULT_DRAFT_N
+    calibrated = (mine.get("hybrid") or {}).get("vllm")  # make check-vllm's --hybrid-min auto
     schedule = (mine.get("num_speculative_tokens_per_batch_size") or {}).get("vllm")
     if mode == "eagle3":
         cfg = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": draft_n}
@@ -131,6 +133,9 @@ def speculative_config(
         return cfg
     if hybrid_dir is None:
         raise PolyspecError("--mode hybrid needs a folder for the plugin's settings")
+    if calibrated:
+        hybrid_min, ngram_n = calibrated["ngram_min"], calibrated["ngram_max"]
+        draft_n, ngram_k = calibrated["drafter_tokens"], calibrated["ngram_tokens"]
     folder = hybrid_folder(hybrid_dir, drafter, hybrid_min, max(hybrid_min, ngram_n), draft_n)
     k = max(ngram_k, draft_n)
     return {"method": "eagle3", "model": str(folder), "num_speculative_tokens": k}

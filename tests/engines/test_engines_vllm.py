@@ -437,3 +437,40 @@ def test_questions_files_replace_the_held_out_prompts(fake, drafters, tiny_llama
     with pytest.raises(SystemExit) as e:
         vllm_cli(tiny_llama_dir, tmp_path / "o2", f"--questions {tmp_path / 'de.jsonl'}", drafters)
     assert e.value.code == 2
+
+
+def test_the_calibrated_hybrid_runs_at_the_m_this_runs_curves_choose(
+    fake, drafters, tiny_llama_dir, tmp_path
+):
+    """--hybrid-min auto (the default): after the sweep, prompt lookup's acceptance by match length
+    on plain's answers (every answer position counted once) against the drafter's α and step cost
+    → m; the hybrid runs there with the drafter at its draft_n, and engines.json records it for
+    make serve-vllm."""
+    from engines.vllm.calibrate import choose_ngram_min
+    from polyspec_vllm.settings import read
+
+    engines = _engines(tmp_path / "engines.json")
+    options = "--prompts 2 --n 80 --batch 1 --sweep 1,2"
+    assert vllm_cli(tiny_llama_dir, tmp_path / "out", options, drafters, engines) == 0
+    rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
+    h, d = rep["hybrid"]["en"], rep["draft_length"]["en"]
+    assert sum(v["positions"] for v in h["curve"].values()) == 2 * 80
+    curve = {int(n): v for n, v in h["curve"].items()}
+    want = choose_ngram_min(curve, d["alpha"], d["draft_n"], 3, d["step_cost"]["c"])
+    assert h["ngram_min"] == want["ngram_min"] <= h["ngram_max"]  # the fake's answers cycle
+    assert h["drafter_tokens"] == d["draft_n"]
+    (mode,) = [m for m in rep["modes"] if m["mode"].startswith("hybrid")]
+    assert mode["mode"] == f"hybrid-m{h['ngram_min']}@{d['draft_n']}"
+    got = read(mode["speculative_config"]["model"]).hybrid
+    assert (got.ngram_min, got.ngram_max, got.drafter_tokens) == (
+        h["ngram_min"],
+        h["ngram_max"],
+        d["draft_n"],
+    )
+    rec = json.loads(engines.read_text())["drafters"]["en"]["hybrid"]["vllm"]
+    assert rec == {
+        "ngram_min": h["ngram_min"],
+        "ngram_max": h["ngram_max"],
+        "drafter_tokens": d["draft_n"],
+        "ngram_tokens": 3,
+    }
