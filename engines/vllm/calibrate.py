@@ -14,8 +14,8 @@ A step that takes the n-gram row verifies ``k`` drafts and expects 1 + A(L) toke
 the drafter's verifies ``d`` and expects 1 + Σα_i (i ≤ d); the EAGLE drafter drafts in every step
 either way (the plugin runs it on the whole batch), so the n-gram row pays only its longer
 verification, c per token beyond ``d`` (c as fitted, which also holds the drafting's share: an upper
-bound). ``m`` is the shortest L from which on every longer match is worth it: (1 + A(L)) / (1 + c·k)
-≥ (1 + Σα) / (1 + c·d). No L qualifies: no n-gram rows (m past n_max)."""
+bound). ``m`` is the shortest L from which on every longer observed match is worth it: (1 + A(L)) /
+(1 + c·k) ≥ (1 + Σα) / (1 + c·d). No L qualifies: no n-gram rows (m past n_max)."""
 
 from __future__ import annotations
 
@@ -71,15 +71,16 @@ def ngram_curve(contexts: list[tuple[list[int], int]], n_max: int, k: int) -> di
 
 
 def choose_ngram_min(
-    curve: dict[int, dict], alpha: Sequence[float], d: int, k: int, c: float
+    curve: dict[int, dict], alpha: Sequence[float], d: int, k: int, c: float, n_max: int
 ) -> dict:
-    """``m`` (module docstring) and why: the drafter's and each match length's tokens per cost."""
+    """``m`` (module docstring) and why: the drafter's and each match length's tokens per cost.
+    No observed length worth it: ``n_max + 1`` (no n-gram rows)."""
     drafter = (1 + sum(alpha[:d])) / (1 + c * d)
     per_len = {
         n: (1 + v["accepted"]) / (1 + c * k) for n, v in curve.items() if n > 0 and v["positions"]
     }
     good = [n for n in sorted(per_len) if all(per_len[x] >= drafter for x in per_len if x >= n)]
-    m = good[0] if good else max(per_len, default=0) + 1
+    m = good[0] if good else n_max + 1
     return {
         "ngram_min": m,
         "drafter_value": round(drafter, 4),

@@ -37,6 +37,9 @@ DEFINITIONS = {
     "identical": "token ids equal to plain's at the same batch size",
     "margin": "plain's logprob of its token − of the mode's token at the first divergence (top 5 "
     "probed)",
+    "hybrid": "the plugin's hybrid (hybrid-m<m>@<d>): prompt lookup's drafts where the context's "
+    "last m tokens recur, else the drafter's d; m from engines.vllm.calibrate (tokens per cost: "
+    "(1 + accepted) / (1 + c·drafts), c from the step-cost fit)",
     "draft_n": "engines.draft_length.choose: E(k) / (1 + a + c·k) with vLLM's α and the step cost "
     "fitted "
     "from the batch-1 sweep, overruled by a measured speedup > 5 % better",
@@ -277,6 +280,26 @@ def markdown(report: dict) -> str:
                 + ", ".join(f"{a}–{b}: {k}" for a, b, k in d["schedule"])
                 + ".",
             ]
+    for name, h in (report.get("hybrid") or {}).items():
+        curve = {int(n): v for n, v in h["curve"].items()}
+        ls = sorted(n for n in curve if n > 0)
+        lines += [
+            "",
+            f"## Hybrid for {name}: n-gram rows from {h['ngram_min']}-token matches, else the "
+            f"drafter's {h['drafter_tokens']}",
+            "",
+            f"Prompt lookup on plain's batch-1 answers ({h['ngram_tokens']} drafts, matches up to "
+            f"{h['ngram_max']} tokens) against the drafter (tokens per cost "
+            f"{h['drafter_value']:.2f}); n-gram rows on {h['ngram_share']:.0%} of the positions.",
+            "",
+            "| match length | " + " | ".join(str(n) for n in ls) + " |",
+            "|---|" + "---|" * len(ls),
+            "| share of positions | " + " | ".join(f"{curve[n]['share']:.2f}" for n in ls) + " |",
+            "| accepted tokens | " + " | ".join(f"{curve[n]['accepted']:.2f}" for n in ls) + " |",
+            "| tokens per cost | "
+            + " | ".join(_f(h["ngram_value"].get(str(n), h["ngram_value"].get(n))) for n in ls)
+            + " |",
+        ]
     lines += ["", "## Definitions", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
     return "\n".join(lines) + "\n"
 

@@ -668,7 +668,8 @@ def _calibrated_hybrid(ctx: Context, modes: list[Mode], report: dict, log) -> li
         curve = ngram_curve(
             [(r["ids"] + answers[r["id"]], len(r["ids"])) for r in rows], HYBRID_N_MAX, s.ngram_k
         )
-        pick = choose_ngram_min(curve, d["alpha"], d["draft_n"], s.ngram_k, d["step_cost"]["c"])
+        c = d["step_cost"]["c"]
+        pick = choose_ngram_min(curve, d["alpha"], d["draft_n"], s.ngram_k, c, HYBRID_N_MAX)
         m = pick["ngram_min"]
         ctx.hybrid[name] = {
             **pick,
@@ -681,6 +682,8 @@ def _calibrated_hybrid(ctx: Context, modes: list[Mode], report: dict, log) -> li
             f"[vllm] hybrid for {name}: n-gram rows from {m}-token matches "
             f"({pick['ngram_share']:.0%} of plain's answer positions), else the drafter's "
             f"{d['draft_n']}"
+            if m <= HYBRID_N_MAX
+            else f"[vllm] hybrid for {name}: no match length beats the drafter, not run"
         )
         if m <= HYBRID_N_MAX:
             n_max, k = HYBRID_N_MAX, d["draft_n"]

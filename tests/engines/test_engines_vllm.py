@@ -440,7 +440,7 @@ def test_questions_files_replace_the_held_out_prompts(fake, drafters, tiny_llama
 
 
 def test_the_calibrated_hybrid_runs_at_the_m_this_runs_curves_choose(
-    fake, drafters, tiny_llama_dir, tmp_path
+    fake, drafters, tiny_llama_dir, tmp_path, monkeypatch
 ):
     """--hybrid-min auto (the default): after the sweep, prompt lookup's acceptance by match length
     on plain's answers (every answer position counted once) against the drafter's α and step cost
@@ -449,6 +449,11 @@ def test_the_calibrated_hybrid_runs_at_the_m_this_runs_curves_choose(
     from engines.vllm.calibrate import choose_ngram_min
     from polyspec_vllm.settings import read
 
+    # answers that repeat themselves every 5 tokens: prompt lookup's best case
+    def cycling(self, ids, n):
+        return [(ids[-1] + i % 5) % 90 + 3 for i in range(n)]
+
+    monkeypatch.setattr(FakeProcess, "_tokens", cycling)
     engines = _engines(tmp_path / "engines.json")
     options = "--prompts 2 --n 80 --batch 1 --sweep 1,2"
     assert vllm_cli(tiny_llama_dir, tmp_path / "out", options, drafters, engines) == 0
@@ -456,8 +461,9 @@ def test_the_calibrated_hybrid_runs_at_the_m_this_runs_curves_choose(
     h, d = rep["hybrid"]["en"], rep["draft_length"]["en"]
     assert sum(v["positions"] for v in h["curve"].values()) == 2 * 80
     curve = {int(n): v for n, v in h["curve"].items()}
-    want = choose_ngram_min(curve, d["alpha"], d["draft_n"], 3, d["step_cost"]["c"])
-    assert h["ngram_min"] == want["ngram_min"] <= h["ngram_max"]  # the fake's answers cycle
+    want = choose_ngram_min(curve, d["alpha"], d["draft_n"], 3, d["step_cost"]["c"], 6)
+    assert h["ngram_min"] == want["ngram_min"] <= h["ngram_max"]
+    assert h["ngram_share"] > 0.5  # the cycling answers: most positions match
     assert h["drafter_tokens"] == d["draft_n"]
     (mode,) = [m for m in rep["modes"] if m["mode"].startswith("hybrid")]
     assert mode["mode"] == f"hybrid-m{h['ngram_min']}@{d['draft_n']}"

@@ -34,10 +34,10 @@ def test_m_is_the_shortest_match_from_which_every_longer_one_beats_the_drafter()
         3: {"positions": 20, "share": 0.2, "accepted": 2.4},
     }
     # the drafter: 1 + 0.6 + 0.3 tokens for 1 + 0.1·2; an n-gram row: 1 + A for 1 + 0.1·3
-    got = choose_ngram_min(curve, [0.6, 0.3, 0.1], d=2, k=3, c=0.1)
+    got = choose_ngram_min(curve, [0.6, 0.3, 0.1], d=2, k=3, c=0.1, n_max=6)
     assert got["drafter_value"] == pytest.approx(1.9 / 1.2, abs=1e-4)
     assert got["ngram_min"] == 3 and got["ngram_share"] == pytest.approx(0.2)
     # a weaker drafter lets 2-token matches in too
-    assert choose_ngram_min(curve, [0.4, 0.1], d=2, k=3, c=0.1)["ngram_min"] == 2
-    # a drafter no match beats: no n-gram rows (m past the longest match)
-    assert choose_ngram_min(curve, [1.0, 1.0, 1.0], d=3, k=3, c=0.1)["ngram_min"] == 4
+    assert choose_ngram_min(curve, [0.4, 0.1], d=2, k=3, c=0.1, n_max=6)["ngram_min"] == 2
+    # a drafter no match beats: no n-gram rows (m past the longest match considered)
+    assert choose_ngram_min(curve, [1.0, 1.0, 1.0], d=3, k=3, c=0.1, n_max=6)["ngram_min"] == 7
