@@ -50,7 +50,11 @@ def _probe(architectures: list) -> dict:
     import vllm
     from vllm.model_executor.models.interfaces import supports_eagle3
     from vllm.model_executor.models.registry import ModelRegistry
+    from vllm.plugins import load_general_plugins
 
+    # as every vLLM process does before it builds a model: plugins may register architectures
+    # (polyspec's registers Gemma-3 with EAGLE-3)
+    load_general_plugins()
     got = {}
     for arch in architectures:
         cls = ModelRegistry._try_load_model_cls(arch)

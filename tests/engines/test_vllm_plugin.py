@@ -165,6 +165,17 @@ def test_vllm_reads_the_draft_length_by_batch_size_that_check_vllm_writes(gemma)
     assert alone == 0 and together > 0, (alone, together)
 
 
+def test_the_engines_probe_sees_the_plugins_gemma3_and_vllm_without_it_does_not():
+    """make check-vllm asks the installed vLLM whether it serves EAGLE-3 for the target before it
+    starts any engine: with the plugin Gemma-3 does, with the plugin left out it does not."""
+    with VLLMProcess(None) as p:
+        got = p.probe(["Gemma3ForCausalLM", "LlamaForCausalLM"])["architectures"]
+    with VLLMProcess(None, env={"VLLM_PLUGINS": ""}) as p:
+        bare = p.probe(["Gemma3ForCausalLM"])["architectures"]
+    assert got["Gemma3ForCausalLM"]["eagle3"] and got["LlamaForCausalLM"]["eagle3"]
+    assert bare["Gemma3ForCausalLM"] == {"known": True, "eagle3": False}
+
+
 def _start_error(env_extra: dict, code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [VLLM_PYTHON, "-c", code],
