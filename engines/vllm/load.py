@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engines.common import heldout_prompts
-from engines.vllm.serve import MODES, SERVED_NAME, ServeConfig, Server, run_paths
+from engines.vllm.serve import MODES, SERVED_NAME, ServeConfig, Server, add_run_args, drafter_of
 from engines.vllm.serve import speculative_config as spec_of
 from polyspec.device import host_kind
 from polyspec.errors import PolyspecError, cli_entry
@@ -203,11 +203,9 @@ def load_test(a: argparse.Namespace, log=print) -> dict:
     temps = [float(x) for x in a.temperatures.split(",")]
     if min(conc) < 1 or a.prompts < 1 or a.n < 1:
         raise PolyspecError("--concurrency, --prompts and --n must be at least 1")
-    run, out = Path(a.run), Path(a.out or Path(a.run) / "vllm" / "load")
+    out = Path(a.out or Path(a.run) / "vllm" / "load")
     target = load_target(a.target, device="cpu", with_model=False)
-    drafter, engines = run_paths(run, a.lang)
-    if a.drafter:
-        drafter = Path(a.drafter)
+    drafter, engines = drafter_of(a)
     rows = prompt_rows(target, a.lang, a.prompts)
     stop = list(target.spec.prompt_format.stop) or None
     max_len = max(len(r["ids"]) for r in rows) + a.n + 16
@@ -227,12 +225,7 @@ def load_test(a: argparse.Namespace, log=print) -> dict:
         "modes": {},
     }
     for i, mode in enumerate(modes):
-        spec = spec_of(
-            mode,
-            drafter,
-            engines if engines.is_file() else None,
-            hybrid_dir=out / "hybrid" / drafter.name,
-        )
+        spec = spec_of(mode, drafter, engines, hybrid_dir=out / "hybrid" / drafter.name)
         cfg = ServeConfig(model_path(target.spec), mode, spec, a.dtype, a.port, max_len, a.eager)
         with Server(cfg, out / "logs" / f"{mode}.log") as server:
             log(f"[load] {mode}: vllm serve up in {server.start_seconds:.0f} s")
@@ -341,10 +334,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m engines.vllm.load", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument("--run", default="runs/default", help="a run with an engines export")
-    ap.add_argument("--target", default="gemma3-270m")
-    ap.add_argument("--lang", default="vi", help="the drafter's language and the prompts'")
-    ap.add_argument("--drafter", default=None, help="a drafter folder instead of the run's")
+    add_run_args(ap)  # --lang: the drafter's language and the prompts'
     ap.add_argument("--modes", default="plain,ngram,eagle3,hybrid")
     ap.add_argument("--concurrency", default="1,4,16", help="clients in flight, comma-separated")
     ap.add_argument("--temperatures", default="0,0.7")

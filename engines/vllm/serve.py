@@ -238,14 +238,27 @@ def run_paths(run: Path, lang: str) -> tuple[Path, Path]:
     return engines / "speculators" / lang, engines / "engines.json"
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m engines.vllm.serve", description=__doc__.split("\n\n")[0]
-    )
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """``--run``, ``--target``, ``--lang`` and ``--drafter``: what a server serves
+    (:func:`drafter_of`)."""
     ap.add_argument("--run", default="runs/default", help="a run with an engines export")
     ap.add_argument("--target", default="gemma3-270m")
     ap.add_argument("--lang", default="vi", help="whose drafter (or: multilingual)")
     ap.add_argument("--drafter", default=None, help="a drafter folder instead of the run's")
+
+
+def drafter_of(a: argparse.Namespace) -> tuple[Path, Path | None]:
+    """The drafter folder ``add_run_args``' options name, and the run's ``engines.json`` (None where
+    it has none)."""
+    drafter, engines = run_paths(Path(a.run), a.lang)
+    return (Path(a.drafter) if a.drafter else drafter), (engines if engines.is_file() else None)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m engines.vllm.serve", description=__doc__.split("\n\n")[0]
+    )
+    add_run_args(ap)
     ap.add_argument("--mode", default="hybrid", choices=MODES)
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -259,16 +272,9 @@ def config_from_args(a: argparse.Namespace) -> ServeConfig:
     from polyspec.targets import load_target, model_path
 
     target = load_target(a.target, device="cpu", with_model=False)
-    run = Path(a.run)
-    drafter, engines = run_paths(run, a.lang)
-    if a.drafter:
-        drafter = Path(a.drafter)
-    spec = speculative_config(
-        a.mode,
-        drafter,
-        engines if engines.is_file() else None,
-        hybrid_dir=run / "vllm" / "serve" / f"hybrid-{drafter.name}",
-    )
+    drafter, engines = drafter_of(a)
+    hybrid_dir = Path(a.run) / "vllm" / "serve" / f"hybrid-{drafter.name}"
+    spec = speculative_config(a.mode, drafter, engines, hybrid_dir=hybrid_dir)
     return ServeConfig(
         model_path(target.spec),
         a.mode,

@@ -47,7 +47,7 @@ def gemma(tmp_path_factory):
     repeated bigram (drafted by the drafter), one that repeats itself (drafted by prompt lookup)."""
     from export.interop import write_speculators_folder
     from polyspec.targets import load_target
-    from polyspec.testing import build_engine_target, oracle_eagle3
+    from polyspec.testing import build_engine_target, involution, oracle_eagle3
     from polyspec_vllm.settings import Hybrid, write
 
     root = tmp_path_factory.mktemp("vllm-plugin")
@@ -65,14 +65,21 @@ def gemma(tmp_path_factory):
     hybrid.mkdir(parents=True)
     for f in drafter.iterdir():
         (hybrid / f.name).symlink_to(f)
-    write(hybrid, Hybrid(ngram_min=2, ngram_max=4, drafter_tokens=1))
+    # 4-token matches: the distinct prompt's answer (x, π(x), x, …) needs a few steps to have one,
+    # so its rows stay the drafter's while the other request, scheduled a step later or not, joins
+    write(hybrid, Hybrid(ngram_min=4, ngram_max=6, drafter_tokens=1))
     g = torch.Generator().manual_seed(0)
     ids = draft_ids[torch.randperm(len(draft_ids), generator=g)].tolist()
-    prompts = [ids[:14], ids[20:25] * 3]
+    # the target's greedy token after x is π(x): a prompt a π(a) a π(a) … goes on a π(a), so its
+    # last two tokens recur from the first decoding step on; distinct ids have none to match
+    pi = involution(target.vocab_size)
+    a = next(x for x in ids if int(pi[x]) != x and int(pi[x]) in set(ids))
+    prompts = [ids[:14], [a, int(pi[a])] * 6]
     return {"root": root, "target": path, "drafter": drafter, "hybrid": hybrid, "prompts": prompts}
 
 
-def _run(gemma, name, spec=None, env=None):
+def _llm(gemma, spec=None) -> dict:
+    """vLLM's LLM keywords for the tiny Gemma-3: fp32, eager, counters on."""
     llm = {
         "model": str(gemma["target"]),
         "dtype": "float32",
@@ -81,8 +88,11 @@ def _run(gemma, name, spec=None, env=None):
         "disable_log_stats": False,
         "seed": 0,
     }
-    if spec is not None:
-        llm["speculative_config"] = spec
+    return llm if spec is None else {**llm, "speculative_config": spec}
+
+
+def _run(gemma, name, spec=None, env=None):
+    llm = _llm(gemma, spec)
     log = gemma["root"] / f"{name}.log"
     with VLLMProcess(llm, log=log, env=env) as p:
         outs, _ = p.generate(gemma["prompts"], [GREEDY] * len(gemma["prompts"]))
@@ -123,7 +133,7 @@ def test_gemma3_serves_polyspecs_eagle3_drafter_losslessly_with_drafts_kept(gemm
 
 def test_hybrid_takes_ngram_rows_and_drafter_rows_in_one_step_losslessly(gemma, plain):
     """hybrid (drafter_tokens 1, num_speculative_tokens 3): the repeating prompt's rows come from
-    prompt lookup (3 tokens), the other's from the drafter (1 token) in the same first steps;
+    prompt lookup (3 tokens), the other's from the drafter (1 token) in the same first step;
     output equal to plain decoding's, and drafts past the first position kept (only n-gram rows
     have them)."""
     spec = {"method": "eagle3", "model": str(gemma["hybrid"]), "num_speculative_tokens": 3}
@@ -149,15 +159,7 @@ def test_vllm_reads_the_draft_length_by_batch_size_that_check_vllm_writes(gemma)
         "num_speculative_tokens": 2,
         "num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 16, 2]],
     }
-    llm = {
-        "model": str(gemma["target"]),
-        "dtype": "float32",
-        "enforce_eager": True,
-        "max_model_len": 256,
-        "disable_log_stats": False,
-        "speculative_config": spec,
-    }
-    with VLLMProcess(llm, log=gemma["root"] / "schedule.log") as p:
+    with VLLMProcess(_llm(gemma, spec), log=gemma["root"] / "schedule.log") as p:
         p.generate(gemma["prompts"][:1], [GREEDY])
         alone = p.metrics().get("vllm:spec_decode_num_drafts", 0)
         p.generate(gemma["prompts"], [GREEDY] * 2)
