@@ -110,6 +110,12 @@ def test_a_drafter_folder_is_checked_against_its_target(tmp_path, tiny_llama_dir
     assert drafter_problems(folder, like(), str(other)) == [
         "its tokenizer differs from the target's (4 entries differ)"
     ]
+    # another export of polyspec's (an hf-assistant model for vLLM's draft_model): not checked here
+    cfg_path = folder / "config.json"
+    speculators_cfg = cfg_path.read_text()
+    cfg_path.write_text(json.dumps({"model_type": "llama", "vocab_size": 5}))
+    assert drafter_problems(folder, like(model_type="gemma3_text"), None) == []
+    cfg_path.write_text(speculators_cfg)
     # a folder polyspec did not export: not its business
     (folder / "polyspec.json").unlink()
     assert drafter_problems(folder, like(model_type="gemma3_text"), None) == []

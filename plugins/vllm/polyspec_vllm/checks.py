@@ -22,6 +22,8 @@ def drafter_problems(drafter: str | Path, target_config, target_tokenizer: str |
     if not (folder / "polyspec.json").is_file() or not (folder / "config.json").is_file():
         return []
     cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if "speculators_model_type" not in cfg:  # not an EAGLE-3 export (an hf-assistant model)
+        return []
     layer = cfg.get("transformer_layer_config") or {}
     pin = json.loads((folder / "polyspec.json").read_text(encoding="utf-8")).get("target") or {}
     problems = []

@@ -66,7 +66,8 @@ def _patch_vllm_config() -> None:
 def _check(config) -> None:
     """One ``error: polyspec-vllm: …`` line for a configuration the plugin cannot honour."""
     spec = config.speculative_config
-    if spec is None or spec.model is None:
+    # EAGLE drafters only: a draft_model folder is a whole model, not a speculators export
+    if spec is None or spec.model is None or spec.method not in ("eagle", "eagle3"):
         return
     from polyspec_vllm.checks import drafter_problems
 
