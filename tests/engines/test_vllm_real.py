@@ -88,13 +88,12 @@ def test_vllm_serves_polyspecs_eagle3_export_losslessly_with_drafts_kept(engine_
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     rep = json.loads((out / "vllm.json").read_text())
     modes = {(m["mode"], m["drafter"]): m["by_batch"] for m in rep["modes"]}
-    # the plugin's hybrid, calibrated in the run (its m: the report's), runs through the real vLLM
+    # the plugin's hybrid, calibrated in the run (its m: the report's; the step cost it reads is
+    # timed, so m may land past n_max: then no n-gram row is worth it and the hybrid does not run)
     h = rep["hybrid"]["en"]
-    hybrid = {(f"hybrid-m{h['ngram_min']}@{h['drafter_tokens']}", "en")}
-    assert (
-        h["ngram_min"] <= h["ngram_max"]
-        and h["drafter_tokens"] == rep["draft_length"]["en"]["draft_n"]
-    )
+    assert h["drafter_tokens"] == rep["draft_length"]["en"]["draft_n"]
+    ran = h["ngram_min"] <= h["ngram_max"]
+    hybrid = {(f"hybrid-m{h['ngram_min']}@{h['drafter_tokens']}", "en")} if ran else set()
     assert set(modes) == {("ngram", None), ("eagle3@1", "en"), ("eagle3@2", "en")} | hybrid
     for by in modes.values():
         assert all(b["identical"] == b["prompts"] == 3 for b in by.values())
