@@ -30,7 +30,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engines.common import heldout_prompts
+from engines.vllm.run import prompt_rows
 from engines.vllm.serve import MODES, SERVED_NAME, ServeConfig, Server, add_run_args, drafter_of
 from engines.vllm.serve import speculative_config as spec_of
 from polyspec.device import host_kind
@@ -181,17 +181,6 @@ def spec_metrics(url: str) -> dict:
     return {k: int(v) for k, v in got.items()}
 
 
-def prompt_rows(target, lang: str, k: int) -> list[dict]:
-    from polyspec.prompts import encode, render
-
-    fmt = target.spec.prompt_format
-    rows = []
-    for q in heldout_prompts(lang, k):
-        text = render(fmt, target.tokenizer, [{"role": "user", "content": q["turns"][0]}])
-        rows.append({"id": q["id"], "ids": encode(fmt, target.tokenizer, text)})
-    return rows
-
-
 def load_test(a: argparse.Namespace, log=print) -> dict:
     from polyspec.targets import load_target, model_path
 
@@ -206,7 +195,7 @@ def load_test(a: argparse.Namespace, log=print) -> dict:
     out = Path(a.out or Path(a.run) / "vllm" / "load")
     target = load_target(a.target, device="cpu", with_model=False)
     drafter, engines = drafter_of(a)
-    rows = prompt_rows(target, a.lang, a.prompts)
+    rows = prompt_rows(target, [a.lang], a.prompts)  # the check-vllm bench's rendering
     stop = list(target.spec.prompt_format.stop) or None
     max_len = max(len(r["ids"]) for r in rows) + a.n + 16
     report = {
