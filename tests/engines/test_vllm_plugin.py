@@ -135,18 +135,22 @@ def test_hybrid_takes_ngram_rows_and_drafter_rows_in_one_step_losslessly(gemma, 
     """hybrid (drafter_tokens 1, num_speculative_tokens 3): the repeating prompt's rows come from
     prompt lookup (3 tokens), the other's from the drafter (1 token) in the same first step;
     output equal to plain decoding's, and drafts past the first position kept (only n-gram rows
-    have them)."""
+    have them). Once the distinct prompt's answer loops too, every row is an n-gram one and the
+    drafter drafts nothing (its forward still fills its KV cache) — output still plain's."""
     spec = {"method": "eagle3", "model": str(gemma["hybrid"]), "num_speculative_tokens": 3}
     outs, m, log = _run(gemma, "hybrid", spec, env={"POLYSPEC_VLLM_LOG_EVERY": "1"})
     assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in plain[0]]
     per_pos = m["vllm:spec_decode_num_accepted_tokens_per_pos"]
     assert per_pos[0] > 0 and per_pos[1] > 0 and per_pos[2] > 0, m
     stats = re.findall(
-        r"HybridStats\(ngram_rows=(\d+), drafter_rows=(\d+), steps=(\d+), mixed_steps=(\d+)\)", log
+        r"HybridStats\(ngram_rows=(\d+), drafter_rows=(\d+), steps=(\d+), mixed_steps=(\d+), "
+        r"ngram_only_steps=(\d+)\)",
+        log,
     )
     assert stats, log[-3000:]
-    ngram_rows, drafter_rows, steps, mixed = map(int, stats[-1])
+    ngram_rows, drafter_rows, steps, mixed, ngram_only = map(int, stats[-1])
     assert ngram_rows > 0 and drafter_rows > 0 and mixed > 0, stats[-1]
+    assert 0 < ngram_only < steps, stats[-1]
 
 
 def test_vllm_reads_the_draft_length_by_batch_size_that_check_vllm_writes(gemma):

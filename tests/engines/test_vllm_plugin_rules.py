@@ -10,7 +10,7 @@ import torch
 
 from polyspec_vllm import SUPPORTED_VLLM, PolyspecVllmError, check_vllm_version
 from polyspec_vllm.checks import drafter_problems
-from polyspec_vllm.hybrid import HybridStats, choose
+from polyspec_vllm.hybrid import HybridStats, choose, drafter_tokens
 from polyspec_vllm.settings import FILE, Hybrid, Settings, SettingsError, parse, read, write
 
 
@@ -23,8 +23,18 @@ def test_the_hybrid_takes_the_ngram_row_where_there_is_one_else_the_drafters_own
     with pytest.raises(ValueError, match="3 n-gram rows for 4"):
         choose(ngram[:3], drafted, 2)
     stats = HybridStats(log_every=2)
-    assert not stats.add(took) and stats.add([True, True])
+    assert not stats.add(took, 2) and stats.add([True, True], 0)
     assert (stats.ngram_rows, stats.drafter_rows, stats.steps, stats.mixed_steps) == (4, 2, 2, 1)
+    assert stats.ngram_only_steps == 1
+
+
+def test_the_drafter_drafts_nothing_on_a_step_whose_every_row_is_an_ngram_one():
+    """Its forward still runs (vLLM's drafter KV cache stays whole) but at length 0; a request
+    that sampled nothing this step (still in its prompt) needs no row."""
+    assert drafter_tokens([[5, 6, 7], [9]], [[1], [2, 3]], k=3, own=2) == 0
+    assert drafter_tokens([[5, 6, 7], []], [[1], []], k=3, own=2) == 0
+    assert drafter_tokens([[5, 6, 7], []], [[1], [4]], k=3, own=2) == 2
+    assert drafter_tokens([[], []], [[1], [4]], k=1, own=2) == 1
 
 
 def test_settings_round_trip_and_refuse_what_the_plugin_cannot_honour(tmp_path):

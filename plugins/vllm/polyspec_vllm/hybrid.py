@@ -9,8 +9,12 @@ the rejection sampler verifies against the target (vLLM treats greedy-drafted ro
 proposals, as it does n-gram rows), whichever proposer made it; the plugin refuses the
 ``probabilistic`` draft sampling, whose draft probabilities would not describe an n-gram row.
 
-``choose`` is the rule; ``HybridProposer`` runs both proposers for vLLM's V1 runner
-(``polyspec_vllm.patches``)."""
+On a step where every request has an n-gram row the drafter drafts nothing: it still reads the
+step's verified tokens (its forward at ``num_speculative_tokens`` 0, as vLLM's dynamic speculative
+decoding keeps an EAGLE drafter's KV cache whole), but skips its head and its further steps.
+
+``choose`` and ``drafter_tokens`` are the rules; ``HybridProposer`` runs both proposers for vLLM's
+V1 runner (``polyspec_vllm.patches``)."""
 
 from __future__ import annotations
 
@@ -35,6 +39,17 @@ def choose(
     return rows, took
 
 
+def drafter_tokens(
+    ngram_rows: Sequence[Sequence[int]], sampled: Sequence[Sequence[int]], k: int, own: int
+) -> int:
+    """How many tokens the drafter drafts this step: none where every request that sampled a token
+    has an n-gram row (a request that sampled none, still in its prompt, takes no draft), else its
+    own length (at most the step's ``k``)."""
+    if all(ngram for ngram, new in zip(ngram_rows, sampled) if len(new)):
+        return 0
+    return min(k, own)
+
+
 def _log_every() -> int:
     return max(1, int(os.environ.get("POLYSPEC_VLLM_LOG_EVERY", "256")))
 
@@ -48,15 +63,18 @@ class HybridStats:
     drafter_rows: int = 0
     steps: int = 0
     mixed_steps: int = 0
+    ngram_only_steps: int = 0  # steps whose drafter drafted nothing (every row an n-gram one)
     log_every: int = field(default_factory=_log_every, repr=False)
 
-    def add(self, took: list[bool]) -> bool:
-        """Count a step's rows; True when it is time to log."""
+    def add(self, took: list[bool], drafted: int) -> bool:
+        """Count a step's rows (``drafted``: the drafter's length that step); True when it is time
+        to log."""
         n = sum(took)
         self.ngram_rows += n
         self.drafter_rows += len(took) - n
         self.steps += 1
         self.mixed_steps += 0 < n < len(took)
+        self.ngram_only_steps += drafted == 0
         return self.steps % self.log_every == 0
 
 
@@ -88,18 +106,21 @@ class HybridProposer:
 
     def propose(self, runner, original, scheduler_output, sampled_token_ids, *args, **kwargs):
         """The runner's ``propose_draft_token_ids`` with the n-gram rows swapped in. The drafter
-        drafts ``drafter_tokens`` (its own calibrated length), the n-gram rows the step's full
-        length. → list[list[int]] (vLLM takes rows of different lengths)."""
+        drafts ``drafter_tokens`` (its own calibrated length; none on a step where every row is an
+        n-gram one), the n-gram rows the step's full length.
+        → (rows, which rows are n-gram ones, the drafter's length): vLLM takes rows of different
+        lengths."""
         k = scheduler_output.num_spec_tokens_to_schedule
         batch = runner.input_batch
         ngram = self.ngram.propose(
             k, sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu
         )
-        scheduler_output.num_spec_tokens_to_schedule = min(k, self.hybrid.drafter_tokens)
+        own = drafter_tokens(ngram, sampled_token_ids, k, self.hybrid.drafter_tokens)
+        scheduler_output.num_spec_tokens_to_schedule = own
         try:
             drafted = original(runner, scheduler_output, sampled_token_ids, *args, **kwargs)
         finally:
             scheduler_output.num_spec_tokens_to_schedule = k
         drafted = drafted.tolist() if hasattr(drafted, "tolist") else drafted
         rows, took = choose(ngram, drafted, self.hybrid.drafter_tokens)
-        return rows, took
+        return rows, took, own

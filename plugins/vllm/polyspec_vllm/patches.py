@@ -122,10 +122,10 @@ def _patch_model_runner() -> None:
             self._polyspec_hybrid = hybrid
         if hybrid is None:
             return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
-        rows, took = hybrid.propose(
+        rows, took, drafted = hybrid.propose(
             self, original, scheduler_output, sampled_token_ids, *args, **kwargs
         )
-        if hybrid.stats.add(took):
+        if hybrid.stats.add(took, drafted):
             logger.info("polyspec hybrid: %s", hybrid.stats)
         return rows
 
