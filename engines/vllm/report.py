@@ -189,6 +189,34 @@ def _f(x, fmt: str = "{:.2f}", none: str = "—") -> str:
     return none if x is None else fmt.format(x)
 
 
+def _by_lang_lines(report: dict, batches: list[int]) -> list[str]:
+    """The modes that ran several languages (ngram, a multilingual drafter, its hybrid), one row
+    per language: × plain per batch size and vLLM's α at the first."""
+    rows = []
+    for e in report["modes"]:
+        by = {b: (e["by_batch"].get(b) or e["by_batch"].get(str(b)) or {}) for b in batches}
+        for lang in e["langs"] if any("by_lang" in r for r in by.values()) else []:
+            parts = [by[b].get("by_lang", {}).get(lang, {}) for b in batches]
+            rows.append(
+                f"| {e['mode']} | {e['drafter'] or '—'} | {lang} | "
+                + " | ".join(_f(r.get("speedup"), "{:.2f}×") for r in parts)
+                + " | "
+                + (", ".join(f"{a:.2f}" for a in parts[0].get("alpha") or []) or "—")
+                + " |"
+            )
+    if not rows:
+        return []
+    head = ["mode", "drafter", "language"] + [f"b{b} ×" for b in batches] + ["α₁…α_k (vLLM)"]
+    return [
+        "",
+        "## By language (the modes that ran several)",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *rows,
+    ]
+
+
 def markdown(report: dict) -> str:
     st, m = report["settings"], report["machine"]
     batches = st["batches"]
@@ -249,6 +277,7 @@ def markdown(report: dict) -> str:
             ", ".join(f"{a:.2f}" for a in r1.get("alpha") or []) or "—",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _by_lang_lines(report, batches)
     for name, d in (report.get("draft_length") or {}).items():
         ks = list(d["predicted_speedup"])
         big = list(d.get("best_measured_at_batch", {}).items())

@@ -174,10 +174,10 @@ def counter_delta(after: dict, before: dict) -> dict:
 
 def run_pass(engine: VLLMProcess, rows: list[dict], params: dict, batch: int) -> dict:
     """All ``rows`` through ``engine``, each language's in groups of ``batch`` (one ``generate``
-    call a group): outputs by prompt id, tokens and seconds (also per language), vLLM's speculative
-    counters over the pass."""
-    before = spec_counters(engine.metrics())
-    outputs, seconds = {}, {}
+    call a group): outputs by prompt id, tokens and seconds, vLLM's speculative counters over the
+    pass — each also per language (a group holds one language)."""
+    start = before = spec_counters(engine.metrics())
+    outputs, seconds, spec = {}, {}, {}
     for lang in dict.fromkeys(r["lang"] for r in rows):
         mine = [r for r in rows if r["lang"] == lang]
         seconds[lang] = 0.0
@@ -186,11 +186,14 @@ def run_pass(engine: VLLMProcess, rows: list[dict], params: dict, batch: int) ->
             got, sec = engine.generate([r["ids"] for r in group], [params] * len(group))
             seconds[lang] += sec
             outputs.update({r["id"]: o["token_ids"] for r, o in zip(group, got)})
+        after = spec_counters(engine.metrics())
+        spec[lang], before = counter_delta(after, before), after
     return _totals(
         {
             "outputs": outputs,
             "seconds_by_lang": seconds,
-            "spec": counter_delta(spec_counters(engine.metrics()), before),
+            "spec": counter_delta(before, start),
+            "spec_by_lang": spec,
         },
         rows,
     )
@@ -586,10 +589,28 @@ def _batch_entry(
         "prompts": len(same),
         "divergences": {p: c for p, c in same.items() if not c["identical"]},
     }
+    if len(mode.langs) > 1 and "spec_by_lang" in run:  # the aims are per language
+        entry["by_lang"] = {}
+        for lang in mode.langs:
+            rows = [r for r in mine if r["lang"] == lang]
+            part = _lang_part(run, rows, lang)
+            entry["by_lang"][lang] = summarize_run(part, _subset(ref, rows), len(rows))
     # its steps without a match carry no draft and vLLM does not count them
     if mode.name == "ngram":
         entry.pop("tau", None)
+        for part in entry.get("by_lang", {}).values():
+            part.pop("tau", None)
     return entry
+
+
+def _lang_part(run: dict, rows: list[dict], lang: str) -> dict:
+    """One language's share of a mode's pass (its prompts, seconds and counters)."""
+    part = {
+        "outputs": {r["id"]: run["outputs"][r["id"]] for r in rows},
+        "seconds_by_lang": {lang: run["seconds_by_lang"][lang]},
+        "spec": run["spec_by_lang"][lang],
+    }
+    return _totals(part, rows)
 
 
 def _probe_margins(

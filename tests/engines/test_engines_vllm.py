@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -480,3 +481,54 @@ def test_the_calibrated_hybrid_runs_at_the_m_this_runs_curves_choose(
         "drafter_tokens": d["draft_n"],
         "ngram_tokens": 3,
     }
+
+
+def test_a_pass_keeps_each_languages_seconds_and_counters_and_the_md_shows_them():
+    """The aims are per language: a mode over several languages (ngram, a multilingual drafter,
+    its hybrid) reports each language's × plain and vLLM α beside the whole."""
+    from engines.vllm.report import _by_lang_lines
+    from engines.vllm.run import _batch_entry, _lang_part, _subset, run_pass
+
+    rows = [
+        {"id": f"{lang}{i}", "lang": lang, "ids": [10 + i + 5 * (lang == "de")]}
+        for lang in ("en", "de")
+        for i in range(2)
+    ]
+    params = {"max_tokens": 40}
+    plain = run_pass(FakeProcess({"model": "t"}), rows, params, 1)
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    eng = FakeProcess({"model": "t", "speculative_config": spec})
+    got = run_pass(eng, rows[:2], params, 1)  # en alone first: the counters start non-zero
+    got = run_pass(eng, rows, params, 1)
+    by = got["spec_by_lang"]
+    assert set(by) == {"en", "de"} and by["en"]["drafts"] > 0 and by["de"]["drafts"] > 0
+    assert by["en"]["drafts"] + by["de"]["drafts"] == got["spec"]["drafts"]
+    assert [a + b for a, b in zip(by["en"]["accepted_per_pos"], by["de"]["accepted_per_pos"])] == (
+        got["spec"]["accepted_per_pos"]
+    )
+    en = [r for r in rows if r["lang"] == "en"]
+    part = _lang_part(got, en, "en")
+    assert part["seconds"] == got["seconds_by_lang"]["en"] and part["tokens"] == 80
+    ref = _subset(plain, en)
+    assert ref["seconds"] == plain["seconds_by_lang"]["en"]
+    ctx = SimpleNamespace(plain={1: plain})
+    mode = SimpleNamespace(name="ngram", langs=["en", "de"])
+    entry = _batch_entry(ctx, mode, 1, got, rows, plain_engine=None)
+    assert entry["identical"] == 4 and set(entry["by_lang"]) == {"en", "de"}
+    want = ref["seconds"] / got["seconds_by_lang"]["en"]
+    assert entry["by_lang"]["en"]["speedup"] == pytest.approx(want, rel=1e-3)
+    assert entry["by_lang"]["en"]["alpha"] == [
+        round(a / by["en"]["drafts"], 4) for a in by["en"]["accepted_per_pos"]
+    ]
+    assert "tau" not in entry["by_lang"]["de"]
+    report = {
+        "modes": [{"mode": "ngram", "drafter": None, "langs": ["en", "de"], "by_batch": {1: entry}}]
+    }
+    lines = _by_lang_lines(report, [1])
+    en = entry["by_lang"]["en"]
+    assert (
+        f"| ngram | — | en | {en['speedup']:.2f}× | "
+        + ", ".join(f"{a:.2f}" for a in en["alpha"])
+        + " |"
+        in lines
+    )
