@@ -154,8 +154,10 @@ def write_engines(engines_json: Path, report: dict, out: Path) -> None:
     draft_length.set_draft_lengths(rec, lengths, "vllm")
     for name, h in (report.get("hybrid") or {}).items():  # the calibrated hybrid, for serving
         if name in rec.get("drafters", {}) and h["ngram_min"] <= h["ngram_max"]:
-            keys = ("ngram_min", "ngram_max", "drafter_tokens", "ngram_tokens")
-            rec["drafters"][name].setdefault("hybrid", {})["vllm"] = {k: h[k] for k in keys}
+            keys = ("ngram_min", "ngram_max", "drafter_tokens", "ngram_tokens", "schedule")
+            rec["drafters"][name].setdefault("hybrid", {})["vllm"] = {
+                k: h[k] for k in keys if k in h
+            }
     for name, d in lengths.items():  # the draft length by batch size, 0 where drafting lost
         if d.get("schedule"):
             rec["drafters"][name].setdefault("num_speculative_tokens_per_batch_size", {})[
@@ -329,6 +331,13 @@ def markdown(report: dict) -> str:
             + " | ".join(_f(h["ngram_value"].get(str(n), h["ngram_value"].get(n))) for n in ls)
             + " |",
         ]
+        if h.get("schedule"):
+            lines += [
+                "",
+                "Served by batch size (`num_speculative_tokens_per_batch_size`, 0 = no drafts): "
+                + ", ".join(f"{a}–{b}: {k}" for a, b, k in h["schedule"])
+                + ".",
+            ]
     lines += ["", "## Definitions", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
     return "\n".join(lines) + "\n"
 

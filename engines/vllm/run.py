@@ -537,6 +537,7 @@ def _assemble(ctx: Context, modes: list[Mode], plain_engine: VLLMProcess) -> dic
     """The report from the runs so far (margins of divergences probed on the plain engine)."""
     entries = [_mode_entry(ctx, mode, plain_engine) for mode in modes if mode.runs]
     lengths = _draft_lengths(ctx, modes)
+    _hybrid_schedules(ctx, modes)
     return {
         "vllm": {
             "version": plain_engine.version,
@@ -710,6 +711,34 @@ def _calibrated_hybrid(ctx: Context, modes: list[Mode], report: dict, log) -> li
             n_max, k = HYBRID_N_MAX, d["draft_n"]
             todo.append(hybrid_mode(name, folder, mine.langs, m, n_max, k, s, ctx.out))
     return todo
+
+
+def _hybrid_schedules(ctx: Context, modes: list[Mode]) -> None:
+    """The calibrated hybrid's own draft length by batch size (``ctx.hybrid[name]["schedule"]``):
+    its length where it beat plain at that measured size, 0 where it did not — the served
+    hybrid never runs below plain at a measured batch size."""
+    for name, h in ctx.hybrid.items():
+        k = max(h["ngram_tokens"], h["drafter_tokens"])
+        ran = next(
+            (
+                m
+                for m in modes
+                if m.drafter == name
+                and m.runs
+                and m.name == f"hybrid-m{h['ngram_min']}@{h['drafter_tokens']}"
+            ),
+            None,
+        )
+        if ran is None:
+            continue
+        rows = ctx.rows_of(ran.langs)
+        h["schedule"] = batch_schedule(
+            {
+                b: {k: run["tok_s"] / _subset(ctx.plain[b], rows)["tok_s"]}
+                for b, run in ran.runs.items()
+                if run["tok_s"]
+            }
+        )
 
 
 def _machine_record(ctx: Context) -> dict:

@@ -103,7 +103,8 @@ def speculative_config(
     ``draft_n`` (and the draft length by batch size) ``make check-vllm`` recorded for it in
     ``engines.json``; hybrid: prompt lookup's ``ngram_k`` drafts where the last ``hybrid_min`` …
     ``ngram_n`` tokens recur, else the drafter's ``draft_n`` — or the hybrid ``make check-vllm``
-    calibrated for this drafter (``engines.json``: ``hybrid.vllm``)."""
+    calibrated for this drafter (``engines.json``: ``hybrid.vllm``, with its own length by batch
+    size)."""
     if mode not in MODES:
         raise PolyspecError(f"--mode {mode!r}: one of {', '.join(MODES)}")
     if mode == "plain":
@@ -137,8 +138,14 @@ def speculative_config(
         hybrid_min, ngram_n = calibrated["ngram_min"], calibrated["ngram_max"]
         draft_n, ngram_k = calibrated["drafter_tokens"], calibrated["ngram_tokens"]
     folder = hybrid_folder(hybrid_dir, drafter, hybrid_min, max(hybrid_min, ngram_n), draft_n)
-    k = max(ngram_k, draft_n)
-    return {"method": "eagle3", "model": str(folder), "num_speculative_tokens": k}
+    cfg = {
+        "method": "eagle3",
+        "model": str(folder),
+        "num_speculative_tokens": max(ngram_k, draft_n),
+    }
+    if calibrated and calibrated.get("schedule"):  # measured per batch size: none where it lost
+        cfg["num_speculative_tokens_per_batch_size"] = calibrated["schedule"]
+    return cfg
 
 
 def hybrid_folder(

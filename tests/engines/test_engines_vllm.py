@@ -456,7 +456,7 @@ def test_the_calibrated_hybrid_runs_at_the_m_this_runs_curves_choose(
 
     monkeypatch.setattr(FakeProcess, "_tokens", cycling)
     engines = _engines(tmp_path / "engines.json")
-    options = "--prompts 2 --n 80 --batch 1 --sweep 1,2"
+    options = "--prompts 2 --n 80 --batch 1,2 --sweep 1,2"
     assert vllm_cli(tiny_llama_dir, tmp_path / "out", options, drafters, engines) == 0
     rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
     h, d = rep["hybrid"]["en"], rep["draft_length"]["en"]
@@ -474,13 +474,24 @@ def test_the_calibrated_hybrid_runs_at_the_m_this_runs_curves_choose(
         h["ngram_max"],
         d["draft_n"],
     )
+    # its own length by batch size, from its own runs: served, never below plain where measured
+    k = max(3, d["draft_n"])
+    sp = {b: mode["by_batch"][str(b)]["speedup"] for b in (1, 2)}
+    assert h["schedule"] == [[1, 1, k if sp[1] > 1 else 0], [2, 2, k if sp[2] > 1 else 0]]
     rec = json.loads(engines.read_text())["drafters"]["en"]["hybrid"]["vllm"]
     assert rec == {
         "ngram_min": h["ngram_min"],
         "ngram_max": h["ngram_max"],
         "drafter_tokens": d["draft_n"],
         "ngram_tokens": 3,
+        "schedule": h["schedule"],
     }
+    from engines.vllm.serve import speculative_config
+
+    folder = Path(mode["speculative_config"]["model"])
+    spec = speculative_config("hybrid", drafters / "en", engines, hybrid_dir=tmp_path / "serve")
+    assert spec["num_speculative_tokens_per_batch_size"] == h["schedule"]
+    assert spec["num_speculative_tokens"] == k and folder.is_dir()
 
 
 def test_a_pass_keeps_each_languages_seconds_and_counters_and_the_md_shows_them():
