@@ -154,7 +154,14 @@ def write_engines(engines_json: Path, report: dict, out: Path) -> None:
     draft_length.set_draft_lengths(rec, lengths, "vllm")
     for name, h in (report.get("hybrid") or {}).items():  # the calibrated hybrid, for serving
         if name in rec.get("drafters", {}) and h["ngram_min"] <= h["ngram_max"]:
-            keys = ("ngram_min", "ngram_max", "drafter_tokens", "ngram_tokens", "schedule")
+            keys = (
+                "ngram_min",
+                "ngram_max",
+                "drafter_tokens",
+                "ngram_tokens",
+                "drafter_max_batch",
+                "schedule",
+            )
             rec["drafters"][name].setdefault("hybrid", {})["vllm"] = {
                 k: h[k] for k in keys if k in h
             }
@@ -331,6 +338,13 @@ def markdown(report: dict) -> str:
             + " | ".join(_f(h["ngram_value"].get(str(n), h["ngram_value"].get(n))) for n in ls)
             + " |",
         ]
+        if h.get("drafter_max_batch"):
+            lines += [
+                "",
+                f"`{h['unlimited']}` ran below `ngram` at a measured batch size: served with the "
+                f"drafter drafting in steps of at most {h['drafter_max_batch']} requests (n-gram rows "
+                "alone above; `drafter_max_batch`).",
+            ]
         if h.get("schedule"):
             lines += [
                 "",

@@ -317,12 +317,25 @@ def spec_modes(
 
 
 def hybrid_mode(
-    name: str, folder: Path, own: list[str], m: int, n_max: int, d: int, s: Settings, out: Path
+    name: str,
+    folder: Path,
+    own: list[str],
+    m: int,
+    n_max: int,
+    d: int,
+    s: Settings,
+    out: Path,
+    max_batch: int | None = None,
 ) -> Mode:
-    """The plugin's hybrid for one drafter (its folder of links and settings under ``out``)."""
-    here = hybrid_folder(out / "hybrid" / f"{name}-m{m}-d{d}", folder, m, max(m, n_max), d)
+    """The plugin's hybrid for one drafter (its folder of links and settings under ``out``);
+    ``max_batch``: the drafter drafts only in steps of at most that many requests
+    (``hybrid-m<m>-b<max_batch>@d``)."""
+    tag = f"m{m}" if max_batch is None else f"m{m}-b{max_batch}"
+    here = hybrid_folder(
+        out / "hybrid" / f"{name}-{tag}-d{d}", folder, m, max(m, n_max), d, max_batch
+    )
     return Mode(
-        f"hybrid-m{m}@{d}",
+        f"hybrid-{tag}@{d}",
         name,
         own,
         {"method": "eagle3", "model": str(here), "num_speculative_tokens": max(s.ngram_k, d)},
@@ -454,6 +467,11 @@ def bench(
         for mode in hybrid:
             run_spec(ctx, mode, log)
             modes.append(mode)
+        limited = _batch_limited_hybrid(ctx, modes, log)
+        for mode in limited:  # measured too: what is served is what ran
+            run_spec(ctx, mode, log)
+            modes.append(mode)
+        hybrid += limited
         if extra or hybrid:
             report = _assemble(ctx, modes, plain_engine)
         again = run_pass(plain_engine, rows, ctx.params, 1)
@@ -713,22 +731,67 @@ def _calibrated_hybrid(ctx: Context, modes: list[Mode], report: dict, log) -> li
     return todo
 
 
+def _batch_limited_hybrid(ctx: Context, modes: list[Mode], log) -> list[Mode]:
+    """A calibrated hybrid that ran below ``ngram`` at a measured batch size (its drafter rows cost
+    more verification there than they bring) runs again with the drafter drafting only up to the
+    largest measured batch size below the first it lost at (``drafter_max_batch``; above it, the
+    n-gram rows alone). That mode becomes the served one (``ctx.hybrid[name]``)."""
+    ngram = next((m for m in modes if m.name == "ngram" and m.runs), None)
+    todo = []
+    for name, h in ctx.hybrid.items():
+        ran = _hybrid_run(ctx, modes, name)
+        if ngram is None or ran is None or h.get("drafter_max_batch"):
+            continue
+        rows = ctx.rows_of(ran.langs)
+        batches = sorted(b for b in ran.runs if b in ngram.runs)
+        lost = [
+            b
+            for b in batches
+            if ran.runs[b]["tok_s"] < _subset(ngram.runs[b], rows)["tok_s"] and ran.runs[b]["tok_s"]
+        ]
+        kept = [b for b in batches if lost and b < min(lost)]
+        if not kept:  # level with ngram everywhere, or behind it already at the smallest
+            continue
+        h["unlimited"] = ran.name
+        h["drafter_max_batch"] = max(kept)
+        log(
+            f"[vllm] hybrid for {name}: below ngram at batch {min(lost)}; again with the drafter "
+            f"drafting in steps of at most {max(kept)} requests"
+        )
+        folder = ctx.folders[name]
+        todo.append(
+            hybrid_mode(
+                name,
+                folder,
+                ran.langs,
+                h["ngram_min"],
+                h["ngram_max"],
+                h["drafter_tokens"],
+                ctx.s,
+                ctx.out,
+                max_batch=max(kept),
+            )
+        )
+    return todo
+
+
+def _hybrid_run(ctx: Context, modes: list[Mode], name: str) -> Mode | None:
+    """The served hybrid mode of drafter ``name`` (its calibrated settings), if it ran."""
+    h = ctx.hybrid[name]
+    tag = f"m{h['ngram_min']}" + (
+        f"-b{h['drafter_max_batch']}" if h.get("drafter_max_batch") else ""
+    )
+    want = f"hybrid-{tag}@{h['drafter_tokens']}"
+    return next((m for m in modes if m.drafter == name and m.runs and m.name == want), None)
+
+
 def _hybrid_schedules(ctx: Context, modes: list[Mode]) -> None:
     """The calibrated hybrid's own draft length by batch size (``ctx.hybrid[name]["schedule"]``):
     its length where it beat plain at that measured size, 0 where it did not — the served
     hybrid never runs below plain at a measured batch size."""
     for name, h in ctx.hybrid.items():
         k = max(h["ngram_tokens"], h["drafter_tokens"])
-        ran = next(
-            (
-                m
-                for m in modes
-                if m.drafter == name
-                and m.runs
-                and m.name == f"hybrid-m{h['ngram_min']}@{h['drafter_tokens']}"
-            ),
-            None,
-        )
+        ran = _hybrid_run(ctx, modes, name)
         if ran is None:
             continue
         rows = ctx.rows_of(ran.langs)

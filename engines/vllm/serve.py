@@ -134,10 +134,13 @@ def speculative_config(
         return cfg
     if hybrid_dir is None:
         raise PolyspecError("--mode hybrid needs a folder for the plugin's settings")
+    max_batch = None
     if calibrated:
         hybrid_min, ngram_n = calibrated["ngram_min"], calibrated["ngram_max"]
         draft_n, ngram_k = calibrated["drafter_tokens"], calibrated["ngram_tokens"]
-    folder = hybrid_folder(hybrid_dir, drafter, hybrid_min, max(hybrid_min, ngram_n), draft_n)
+        max_batch = calibrated.get("drafter_max_batch")
+    n_max = max(hybrid_min, ngram_n)
+    folder = hybrid_folder(hybrid_dir, drafter, hybrid_min, n_max, draft_n, max_batch)
     cfg = {
         "method": "eagle3",
         "model": str(folder),
@@ -149,11 +152,16 @@ def speculative_config(
 
 
 def hybrid_folder(
-    here: Path, drafter: Path, ngram_min: int, ngram_max: int, drafter_tokens: int
+    here: Path,
+    drafter: Path,
+    ngram_min: int,
+    ngram_max: int,
+    drafter_tokens: int,
+    drafter_max_batch: int | None = None,
 ) -> Path:
     """A drafter folder for the plugin's hybrid: links to ``drafter``'s files and a
     ``polyspec_vllm.json`` (n-gram matches of ``ngram_min`` … ``ngram_max`` tokens, else the
-    drafter's ``drafter_tokens``)."""
+    drafter's ``drafter_tokens``, in steps of at most ``drafter_max_batch`` requests)."""
     from polyspec_vllm.settings import Hybrid, write
 
     here.mkdir(parents=True, exist_ok=True)
@@ -161,7 +169,7 @@ def hybrid_folder(
         link = here / f.name
         if f.name != "polyspec_vllm.json" and not link.exists():
             link.symlink_to(f.resolve())
-    write(here, Hybrid(ngram_min, ngram_max, drafter_tokens))
+    write(here, Hybrid(ngram_min, ngram_max, drafter_tokens, drafter_max_batch))
     return here
 
 

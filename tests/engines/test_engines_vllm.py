@@ -35,6 +35,7 @@ class FakeProcess:
     started: list[dict] = []
     fail: dict[str, int] = {}  # mode name → how many of its next starts fail
     envs: list[tuple[str, dict | None]] = []  # (mode name, the extra environment) of each start
+    cost = None  # (speculative config, batch size) → a factor on the seconds of a generate call
 
     def __init__(self, llm, log=None, python=None, env=None):
         self.llm, self.python, self.version, self.load_seconds = llm, python, "fake", 0.0
@@ -106,6 +107,8 @@ class FakeProcess:
                     toks[5] = 99
                     self.counts["diverged"] = True
             outs.append(out)
+        if FakeProcess.cost is not None:
+            seconds *= FakeProcess.cost(self.spec, len(prompts))
         return outs, seconds
 
     def metrics(self):
@@ -132,7 +135,7 @@ def fake(monkeypatch):
         [],
         {},
     )
-    FakeProcess.envs = []
+    FakeProcess.envs, FakeProcess.cost = [], None
     return FakeProcess
 
 
@@ -543,3 +546,43 @@ def test_a_pass_keeps_each_languages_seconds_and_counters_and_the_md_shows_them(
         + " |"
         in lines
     )
+
+
+def test_a_hybrid_below_ngram_at_a_batch_size_runs_again_drafting_only_below_it(
+    fake, drafters, tiny_llama_dir, tmp_path, monkeypatch
+):
+    """The calibrated hybrid ran below ngram at batch 2 (its drafter rows cost more than they
+    bring there): it runs again with drafter_max_batch 1 (n-gram rows alone above), measured, and
+    that is what engines.json serves, with its own schedule."""
+    from engines.vllm.serve import speculative_config
+    from polyspec_vllm.settings import read
+
+    monkeypatch.setattr(
+        FakeProcess, "_tokens", lambda self, ids, n: [(ids[-1] + i % 5) % 90 + 3 for i in range(n)]
+    )
+
+    def cost(spec, batch):  # the unlimited hybrid is twice as slow at batch 2
+        model = str((spec or {}).get("model", ""))
+        return 2.0 if "/hybrid/" in model and "-b1-" not in model and batch > 1 else 1.0
+
+    FakeProcess.cost = cost
+    engines = _engines(tmp_path / "engines.json")
+    options = "--prompts 2 --n 80 --batch 1,2 --sweep 1,2"
+    assert vllm_cli(tiny_llama_dir, tmp_path / "out", options, drafters, engines) == 0
+    rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
+    h = rep["hybrid"]["en"]
+    modes = {m["mode"]: m for m in rep["modes"]}
+    m, d = h["ngram_min"], h["drafter_tokens"]
+    assert f"hybrid-m{m}@{d}" in modes and h["unlimited"] == f"hybrid-m{m}@{d}"
+    limited = modes[f"hybrid-m{m}-b1@{d}"]
+    assert h["drafter_max_batch"] == 1
+    assert read(limited["speculative_config"]["model"]).hybrid.drafter_max_batch == 1
+    # the schedule is the limited mode's own: it beat plain at both sizes
+    k = max(3, d)
+    sp = {b: limited["by_batch"][str(b)]["speedup"] for b in (1, 2)}
+    assert h["schedule"] == [[1, 1, k if sp[1] > 1 else 0], [2, 2, k if sp[2] > 1 else 0]]
+    rec = json.loads(engines.read_text())["drafters"]["en"]["hybrid"]["vllm"]
+    assert rec["drafter_max_batch"] == 1 and rec["schedule"] == h["schedule"]
+    spec = speculative_config("hybrid", drafters / "en", engines, hybrid_dir=tmp_path / "serve")
+    assert read(spec["model"]).hybrid.drafter_max_batch == 1
+    assert "drafting in steps of at most 1" in (tmp_path / "out" / "vllm.md").read_text()

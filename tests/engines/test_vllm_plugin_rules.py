@@ -35,19 +35,31 @@ def test_the_drafter_drafts_nothing_on_a_step_whose_every_row_is_an_ngram_one():
     assert drafter_tokens([[5, 6, 7], []], [[1], []], k=3, own=2) == 0
     assert drafter_tokens([[5, 6, 7], []], [[1], [4]], k=3, own=2) == 2
     assert drafter_tokens([[], []], [[1], [4]], k=1, own=2) == 1
+    # above drafter_max_batch requests in the step: n-gram rows only
+    assert drafter_tokens([[5], []], [[1], [4]], k=3, own=2, max_batch=1) == 0
+    assert drafter_tokens([[5], []], [[1], []], k=3, own=2, max_batch=1) == 0
+    assert drafter_tokens([[], []], [[1], []], k=3, own=2, max_batch=1) == 2
 
 
 def test_settings_round_trip_and_refuse_what_the_plugin_cannot_honour(tmp_path):
     assert read(tmp_path) is None and read(None) is None
     write(tmp_path, Hybrid(ngram_min=3, ngram_max=5, drafter_tokens=2))
     assert read(tmp_path) == Settings(hybrid=Hybrid(3, 5, 2))
+    # the optional drafter_max_batch: written only when set, read back either way
+    assert "drafter_max_batch" not in (tmp_path / FILE).read_text()
+    write(tmp_path, Hybrid(3, 5, 2, drafter_max_batch=1))
+    assert read(tmp_path) == Settings(hybrid=Hybrid(3, 5, 2, 1))
     write(tmp_path, None)
     assert read(tmp_path) == Settings(hybrid=None)
     good = {"format": "polyspec_vllm", "version": 1}
     for bad, says in [
         ({**good, "version": 2}, "version 2"),
         ({**good, "hybird": None}, "unknown keys"),
-        ({**good, "hybrid": {"ngram_min": 3}}, "exactly the keys"),
+        ({**good, "hybrid": {"ngram_min": 3}}, "must have the keys"),
+        (
+            {**good, "hybrid": {"ngram_min": 3, "ngram_max": 5, "drafter_tokens": 2, "x": 1}},
+            "must have the keys",
+        ),
         ({**good, "hybrid": {"ngram_min": 3, "ngram_max": 5, "drafter_tokens": True}}, "integers"),
         ([], "JSON object"),
     ]:
@@ -61,6 +73,8 @@ def test_settings_round_trip_and_refuse_what_the_plugin_cannot_honour(tmp_path):
     with pytest.raises(SettingsError, match="raise num_speculative_tokens"):
         Hybrid(2, 3, 4).check(3)
     Hybrid(2, 3, 3).check(3)
+    with pytest.raises(SettingsError, match="drafter_max_batch must be ≥ 1"):
+        Hybrid(2, 3, 3, drafter_max_batch=0).check(3)
 
 
 def test_the_version_pin():

@@ -40,12 +40,18 @@ def choose(
 
 
 def drafter_tokens(
-    ngram_rows: Sequence[Sequence[int]], sampled: Sequence[Sequence[int]], k: int, own: int
+    ngram_rows: Sequence[Sequence[int]],
+    sampled: Sequence[Sequence[int]],
+    k: int,
+    own: int,
+    max_batch: int | None = None,
 ) -> int:
     """How many tokens the drafter drafts this step: none where every request that sampled a token
-    has an n-gram row (a request that sampled none, still in its prompt, takes no draft), else its
-    own length (at most the step's ``k``)."""
-    if all(ngram for ngram, new in zip(ngram_rows, sampled) if len(new)):
+    has an n-gram row (a request that sampled none, still in its prompt, takes no draft) or where
+    more than ``max_batch`` requests did (there its rows lost to n-gram rows alone, as
+    ``make check-vllm`` measures), else its own length (at most the step's ``k``)."""
+    live = [ngram for ngram, new in zip(ngram_rows, sampled) if len(new)]
+    if all(live) or (max_batch is not None and len(live) > max_batch):
         return 0
     return min(k, own)
 
@@ -115,7 +121,8 @@ class HybridProposer:
         ngram = self.ngram.propose(
             k, sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu
         )
-        own = drafter_tokens(ngram, sampled_token_ids, k, self.hybrid.drafter_tokens)
+        h = self.hybrid
+        own = drafter_tokens(ngram, sampled_token_ids, k, h.drafter_tokens, h.drafter_max_batch)
         scheduler_output.num_spec_tokens_to_schedule = own
         try:
             drafted = original(runner, scheduler_output, sampled_token_ids, *args, **kwargs)

@@ -9,8 +9,10 @@ it. A drafter folder without it is served by vLLM alone.
       "hybrid": {                 # null or absent: the drafter alone
         "ngram_min": 3,           # the shortest suffix match whose continuation is drafted
         "ngram_max": 5,           # the longest suffix matched
-        "drafter_tokens": 2       # the drafter's draft length (≤ num_speculative_tokens);
-      }                           # an n-gram row drafts num_speculative_tokens
+        "drafter_tokens": 2,      # the drafter's draft length (≤ num_speculative_tokens);
+                                  # an n-gram row drafts num_speculative_tokens
+        "drafter_max_batch": 1    # optional: with more requests in a step the drafter drafts
+      }                           # none (n-gram rows only; its forward still runs at length 0)
     }
 
 Nothing here imports vLLM or torch (the pipeline's tests read it in polyspec's own environment)."""
@@ -37,6 +39,7 @@ class Hybrid:
     ngram_min: int
     ngram_max: int
     drafter_tokens: int
+    drafter_max_batch: int | None = None  # None: the drafter drafts at every batch size
 
     def check(self, num_speculative_tokens: int) -> None:
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -48,6 +51,10 @@ class Hybrid:
                 f"hybrid drafter_tokens {self.drafter_tokens} must lie in 1 … "
                 f"num_speculative_tokens ({num_speculative_tokens}): raise num_speculative_tokens "
                 "in the speculative config, or lower drafter_tokens"
+            )
+        if self.drafter_max_batch is not None and self.drafter_max_batch < 1:
+            raise SettingsError(
+                f"hybrid drafter_max_batch must be ≥ 1 or absent, got {self.drafter_max_batch}"
             )
 
 
@@ -85,10 +92,13 @@ def parse(raw: object, where: str = FILE) -> Settings:
     hybrid = raw.get("hybrid")
     if hybrid is None:
         return Settings()
-    fields = {"ngram_min", "ngram_max", "drafter_tokens"}
-    if not isinstance(hybrid, dict) or set(hybrid) != fields:
-        raise SettingsError(f"{where}: hybrid must have exactly the keys {sorted(fields)}")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in hybrid.values()):
+    fields, optional = {"ngram_min", "ngram_max", "drafter_tokens"}, {"drafter_max_batch"}
+    if not isinstance(hybrid, dict) or not fields <= set(hybrid) <= fields | optional:
+        raise SettingsError(
+            f"{where}: hybrid must have the keys {sorted(fields)} (and may have {sorted(optional)})"
+        )
+    values = [v for k, v in hybrid.items() if not (k in optional and v is None)]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise SettingsError(f"{where}: hybrid's values must be integers")
     return Settings(hybrid=Hybrid(**hybrid))
 
@@ -105,6 +115,8 @@ def write(folder: str | Path, hybrid: Hybrid | None) -> Path:
             "ngram_max": hybrid.ngram_max,
             "drafter_tokens": hybrid.drafter_tokens,
         }
+        if hybrid.drafter_max_batch is not None:
+            body["hybrid"]["drafter_max_batch"] = hybrid.drafter_max_batch
     path = Path(folder) / FILE
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{FILE}.")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
