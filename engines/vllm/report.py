@@ -342,8 +342,8 @@ def markdown(report: dict) -> str:
             lines += [
                 "",
                 f"`{h['unlimited']}` ran below `ngram` at a measured batch size: served with the "
-                f"drafter drafting in steps of at most {h['drafter_max_batch']} requests (n-gram rows "
-                "alone above; `drafter_max_batch`).",
+                f"drafter drafting in steps of at most {h['drafter_max_batch']} requests "
+                "(n-gram rows alone above; `drafter_max_batch`).",
             ]
         if h.get("schedule"):
             lines += [
