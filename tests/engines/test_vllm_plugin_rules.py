@@ -10,7 +10,7 @@ import torch
 
 from polyspec_vllm import SUPPORTED_VLLM, PolyspecVllmError, check_vllm_version
 from polyspec_vllm.checks import drafter_problems
-from polyspec_vllm.hybrid import HybridStats, choose, drafter_tokens
+from polyspec_vllm.hybrid import HybridProposer, HybridStats, choose, drafter_tokens
 from polyspec_vllm.settings import FILE, Hybrid, Settings, SettingsError, parse, read, write
 
 
@@ -143,3 +143,30 @@ def test_a_drafter_folder_is_checked_against_its_target(tmp_path, tiny_llama_dir
     # a folder polyspec did not export: not its business
     (folder / "polyspec.json").unlink()
     assert drafter_problems(folder, like(model_type="gemma3_text"), None) == []
+
+
+def test_where_the_batch_schedule_drafts_nothing_neither_proposer_runs():
+    """vLLM's num_speculative_tokens_per_batch_size at 0: no n-gram lookup, no drafter forward
+    (measured to cost throughput at 16 requests), empty rows; else both run."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    def original(runner, scheduler_output, sampled, *a, **kw):
+        calls.append(scheduler_output.num_spec_tokens_to_schedule)
+        return torch.tensor([[7, 8]] * len(sampled))
+
+    ngram = SimpleNamespace(
+        propose=lambda k, sampled, n, ids: calls.append("ngram") or [[1, 2, 3], []]
+    )
+    hp = object.__new__(HybridProposer)
+    hp.hybrid, hp.stats, hp.ngram = Hybrid(1, 3, 2), HybridStats(), ngram
+    runner = SimpleNamespace(
+        input_batch=SimpleNamespace(num_tokens_no_spec=None, token_ids_cpu=None)
+    )
+    out = hp.propose(runner, original, SimpleNamespace(num_spec_tokens_to_schedule=0), [[5], [6]])
+    assert out == ([[], []], [False, False], 0) and calls == []
+    step = SimpleNamespace(num_spec_tokens_to_schedule=3)
+    rows, took, own = hp.propose(runner, original, step, [[5], [6]])
+    assert rows == [[1, 2, 3], [7, 8]] and took == [True, False] and own == 2
+    assert calls == ["ngram", 2] and step.num_spec_tokens_to_schedule == 3

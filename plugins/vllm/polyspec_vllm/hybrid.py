@@ -11,7 +11,10 @@ proposals, as it does n-gram rows), whichever proposer made it; the plugin refus
 
 On a step where every request has an n-gram row the drafter drafts nothing: it still reads the
 step's verified tokens (its forward at ``num_speculative_tokens`` 0, as vLLM's dynamic speculative
-decoding keeps an EAGLE drafter's KV cache whole), but skips its head and its further steps.
+decoding keeps an EAGLE drafter's KV cache whole), but skips its head and its further steps. Where
+the batch-size schedule (``num_speculative_tokens_per_batch_size``) drafts nothing, neither
+proposer runs (that forward alone cost throughput at 16 requests: docs/experiments.md); a request
+that drafts again later reads a drafter KV cache with gaps (fewer drafts kept, outputs unchanged).
 
 ``choose`` and ``drafter_tokens`` are the rules; ``HybridProposer`` runs both proposers for vLLM's
 V1 runner (``polyspec_vllm.patches``)."""
@@ -117,6 +120,8 @@ class HybridProposer:
         → (rows, which rows are n-gram ones, the drafter's length): vLLM takes rows of different
         lengths."""
         k = scheduler_output.num_spec_tokens_to_schedule
+        if k == 0:  # the batch-size schedule drafts nothing here: no drafter forward either
+            return [[] for _ in sampled_token_ids], [False] * len(sampled_token_ids), 0
         batch = runner.input_batch
         ngram = self.ngram.propose(
             k, sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu
