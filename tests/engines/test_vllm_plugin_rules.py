@@ -170,3 +170,12 @@ def test_where_the_batch_schedule_drafts_nothing_neither_proposer_runs():
     rows, took, own = hp.propose(runner, original, step, [[5], [6]])
     assert rows == [[1, 2, 3], [7, 8]] and took == [True, False] and own == 2
     assert calls == ["ngram", 2] and step.num_spec_tokens_to_schedule == 3
+    # above drafter_max_batch requests: the n-gram rows alone, no drafter forward
+    hp.hybrid, calls[:] = Hybrid(1, 3, 2, drafter_max_batch=1), []
+    rows, took, own = hp.propose(runner, original, step, [[5], [6]])
+    assert rows == [[1, 2, 3], []] and took == [True, False] and own == 0
+    assert calls == ["ngram"]
+    # one request sampled (the other still in its prompt): the drafter's forward runs, at length 0
+    # (the live row has an n-gram row)
+    rows, took, own = hp.propose(runner, original, step, [[5], []])
+    assert calls == ["ngram", "ngram", 0] and own == 0

@@ -13,8 +13,9 @@ On a step where every request has an n-gram row the drafter drafts nothing: it s
 step's verified tokens (its forward at ``num_speculative_tokens`` 0, as vLLM's dynamic speculative
 decoding keeps an EAGLE drafter's KV cache whole), but skips its head and its further steps. Where
 the batch-size schedule (``num_speculative_tokens_per_batch_size``) drafts nothing, neither
-proposer runs (that forward alone cost throughput at 16 requests: docs/experiments.md); a request
-that drafts again later reads a drafter KV cache with gaps (fewer drafts kept, outputs unchanged).
+proposer runs, and above ``drafter_max_batch`` requests the drafter does not (that forward alone
+cost throughput at 4 and 16 requests: docs/experiments.md); a request that drafts again later reads
+a drafter KV cache with gaps (fewer drafts kept, outputs unchanged).
 
 ``choose`` and ``drafter_tokens`` are the rules; ``HybridProposer`` runs both proposers for vLLM's
 V1 runner (``polyspec_vllm.patches``)."""
@@ -127,6 +128,10 @@ class HybridProposer:
             k, sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu
         )
         h = self.hybrid
+        live = sum(1 for new in sampled_token_ids if len(new))
+        if h.drafter_max_batch is not None and live > h.drafter_max_batch:
+            # above drafter_max_batch: the n-gram rows alone, without the drafter's forward
+            return [list(r) for r in ngram], [bool(r) for r in ngram], 0
         own = drafter_tokens(ngram, sampled_token_ids, k, h.drafter_tokens, h.drafter_max_batch)
         scheduler_output.num_spec_tokens_to_schedule = own
         try:
