@@ -198,6 +198,12 @@ def _f(x, fmt: str = "{:.2f}", none: str = "—") -> str:
     return none if x is None else fmt.format(x)
 
 
+def _schedule_line(lead: str, schedule: list[list[int]]) -> str:
+    """A draft-length-by-batch-size schedule in words."""
+    ranges = ", ".join(f"{a}–{b}: {k}" for a, b, k in schedule)
+    return f"{lead}`num_speculative_tokens_per_batch_size`, 0 = no drafts): {ranges}."
+
+
 def _by_lang_lines(report: dict, batches: list[int]) -> list[str]:
     """The modes that ran several languages (ngram, a multilingual drafter, its hybrid), one row
     per language: × plain per batch size and vLLM's α at the first."""
@@ -312,12 +318,7 @@ def markdown(report: dict) -> str:
             "| measured × | " + " | ".join(_f(d["measured_speedup"].get(k)) for k in ks) + " |",
         ]
         if d.get("schedule"):
-            lines += [
-                "",
-                "By batch size (vLLM's `num_speculative_tokens_per_batch_size`, 0 = no drafts): "
-                + ", ".join(f"{a}–{b}: {k}" for a, b, k in d["schedule"])
-                + ".",
-            ]
+            lines += ["", _schedule_line("By batch size (vLLM's ", d["schedule"])]
     for name, h in (report.get("hybrid") or {}).items():
         curve = {int(n): v for n, v in h["curve"].items()}
         ls = sorted(n for n in curve if n > 0)
@@ -346,12 +347,7 @@ def markdown(report: dict) -> str:
                 "(n-gram rows alone above; `drafter_max_batch`).",
             ]
         if h.get("schedule"):
-            lines += [
-                "",
-                "Served by batch size (`num_speculative_tokens_per_batch_size`, 0 = no drafts): "
-                + ", ".join(f"{a}–{b}: {k}" for a, b, k in h["schedule"])
-                + ".",
-            ]
+            lines += ["", _schedule_line("Served by batch size (", h["schedule"])]
     lines += ["", "## Definitions", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
     return "\n".join(lines) + "\n"
 
