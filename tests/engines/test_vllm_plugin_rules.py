@@ -35,8 +35,8 @@ def test_the_drafter_drafts_nothing_on_a_step_whose_every_row_is_an_ngram_one():
     assert drafter_tokens([[5, 6, 7], []], [[1], []], k=3, own=2) == 0
     assert drafter_tokens([[5, 6, 7], []], [[1], [4]], k=3, own=2) == 2
     assert drafter_tokens([[], []], [[1], [4]], k=1, own=2) == 1
-    # above drafter_max_batch requests in the step: n-gram rows only
-    assert drafter_tokens([[5], []], [[1], [4]], k=3, own=2, max_batch=1) == 0
+    # above drafter_max_batch requests in the step: n-gram rows only, no drafter forward
+    assert drafter_tokens([[5], []], [[1], [4]], k=3, own=2, max_batch=1) is None
     assert drafter_tokens([[5], []], [[1], []], k=3, own=2, max_batch=1) == 0
     assert drafter_tokens([[], []], [[1], []], k=3, own=2, max_batch=1) == 2
 

@@ -49,13 +49,16 @@ def drafter_tokens(
     k: int,
     own: int,
     max_batch: int | None = None,
-) -> int:
-    """How many tokens the drafter drafts this step: none where every request that sampled a token
-    has an n-gram row (a request that sampled none, still in its prompt, takes no draft) or where
-    more than ``max_batch`` requests did (there its rows lost to n-gram rows alone, as
-    ``make check-vllm`` measures), else its own length (at most the step's ``k``)."""
+) -> int | None:
+    """How many tokens the drafter drafts this step: None (its forward does not run) where more
+    than ``max_batch`` requests sampled a token (there its rows lost to n-gram rows alone, as
+    ``make check-vllm`` measures); 0 (its forward runs, its KV cache stays whole) where every
+    request that sampled a token has an n-gram row (one that sampled none, still in its prompt,
+    takes no draft); else its own length (at most the step's ``k``)."""
     live = [ngram for ngram, new in zip(ngram_rows, sampled) if len(new)]
-    if all(live) or (max_batch is not None and len(live) > max_batch):
+    if max_batch is not None and len(live) > max_batch:
+        return None
+    if all(live):
         return 0
     return min(k, own)
 
@@ -128,11 +131,9 @@ class HybridProposer:
             k, sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu
         )
         h = self.hybrid
-        live = sum(1 for new in sampled_token_ids if len(new))
-        if h.drafter_max_batch is not None and live > h.drafter_max_batch:
-            # above drafter_max_batch: the n-gram rows alone, without the drafter's forward
-            return [list(r) for r in ngram], [bool(r) for r in ngram], 0
         own = drafter_tokens(ngram, sampled_token_ids, k, h.drafter_tokens, h.drafter_max_batch)
+        if own is None:  # the n-gram rows alone, without the drafter's forward
+            return [list(r) for r in ngram], [bool(r) for r in ngram], 0
         scheduler_output.num_spec_tokens_to_schedule = own
         try:
             drafted = original(runner, scheduler_output, sampled_token_ids, *args, **kwargs)
