@@ -330,7 +330,7 @@ def hybrid_mode(
     """The plugin's hybrid for one drafter (its folder of links and settings under ``out``);
     ``max_batch``: the drafter drafts only in steps of at most that many requests
     (``hybrid-m<m>-b<max_batch>@d``)."""
-    tag = f"m{m}" if max_batch is None else f"m{m}-b{max_batch}"
+    tag = _hybrid_tag(m, max_batch)
     here = hybrid_folder(
         out / "hybrid" / f"{name}-{tag}-d{d}", folder, m, max(m, n_max), d, max_batch
     )
@@ -340,6 +340,11 @@ def hybrid_mode(
         own,
         {"method": "eagle3", "model": str(here), "num_speculative_tokens": max(s.ngram_k, d)},
     )
+
+
+def _hybrid_tag(m: int, max_batch: int | None) -> str:
+    """The part of a hybrid mode's name (and folder) that says its settings."""
+    return f"m{m}" if max_batch is None else f"m{m}-b{max_batch}"
 
 
 def _draft_model_modes(draft_models: dict[str, Path], s: Settings, langs: list[str]) -> list[Mode]:
@@ -624,12 +629,7 @@ def _batch_entry(
 
 def _lang_part(run: dict, rows: list[dict], lang: str) -> dict:
     """One language's share of a mode's pass (its prompts, seconds and counters)."""
-    part = {
-        "outputs": {r["id"]: run["outputs"][r["id"]] for r in rows},
-        "seconds_by_lang": {lang: run["seconds_by_lang"][lang]},
-        "spec": run["spec_by_lang"][lang],
-    }
-    return _totals(part, rows)
+    return {**_subset(run, rows), "spec": run["spec_by_lang"][lang]}
 
 
 def _probe_margins(
@@ -778,17 +778,13 @@ def _batch_limited_hybrid(ctx: Context, modes: list[Mode], log) -> list[Mode]:
 def _hybrid_run(ctx: Context, modes: list[Mode], name: str) -> Mode | None:
     """The served hybrid mode of drafter ``name`` (its calibrated settings), if it ran."""
     h = ctx.hybrid[name]
-    tag = f"m{h['ngram_min']}" + (
-        f"-b{h['drafter_max_batch']}" if h.get("drafter_max_batch") else ""
-    )
-    want = f"hybrid-{tag}@{h['drafter_tokens']}"
+    want = f"hybrid-{_hybrid_tag(h['ngram_min'], h.get('drafter_max_batch'))}@{h['drafter_tokens']}"
     return next((m for m in modes if m.drafter == name and m.runs and m.name == want), None)
 
 
 def _hybrid_schedules(ctx: Context, modes: list[Mode]) -> None:
     """The calibrated hybrid's own draft length by batch size (``ctx.hybrid[name]["schedule"]``):
-    its length where it beat plain at that measured size, 0 where it did not — the served
-    hybrid never runs below plain at a measured batch size."""
+    its length where it beat plain at that measured size, 0 (no drafts) where it did not."""
     for name, h in ctx.hybrid.items():
         k = max(h["ngram_tokens"], h["drafter_tokens"])
         ran = _hybrid_run(ctx, modes, name)
@@ -844,8 +840,8 @@ def _settings_record(ctx: Context) -> dict:
 
 
 def _subset(run: dict, rows: list[dict]) -> dict:
-    """A plain run restricted to ``rows``' languages (a drafter's): their outputs, tokens and
-    seconds."""
+    """A run restricted to ``rows`` and their languages (a drafter's, or one language): outputs,
+    tokens and seconds."""
     langs = {r["lang"] for r in rows}
     part = {
         "outputs": {r["id"]: run["outputs"][r["id"]] for r in rows},
