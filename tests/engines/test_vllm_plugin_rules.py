@@ -179,3 +179,74 @@ def test_where_the_batch_schedule_drafts_nothing_neither_proposer_runs():
     # (the live row has an n-gram row)
     rows, took, own = hp.propose(runner, original, step, [[5], []])
     assert calls == ["ngram", "ngram", 0] and own == 0
+
+
+def test_a_requests_language_is_its_tag_else_the_language_id_of_its_prompt():
+    """ADASPEC per request: the client's tag wins (the prompt is not even read); without one, or
+    with a malformed one, fastText's language ID (polyspec's own, lid.176) names it; a language
+    without a drafter here drafts with the multilingual drafter (None)."""
+    from polyspec_vllm.languages import drafter_keys, identify_text, request_language
+
+    def unread():
+        raise AssertionError("a tagged request's prompt must not be read")
+
+    assert request_language({"lang": "vi"}, unread) == "vi"
+    assert request_language(None, lambda: "Der Hund läuft schnell über die Straße.") == "de"
+    assert request_language({"lang": 7}, lambda: "Le chat dort sur le canapé du salon.") == "fr"
+    assert request_language({}, lambda: "", identify=lambda text: None) is None
+    assert identify_text("   ") is None
+    assert drafter_keys(["vi", "fr", None, "de"], {"vi", "de"}) == ["vi", None, None, "de"]
+
+
+def test_a_language_tag_that_is_no_language_code_is_one_line_for_a_400():
+    from polyspec_vllm.languages import tag_problem
+
+    served = {"vi", "de", "ja"}
+    assert tag_problem(None, served) is None and tag_problem({"other": 1}, served) is None
+    assert tag_problem({"lang": "fr"}, served) is None  # no drafter: the multilingual one drafts
+    for bad in ("Klingon", "", "vi-VN!", 5, None, ["vi"]):
+        problem = tag_problem({"lang": bad}, served)
+        assert problem.startswith(f"extra_args.lang {bad!r} is no language code")
+        assert "de, ja, vi" in problem and "\n" not in problem
+
+
+def test_settings_list_language_drafters_relative_to_their_folder(tmp_path):
+    folder = tmp_path / "speculators" / "multilingual"
+    folder.mkdir(parents=True)
+    write(folder, Hybrid(2, 4, 2), languages={"vi": "../vi", "de": "../de"})
+    got = read(folder)
+    assert got.hybrid == Hybrid(2, 4, 2)
+    assert got.languages == {"vi": folder / "../vi", "de": folder / "../de"}
+    assert read(folder).languages["vi"].resolve() == (tmp_path / "speculators" / "vi").resolve()
+    write(folder, None)
+    assert read(folder) == Settings()
+    base = {"format": "polyspec_vllm", "version": 1}
+    for bad, says in (
+        ({"languages": {}}, "languages must map language codes"),
+        ({"languages": {"Vietnamese": "../vi"}}, "is no ISO 639 code"),
+        ({"languages": {"vi": 3}}, "languages.vi must be a folder path"),
+    ):
+        with pytest.raises(SettingsError, match=says):
+            parse({**base, **bad})
+
+
+def test_language_drafters_must_have_the_multilingual_drafters_shape(tmp_path):
+    from polyspec_vllm.checks import shape_problems
+
+    cfg = {
+        "draft_vocab_size": 8192,
+        "target_hidden_size": 640,
+        "eagle_aux_hidden_state_layer_ids": [2, 9, 15],
+        "transformer_layer_config": {"hidden_size": 640, "intermediate_size": 2048},
+    }
+    for name, c in (
+        ("mul", cfg),
+        ("vi", cfg),
+        ("de", {**cfg, "draft_vocab_size": 16384}),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(c))
+    assert shape_problems(tmp_path / "mul", tmp_path / "vi") == []
+    assert shape_problems(tmp_path / "mul", tmp_path / "de") == [
+        "draft_vocab_size 16384 differs from the multilingual drafter's 8192"
+    ]

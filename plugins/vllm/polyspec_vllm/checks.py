@@ -58,3 +58,40 @@ def drafter_problems(drafter: str | Path, target_config, target_tokenizer: str |
             differ = len(set(mine.items()) ^ set(theirs.items()))
             problems.append(f"its tokenizer differs from the target's ({differ} entries differ)")
     return problems
+
+
+# the config entries that make two EAGLE-3 folders one shape (vLLM builds every language drafter
+# from the multilingual drafter's config and loads only its weights from the language's folder)
+_SHAPE = (
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "norm_before_residual",
+)
+_LAYER = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+)
+
+
+def shape_problems(main: str | Path, other: str | Path) -> list[str]:
+    """How the drafter folder ``other`` differs in shape from ``main`` ([] where it does not)."""
+    a, b = (
+        json.loads((Path(f) / "config.json").read_text(encoding="utf-8")) for f in (main, other)
+    )
+    problems = [
+        f"{k} {b.get(k)} differs from the multilingual drafter's {a.get(k)}"
+        for k in _SHAPE
+        if a.get(k) != b.get(k)
+    ]
+    la, lb = a.get("transformer_layer_config") or {}, b.get("transformer_layer_config") or {}
+    problems += [
+        f"{k} {lb.get(k)} differs from the multilingual drafter's {la.get(k)}"
+        for k in _LAYER
+        if la.get(k) != lb.get(k)
+    ]
+    return problems

@@ -24,6 +24,13 @@ def install() -> None:
     _INSTALLED = True
     _patch_vllm_config()
     _patch_model_runner()
+    _patch_eagle_proposer()
+    _patch_sampling_params()
+
+
+# the languages this process's server drafts per request (set where its VllmConfig is checked: the
+# API server's process too, which validates each request's tag); None: no per-language drafters
+SERVED_LANGUAGES: set[str] | None = None
 
 
 def settings_of(speculative_config) -> Settings | None:
@@ -57,6 +64,8 @@ def _patch_vllm_config() -> None:
         settings = settings_of(self.speculative_config)
         if settings is not None and settings.hybrid is not None:
             found.append("polyspec's hybrid drafting")
+        if settings is not None and settings.languages:
+            found.append("polyspec's per-language drafters")
         return found
 
     VllmConfig.__post_init__ = __post_init__
@@ -81,36 +90,67 @@ def _check(config) -> None:
             "(python -m export --target …) or serve the target it was trained for"
         )
     settings = settings_of(spec)
-    if settings is None or settings.hybrid is None:
+    if settings is None or (settings.hybrid is None and not settings.languages):
         return
-    try:
-        settings.hybrid.check(spec.num_speculative_tokens)
-    except SettingsError as e:
-        raise PolyspecVllmError(str(e)) from None
-    if spec.draft_sample_method != "greedy":
+    if settings.languages:
+        _check_languages(spec.model, settings.languages, text, model_config)
+    if settings.hybrid is not None:
+        try:
+            settings.hybrid.check(spec.num_speculative_tokens)
+        except SettingsError as e:
+            raise PolyspecVllmError(str(e)) from None
+    if settings.hybrid is not None and spec.draft_sample_method != "greedy":
         raise PolyspecVllmError(
             f"hybrid needs draft_sample_method 'greedy' (got {spec.draft_sample_method!r}): an "
             "n-gram row has no draft probabilities"
         )
     if config.use_v2_model_runner:
         raise PolyspecVllmError(
-            "hybrid runs on vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0"
+            "hybrid and per-language drafters run on vLLM's V1 model runner: unset "
+            "VLLM_USE_V2_MODEL_RUNNER or set it to 0"
         )
-    # the n-gram proposer reads the CPU token lists vLLM fills after its bookkeeping
+    # the n-gram proposer reads the CPU token lists vLLM fills after its bookkeeping; the language
+    # drafters each draft from the same unpadded inputs
     spec.disable_padded_drafter_batch = True
-    logger.info("polyspec hybrid: %s", settings.hybrid)
+    if settings.hybrid is not None:
+        logger.info("polyspec hybrid: %s", settings.hybrid)
+
+
+def _check_languages(main: str, languages: dict, text_config, model_config) -> None:
+    """Every language drafter exists, fits the target and has the multilingual drafter's shapes
+    (vLLM builds each from the main drafter's config); the API server then accepts their tags."""
+    global SERVED_LANGUAGES
+    from polyspec_vllm.checks import drafter_problems, shape_problems
+
+    for lang, folder in languages.items():
+        if not (folder / "config.json").is_file():
+            raise PolyspecVllmError(
+                f"languages.{lang}: {folder} is no drafter folder (no config.json); export it with "
+                "python -m export --format engines, or drop the language from polyspec_vllm.json"
+            )
+        problems = drafter_problems(
+            folder, text_config, getattr(model_config, "tokenizer", None)
+        ) or shape_problems(main, folder)
+        if problems:
+            raise PolyspecVllmError(f"languages.{lang}: drafter {folder}: {'; '.join(problems)}")
+    SERVED_LANGUAGES = set(languages)
+    logger.info("polyspec adaspec: per-request drafters for %s", ", ".join(sorted(languages)))
 
 
 def _patch_model_runner() -> None:
     """vLLM 0.32 V1 ``GPUModelRunner.propose_draft_token_ids`` (``CPUModelRunner`` inherits it):
     where the drafter folder asks for ``hybrid``, n-gram rows replace the drafter's
-    (``polyspec_vllm.hybrid``)."""
+    (``polyspec_vllm.hybrid``); per-language drafters learn the runner, whose requests carry their
+    language tags."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner.propose_draft_token_ids
 
     @functools.wraps(original)
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
+        languages = getattr(self, "drafter", None).__dict__.get("_polyspec_languages")
+        if languages is not None:  # the language drafters read each request's tag from the runner
+            languages.runner = self
         hybrid = self.__dict__.get("_polyspec_hybrid", ...)
         if hybrid is ...:
             settings = settings_of(self.speculative_config)
@@ -130,3 +170,79 @@ def _patch_model_runner() -> None:
         return rows
 
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def _patch_eagle_proposer() -> None:
+    """vLLM 0.32 V1 ``EagleProposer``: where the drafter folder lists ``languages``, the language
+    drafters load, warm up and take their KV cache beside it, and ``propose`` drafts each request
+    with its language's drafter (``polyspec_vllm.adaspec``)."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    load_model, propose = EagleProposer.load_model, EagleProposer.propose
+    initialize_attn_backend, dummy_run = (
+        EagleProposer.initialize_attn_backend,
+        EagleProposer.dummy_run,
+    )
+
+    def drafters_of(self):
+        return self.__dict__.get("_polyspec_languages")
+
+    @functools.wraps(load_model)
+    def _load_model(self, target_model):
+        load_model(self, target_model)
+        if self.__dict__.get("_polyspec_sub"):  # a language drafter itself
+            return
+        settings = settings_of(self.speculative_config)
+        if settings is None or not settings.languages:
+            return
+        from polyspec_vllm.adaspec import LanguageDrafters
+
+        drafters = LanguageDrafters(self, settings.languages)
+        drafters.load(target_model)
+        self._polyspec_languages = drafters
+
+    @functools.wraps(initialize_attn_backend)
+    def _initialize_attn_backend(self, *args, **kwargs):
+        initialize_attn_backend(self, *args, **kwargs)
+        if drafters_of(self) is not None:
+            drafters_of(self).initialize_attn_backend(*args, **kwargs)
+
+    @functools.wraps(dummy_run)
+    def _dummy_run(self, *args, **kwargs):
+        dummy_run(self, *args, **kwargs)
+        if drafters_of(self) is not None:
+            drafters_of(self).dummy_run(*args, **kwargs)
+
+    @functools.wraps(propose)
+    def _propose(self, *args, **kwargs):
+        if drafters_of(self) is None:
+            return propose(self, *args, **kwargs)
+        return drafters_of(self).propose(functools.partial(propose, self), *args, **kwargs)
+
+    EagleProposer.load_model = _load_model
+    EagleProposer.initialize_attn_backend = _initialize_attn_backend
+    EagleProposer.dummy_run = _dummy_run
+    EagleProposer.propose = _propose
+
+
+def _patch_sampling_params() -> None:
+    """vLLM 0.32 ``SamplingParams._verify_extra_args``: on a server with per-language drafters, a
+    request whose language tag (``vllm_xargs`` ``lang``) is no language code is a 400 with one line
+    (vLLM answers its VLLMValidationError so)."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    verify = SamplingParams._verify_extra_args
+
+    @functools.wraps(verify)
+    def _verify_extra_args(self):
+        verify(self)
+        if SERVED_LANGUAGES is None:
+            return
+        from polyspec_vllm.languages import tag_problem
+
+        problem = tag_problem(self.extra_args, SERVED_LANGUAGES)
+        if problem:
+            raise VLLMValidationError(problem, parameter="extra_args")
+
+    SamplingParams._verify_extra_args = _verify_extra_args
