@@ -85,6 +85,17 @@ def parser() -> argparse.ArgumentParser:
         " comma-separated) instead of the held-out prompts: --prompts per language of --langs",
     )
     ap.add_argument(
+        "--hybrid-for",
+        default="",
+        help="the drafters (comma-separated names) the calibrated hybrid runs for; default all",
+    )
+    ap.add_argument(
+        "--mixed",
+        action="store_true",
+        help="batches of several prompts mix the languages (vi, de, ja, vi, …): per-request "
+        "drafters (adaspec) as one server meets them; else one language a batch",
+    )
+    ap.add_argument(
         "--eager",
         action="store_true",
         help="vLLM enforce_eager (no torch.compile: quick start, slower)",
@@ -113,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         else (),
         hybrid_drafter=_ints(a.hybrid_drafter, "hybrid-drafter"),
         questions=a.questions,
+        mixed=a.mixed,
+        hybrid_for=tuple(x for x in a.hybrid_for.split(",") if x.strip()),
     )
     langs = parse_langs(a.langs)
     engines = Path(a.engines) if a.engines else None

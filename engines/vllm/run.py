@@ -68,7 +68,7 @@ from engines.vllm.report import (
     write,
     write_engines,
 )
-from engines.vllm.serve import hybrid_folder
+from engines.vllm.serve import hybrid_folder, plugin_folder
 from export.interop import check_speculators
 from polyspec.device import host_kind
 from polyspec.errors import PolyspecError
@@ -110,6 +110,9 @@ class Settings:
     hybrid_min: tuple[int, ...] = ()
     hybrid_drafter: tuple[int, ...] = (2,)
     questions: str | None = None  # question files instead of the held-out prompts
+    # groups of several prompts mix languages (:func:`_groups`); else one language a group
+    mixed: bool = False
+    hybrid_for: tuple[str, ...] = ()  # the drafters the calibrated hybrid runs for (empty: all)
 
 
 @dataclass
@@ -172,27 +175,69 @@ def counter_delta(after: dict, before: dict) -> dict:
     }
 
 
-def run_pass(engine: VLLMProcess, rows: list[dict], params: dict, batch: int) -> dict:
-    """All ``rows`` through ``engine``, each language's in groups of ``batch`` (one ``generate``
-    call a group): outputs by prompt id, tokens and seconds, vLLM's speculative counters over the
-    pass — each also per language (a group holds one language)."""
-    start = before = spec_counters(engine.metrics())
+def _groups(rows: list[dict], batch: int, mixed: bool) -> list[list[dict]]:
+    """The ``generate`` calls of a pass: each language's prompts in groups of ``batch``; or, mixed,
+    the languages taken in turn (vi, de, ja, vi, …) so that every group of more than one prompt
+    mixes them (ADASPEC per request: one server, requests of several languages in one batch)."""
+    by_lang = {
+        lang: [r for r in rows if r["lang"] == lang]
+        for lang in dict.fromkeys(r["lang"] for r in rows)
+    }
+    if not mixed:
+        return [m[i : i + batch] for m in by_lang.values() for i in range(0, len(m), batch)]
+    turns = [
+        r
+        for i in range(max(map(len, by_lang.values())))
+        for m in by_lang.values()
+        for r in m[i : i + 1]
+    ]
+    return [turns[i : i + batch] for i in range(0, len(turns), batch)]
+
+
+def _sum(a: dict | None, b: dict) -> dict:
+    """Two groups' speculative counters together."""
+    if a is None:
+        return b
+    n = max(len(a["accepted_per_pos"]), len(b["accepted_per_pos"]))
+    pos = [
+        (a["accepted_per_pos"][i] if i < len(a["accepted_per_pos"]) else 0)
+        + (b["accepted_per_pos"][i] if i < len(b["accepted_per_pos"]) else 0)
+        for i in range(n)
+    ]
+    return {
+        **{k: a[k] + b[k] for k in ("drafts", "draft_tokens", "accepted")},
+        "accepted_per_pos": pos,
+    }
+
+
+def run_pass(
+    engine: VLLMProcess, rows: list[dict], params: dict, batch: int, mixed: bool = False
+) -> dict:
+    """All ``rows`` through ``engine`` in ``generate`` calls of ``batch`` prompts (:func:`_groups`),
+    each request tagged with its language (``extra_args.lang``: the plugin's per-request drafters
+    read it, vLLM ignores it otherwise): outputs by prompt id, tokens and seconds, vLLM's
+    speculative counters over the pass — per language too where a group holds one language (a
+    mixed group's seconds are split by its tokens, its counters kept under ``mixed``)."""
+    start = spec_counters(engine.metrics())
     outputs, seconds, spec = {}, {}, {}
-    for lang in dict.fromkeys(r["lang"] for r in rows):
-        mine = [r for r in rows if r["lang"] == lang]
-        seconds[lang] = 0.0
-        for i in range(0, len(mine), batch):
-            group = mine[i : i + batch]
-            got, sec = engine.generate([r["ids"] for r in group], [params] * len(group))
-            seconds[lang] += sec
-            outputs.update({r["id"]: o["token_ids"] for r, o in zip(group, got)})
-        after = spec_counters(engine.metrics())
-        spec[lang], before = counter_delta(after, before), after
+    for group in _groups(rows, batch, mixed):
+        before = spec_counters(engine.metrics())
+        got, sec = engine.generate(
+            [r["ids"] for r in group],
+            [{**params, "extra_args": {"lang": r["lang"]}} for r in group],
+        )
+        outputs.update({r["id"]: o["token_ids"] for r, o in zip(group, got)})
+        langs = {r["lang"] for r in group}
+        made = sum(len(o["token_ids"]) for o in got) or 1
+        for r, o in zip(group, got):
+            seconds[r["lang"]] = seconds.get(r["lang"], 0.0) + sec * len(o["token_ids"]) / made
+        key = next(iter(langs)) if len(langs) == 1 else "mixed"
+        spec[key] = _sum(spec.get(key), counter_delta(spec_counters(engine.metrics()), before))
     return _totals(
         {
             "outputs": outputs,
             "seconds_by_lang": seconds,
-            "spec": counter_delta(before, start),
+            "spec": counter_delta(spec_counters(engine.metrics()), start),
             "spec_by_lang": spec,
         },
         rows,
@@ -211,11 +256,15 @@ def _totals(run: dict, rows: list[dict]) -> dict:
 
 
 def run_mode(
-    engine: VLLMProcess, rows: list[dict], params: dict, batches: tuple[int, ...]
+    engine: VLLMProcess,
+    rows: list[dict],
+    params: dict,
+    batches: tuple[int, ...],
+    mixed: bool = False,
 ) -> dict[int, dict]:
     # warm-up: first-call costs stay out
     engine.generate([rows[0]["ids"]], [{**params, "max_tokens": 8}])
-    return {b: run_pass(engine, rows, params, b) for b in batches}
+    return {b: run_pass(engine, rows, params, b, mixed) for b in batches}
 
 
 def prefill_seconds(engine: VLLMProcess, rows: list[dict], params: dict) -> float:
@@ -451,7 +500,7 @@ def bench(
     )
     with VLLMProcess(ctx.base, log=out / "logs" / "plain.log", python=python) as plain_engine:
         log(f"[vllm] plain: vLLM {plain_engine.version} up in {plain_engine.load_seconds:.0f} s")
-        ctx.plain = run_mode(plain_engine, rows, ctx.params, s.batches)
+        ctx.plain = run_mode(plain_engine, rows, ctx.params, s.batches, s.mixed)
         ctx.prefill = {
             lang: prefill_seconds(plain_engine, ctx.rows_of([lang]), ctx.params)
             for lang in all_langs
@@ -477,7 +526,11 @@ def bench(
             run_spec(ctx, mode, log)
             modes.append(mode)
         hybrid += limited
-        if extra or hybrid:
+        adaspec = _adaspec_modes(ctx, report, log) if eagle3 else []
+        for mode in adaspec:
+            run_spec(ctx, mode, log)
+            modes.append(mode)
+        if extra or hybrid or adaspec:
             report = _assemble(ctx, modes, plain_engine)
         again = run_pass(plain_engine, rows, ctx.params, 1)
         first = ctx.plain.get(1)
@@ -535,7 +588,9 @@ def run_spec(ctx: Context, mode: Mode, log, tries: int = 2) -> None:
                     f"[vllm] {mode.name} ({mode.drafter or 'no drafter'}): up in "
                     f"{eng.load_seconds:.0f} s"
                 )
-                mode.runs = run_mode(eng, ctx.rows_of(mode.langs), ctx.params, ctx.s.batches)
+                mode.runs = run_mode(
+                    eng, ctx.rows_of(mode.langs), ctx.params, ctx.s.batches, ctx.s.mixed
+                )
             break
         except PolyspecError as e:
             msg = str(e).removeprefix("vLLM failed: ")
@@ -613,7 +668,8 @@ def _batch_entry(
         "prompts": len(same),
         "divergences": {p: c for p, c in same.items() if not c["identical"]},
     }
-    if len(mode.langs) > 1 and "spec_by_lang" in run:  # the aims are per language
+    # the aims are per language (not where groups mixed languages: their counters are the group's)
+    if len(mode.langs) > 1 and set(mode.langs) <= set(run.get("spec_by_lang", {})):
         entry["by_lang"] = {}
         for lang in mode.langs:
             rows = [r for r in mine if r["lang"] == lang]
@@ -703,6 +759,8 @@ def _calibrated_hybrid(ctx: Context, modes: list[Mode], report: dict, log) -> li
         mine = next((m for m in modes if m.drafter == name and m.name.startswith("eagle3@")), None)
         if folder is None or mine is None or 1 not in ctx.plain:
             continue
+        if s.hybrid_for and name not in s.hybrid_for:
+            continue
         rows = ctx.rows_of(mine.langs)
         answers = ctx.plain[1]["outputs"]
         curve = ngram_curve(
@@ -729,6 +787,61 @@ def _calibrated_hybrid(ctx: Context, modes: list[Mode], report: dict, log) -> li
             n_max, k = HYBRID_N_MAX, d["draft_n"]
             todo.append(hybrid_mode(name, folder, mine.langs, m, n_max, k, s, ctx.out))
     return todo
+
+
+def _adaspec_modes(ctx: Context, report: dict, log) -> list[Mode]:
+    """ADASPEC per request (the plugin's ``languages``): one engine holds the multilingual drafter
+    and each language's drafter, every request drafted by its language's — at the multilingual
+    drafter's chosen draft length, alone and with its calibrated hybrid. None without a
+    multilingual drafter or language drafters."""
+    langs = {r["lang"] for r in ctx.rows}
+    own = {name: f for name, f in ctx.folders.items() if name in langs}
+    multi = next((n for n in ctx.folders if n not in langs and n in report["draft_length"]), None)
+    if multi is None or not own:
+        return []
+    d = report["draft_length"][multi]["draft_n"]
+    mine = sorted(langs)
+    here = ctx.out / "adaspec"
+    modes = [
+        Mode(
+            f"adaspec@{d}",
+            multi,
+            mine,
+            {
+                "method": "eagle3",
+                "model": str(plugin_folder(here / f"{multi}-d{d}", ctx.folders[multi], None, own)),
+                "num_speculative_tokens": d,
+            },
+        )
+    ]
+    h = ctx.hybrid.get(multi)
+    if h and h["ngram_min"] <= HYBRID_N_MAX:
+        from polyspec_vllm.settings import Hybrid
+
+        tag = _hybrid_tag(h["ngram_min"], h.get("drafter_max_batch"))
+        hybrid = Hybrid(
+            h["ngram_min"], h["ngram_max"], h["drafter_tokens"], h.get("drafter_max_batch")
+        )
+        folder = plugin_folder(
+            here / f"{multi}-{tag}-d{h['drafter_tokens']}", ctx.folders[multi], hybrid, own
+        )
+        modes.append(
+            Mode(
+                f"adaspec-hybrid-{tag}@{h['drafter_tokens']}",
+                multi,
+                mine,
+                {
+                    "method": "eagle3",
+                    "model": str(folder),
+                    "num_speculative_tokens": max(h["ngram_tokens"], h["drafter_tokens"]),
+                },
+            )
+        )
+    log(
+        f"[vllm] adaspec: {multi} with {', '.join(sorted(own))} per request"
+        f"{' (mixed-language batches)' if ctx.s.mixed else ''}: {', '.join(m.name for m in modes)}"
+    )
+    return modes
 
 
 def _batch_limited_hybrid(ctx: Context, modes: list[Mode], log) -> list[Mode]:
@@ -856,10 +969,11 @@ def _k(mode: Mode) -> int:
 
 def _sweep(modes: list[Mode]) -> dict[str, list[Mode]]:
     """The drafters' draft-length sweeps that ran, by drafter: ``<name>`` (EAGLE-3) or
-    ``<name> (draft_model)`` (the hybrid's modes are not a sweep of the drafter's length)."""
+    ``<name> (draft_model)`` (the hybrid's and adaspec's modes are not a sweep of the drafter's
+    length)."""
     out: dict[str, list[Mode]] = {}
     for m in modes:
-        if m.drafter and m.runs and not m.name.startswith("hybrid"):
+        if m.drafter and m.runs and not m.name.startswith(("hybrid", "adaspec")):
             out.setdefault(_key(m), []).append(m)
     return out
 

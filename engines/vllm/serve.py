@@ -159,17 +159,32 @@ def hybrid_folder(
     drafter_tokens: int,
     drafter_max_batch: int | None = None,
 ) -> Path:
-    """A drafter folder for the plugin's hybrid: links to ``drafter``'s files and a
-    ``polyspec_vllm.json`` (n-gram matches of ``ngram_min`` … ``ngram_max`` tokens, else the
-    drafter's ``drafter_tokens``, in steps of at most ``drafter_max_batch`` requests)."""
-    from polyspec_vllm.settings import Hybrid, write
+    """A drafter folder for the plugin's hybrid: n-gram matches of ``ngram_min`` … ``ngram_max``
+    tokens, else the drafter's ``drafter_tokens``, in steps of at most ``drafter_max_batch``
+    requests (:func:`plugin_folder`)."""
+    from polyspec_vllm.settings import Hybrid
+
+    return plugin_folder(
+        here, drafter, Hybrid(ngram_min, ngram_max, drafter_tokens, drafter_max_batch)
+    )
+
+
+def plugin_folder(
+    here: Path, drafter: Path, hybrid=None, languages: dict[str, Path] | None = None
+) -> Path:
+    """A drafter folder for the plugin: links to ``drafter``'s files and a ``polyspec_vllm.json``
+    asking for ``hybrid`` (a ``polyspec_vllm.settings.Hybrid``) and per-request ``languages``
+    (code → that language's EAGLE-3 folder, written as absolute paths: the links' folder lives
+    apart from the export)."""
+    from polyspec_vllm.settings import write
 
     here.mkdir(parents=True, exist_ok=True)
     for f in Path(drafter).iterdir():
         link = here / f.name
         if f.name != "polyspec_vllm.json" and not link.exists():
             link.symlink_to(f.resolve())
-    write(here, Hybrid(ngram_min, ngram_max, drafter_tokens, drafter_max_batch))
+    langs = {code: str(Path(f).resolve()) for code, f in (languages or {}).items()}
+    write(here, hybrid, languages=langs or None)
     return here
 
 

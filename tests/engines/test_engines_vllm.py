@@ -586,3 +586,64 @@ def test_a_hybrid_below_ngram_at_a_batch_size_runs_again_drafting_only_below_it(
     spec = speculative_config("hybrid", drafters / "en", engines, hybrid_dir=tmp_path / "serve")
     assert read(spec["model"]).hybrid.drafter_max_batch == 1
     assert "drafting in steps of at most 1" in (tmp_path / "out" / "vllm.md").read_text()
+
+
+def test_adaspec_serves_each_language_drafter_per_request_on_mixed_language_batches(
+    fake, drafters, tiny_llama_dir, tmp_path
+):
+    """With a multilingual drafter and language drafters, ``make check-vllm`` runs the plugin's
+    per-request ``adaspec`` (the multilingual folder with ``languages``) after the sweep, and with
+    ``--mixed`` every batch of several prompts mixes the languages, each request tagged with its
+    own; per-language figures only where a batch held one language."""
+    import shutil
+
+    from engines.vllm.run import _groups
+    from polyspec_vllm.settings import read
+
+    folders = tmp_path / "speculators"
+    for name in ("en", "de", "multilingual"):
+        shutil.copytree(drafters / "en", folders / name)
+    info = json.loads((folders / "multilingual" / "polyspec.json").read_text())
+    (folders / "multilingual" / "polyspec.json").write_text(
+        json.dumps({**info, "lang": None, "languages": ["en", "de"]})
+    )
+    seen = []
+    generate = FakeProcess.generate
+
+    def spy(self, prompts, params):
+        seen.append((self.spec, [p.get("extra_args") for p in params]))
+        return generate(self, prompts, params)
+
+    FakeProcess.generate = spy
+    try:
+        rc = vllm_cli(
+            tiny_llama_dir,
+            tmp_path / "out",
+            "--prompts 2 --n 40 --batch 1,4 --sweep 2 --mixed",
+            folders,
+        )
+    finally:
+        FakeProcess.generate = generate
+    assert rc == 0
+    rep = json.loads((tmp_path / "out" / "vllm.json").read_text())
+    modes = {(m["mode"], m["drafter"]): m for m in rep["modes"]}
+    adaspec = [m for (name, _), m in modes.items() if name.startswith("adaspec@")]
+    assert len(adaspec) == 1 and adaspec[0]["drafter"] == "multilingual"
+    settings = read(adaspec[0]["speculative_config"]["model"])
+    assert {k: v.resolve() for k, v in settings.languages.items()} == {
+        "en": (folders / "en").resolve(),
+        "de": (folders / "de").resolve(),
+    }
+    b4 = adaspec[0]["by_batch"]["4"]
+    assert b4["identical"] == b4["prompts"] == 4 and "by_lang" not in b4
+    assert set(adaspec[0]["by_batch"]["1"]["by_lang"]) == {"de", "en"}
+    # the adaspec engine's batches of 4 mix en and de, every request tagged with its language
+    mixed = [tags for spec, tags in seen if spec and "adaspec" in str(spec) and len(tags) == 4]
+    assert mixed and all({t["lang"] for t in tags} == {"en", "de"} for tags in mixed)
+    rows = [{"id": f"{x}{i}", "lang": x} for x in ("vi", "de", "ja") for i in range(3)]
+    assert [[r["id"] for r in g] for g in _groups(rows, 4, True)] == [
+        ["vi0", "de0", "ja0", "vi1"],
+        ["de1", "ja1", "vi2", "de2"],
+        ["ja2"],
+    ]
+    assert [len(g) for g in _groups(rows, 4, False)] == [3, 3, 3]
