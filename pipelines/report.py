@@ -242,12 +242,32 @@ def synth_sets(run: Path) -> tuple[set, list[str], list[str]]:
             continue
         sets.append(stats_path.parent.name)  # <lang> (self-synth) or <lang>-<name> (distilled)
         langs.add(s.get("lang") or stats_path.parent.name)
-        synth_rows.append(synth_row(stats_path.parent.name, s))
+        share = answers_in_language(stats_path.parent / "data.jsonl", s.get("lang"))
+        synth_rows.append(synth_row(stats_path.parent.name, s, share))
     return langs, sets, synth_rows
 
 
-def synth_row(name: str, s: dict) -> str:
-    """One synth set's row: kept/attempted, rejects by reason and LID label, speed, engine."""
+def answers_in_language(data: Path, lang: str | None) -> tuple[int, int] | None:
+    """How many of a synth set's answers fastText's language ID places in the set's language (the
+    self-synthesis filter keeps only those; on-policy answers are kept whatever their language, so
+    this says how often the target answered in the language it was asked in): (in it, answers)."""
+    from polyspec.io import read_jsonl
+    from polyspec.lid import identify
+
+    if not lang or not data.is_file():
+        return None
+    got = [
+        turn["value"]
+        for row in read_jsonl(data)
+        for turn in row.get("conversations", [])
+        if turn.get("from") == "gpt"
+    ]
+    return sum(identify(text)[0] == lang for text in got), len(got)
+
+
+def synth_row(name: str, s: dict, share: tuple[int, int] | None = None) -> str:
+    """One synth set's row: kept/attempted, rejects by reason and LID label, answers in the set's
+    language, answer tokens, speed, engine."""
     rejects = ", ".join(f"{k} {v}" for k, v in s.get("lid_labels_of_rejects", {}).items()) or "–"
     reasons = ", ".join(f"{k} {v}" for k, v in s.get("rejected_by_reason", {}).items()) or "–"
     engine = s.get("engine", "transformers") + (
@@ -256,6 +276,8 @@ def synth_row(name: str, s: dict) -> str:
     return (
         f"| {name} | {s['accepted']}/{s['attempted']} | {reasons} | "
         f"{rejects} | "
+        + (f"{share[0]}/{share[1]} ({share[0] / share[1]:.0%})" if share and share[1] else "–")
+        + f" | {s.get('tokens', '–')} | "
         f"{s.get('tokens_per_second', 0)} | {engine} |"
     )
 
@@ -323,9 +345,9 @@ def synth_section(synth_rows: list[str]) -> list[str]:
     return [
         "## 1 synth (ADASPEC Alg. 1)",
         "",
-        "| synth set | kept/attempted | rejected by reason | LID labels of rejects | tokens/s | "
-        "engine |",
-        "|---|---|---|---|---|---|",
+        "| synth set | kept/attempted | rejected by reason | LID labels of rejects | answers in "
+        "its language (fastText) | answer tokens | tokens/s | engine |",
+        "|---|---|---|---|---|---|---|---|",
         *synth_rows,
         "",
     ]

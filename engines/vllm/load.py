@@ -3,7 +3,8 @@ vLLM's ``ngram`` server and polyspec's (``eagle3``, the plugin's ``hybrid``), on
 127.0.0.1, each driven by bounded concurrent clients over held-out prompts.
 
     python -m engines.vllm.load --run runs/demo [--target gemma3-270m] [--lang vi]
-        [--modes plain,ngram,eagle3,hybrid] [--concurrency 1,4,16] [--temperatures 0,0.7]
+        [--langs vi,de,ja] [--modes plain,ngram,eagle3,hybrid,adaspec,adaspec-hybrid]
+        [--concurrency 1,4,16] [--temperatures 0,0.7]
         [--prompts 16] [--n 64] [--dtype float32] [--eager] [--port 8011] [--out <run>/vllm/load]
 
 Per mode, concurrency and temperature: every prompt once (``--prompts`` of ``--lang``'s held-out
@@ -30,7 +31,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engines.vllm.run import prompt_rows
+from engines.vllm.run import prompt_groups, prompt_rows
 from engines.vllm.serve import MODES, SERVED_NAME, ServeConfig, Server, add_run_args, drafter_of
 from engines.vllm.serve import speculative_config as spec_of
 from polyspec.device import host_kind
@@ -47,6 +48,8 @@ BAD_REQUESTS = [
     ("token id outside the vocabulary", {"prompt": [10**9]}),
     ("not JSON", b"{this is not json"),
 ]
+# on a server with per-language drafters (adaspec): a language tag that is no language code
+BAD_LANG = ("language tag not a language code", {"vllm_xargs": {"lang": "Klingon"}})
 
 
 def complete(url: str, body: dict | bytes, timeout: float = REQUEST_TIMEOUT) -> dict:
@@ -94,8 +97,15 @@ def _message(text: str) -> str:
     return " ".join(text.split())[:300]
 
 
-def body_for(ids: list[int], n: int, temperature: float, stop: list[str] | None, seed: int) -> dict:
-    return {
+def body_for(
+    ids: list[int],
+    n: int,
+    temperature: float,
+    stop: list[str] | None,
+    seed: int,
+    lang: str | None = None,
+) -> dict:
+    body = {
         "model": SERVED_NAME,
         "prompt": ids,
         "max_tokens": n,
@@ -104,6 +114,9 @@ def body_for(ids: list[int], n: int, temperature: float, stop: list[str] | None,
         "stop": stop or None,
         "return_token_ids": True,
     }
+    if lang:  # the plugin's per-request drafters read it; vLLM alone ignores it
+        body["vllm_xargs"] = {"lang": lang}
+    return body
 
 
 def run_pass(
@@ -111,7 +124,9 @@ def run_pass(
 ) -> dict:
     """Every row once, at most ``concurrency`` in flight: throughput, latencies, failures, the
     answers by prompt id."""
-    bodies = [body_for(r["ids"], n, temperature, stop, seed=i) for i, r in enumerate(rows)]
+    bodies = [
+        body_for(r["ids"], n, temperature, stop, seed=i, lang=r["lang"]) for i, r in enumerate(rows)
+    ]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         got = list(pool.map(lambda b: complete(url, b), bodies, timeout=PASS_DEADLINE))
@@ -146,10 +161,11 @@ def dropped_stream(url: str, ids: list[int], n: int) -> bool:
     return bool(first)
 
 
-def bad_requests(url: str, ids: list[int]) -> list[dict]:
-    """Each malformed request's status and one-line message."""
+def bad_requests(url: str, ids: list[int], per_language: bool = False) -> list[dict]:
+    """Each malformed request's status and one-line message (``per_language``: the server has
+    per-language drafters, so a bad language tag is one too)."""
     out = []
-    for what, change in BAD_REQUESTS:
+    for what, change in BAD_REQUESTS + ([BAD_LANG] if per_language else []):
         body = change if isinstance(change, bytes) else {**body_for(ids, 8, 0.0, None, 0), **change}
         got = complete(url, body, timeout=60)
         out.append(
@@ -194,15 +210,16 @@ def load_test(a: argparse.Namespace, log=print) -> dict:
         raise PolyspecError("--concurrency, --prompts and --n must be at least 1")
     out = Path(a.out or Path(a.run) / "vllm" / "load")
     target = load_target(a.target, device="cpu", with_model=False)
-    drafter, engines = drafter_of(a)
-    rows = prompt_rows(target, [a.lang], a.prompts)  # the check-vllm bench's rendering
+    langs = [x.strip() for x in (a.langs or a.lang).split(",") if x.strip()]
+    # the check-vllm bench's rendering; several languages taken in turn, so batches mix them
+    rows = prompt_groups(prompt_rows(target, langs, a.prompts), 10**9, True)[0]
     stop = list(target.spec.prompt_format.stop) or None
     max_len = max(len(r["ids"]) for r in rows) + a.n + 16
     report = {
         "host": host_kind(),
         "target": a.target,
-        "lang": a.lang,
-        "drafter": str(drafter),
+        "lang": ",".join(langs),
+        "drafters": {},
         "settings": {
             "dtype": a.dtype,
             "n": a.n,
@@ -214,7 +231,9 @@ def load_test(a: argparse.Namespace, log=print) -> dict:
         "modes": {},
     }
     for i, mode in enumerate(modes):
-        spec = spec_of(mode, drafter, engines, hybrid_dir=out / "hybrid" / drafter.name)
+        drafter, engines = drafter_of(a, mode)
+        report["drafters"][mode] = str(drafter)
+        spec = spec_of(mode, drafter, engines, hybrid_dir=out / mode / drafter.name)
         cfg = ServeConfig(model_path(target.spec), mode, spec, a.dtype, a.port, max_len, a.eager)
         with Server(cfg, out / "logs" / f"{mode}.log") as server:
             log(f"[load] {mode}: vllm serve up in {server.start_seconds:.0f} s")
@@ -237,7 +256,9 @@ def load_test(a: argparse.Namespace, log=print) -> dict:
                 entry["dropped_stream_first_chunk"] = dropped_stream(
                     server.url, rows[0]["ids"], a.n
                 )
-                entry["bad_requests"] = bad_requests(server.url, rows[0]["ids"])
+                entry["bad_requests"] = bad_requests(
+                    server.url, rows[0]["ids"], per_language=mode.startswith("adaspec")
+                )
                 after = complete(server.url, body_for(rows[0]["ids"], 8, 0.0, stop, 0))
                 entry["serves_after"] = after["ok"]
             entry["passes"] = passes
@@ -324,6 +345,12 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m engines.vllm.load", description=__doc__.split("\n\n")[0]
     )
     add_run_args(ap)  # --lang: the drafter's language and the prompts'
+    ap.add_argument(
+        "--langs",
+        default=None,
+        help="the prompts' languages, comma-separated, taken in turn (default --lang): mixed "
+        "traffic for the adaspec modes, each request tagged with its language",
+    )
     ap.add_argument("--modes", default="plain,ngram,eagle3,hybrid")
     ap.add_argument("--concurrency", default="1,4,16", help="clients in flight, comma-separated")
     ap.add_argument("--temperatures", default="0,0.7")

@@ -232,6 +232,71 @@ def _by_lang_lines(report: dict, batches: list[int]) -> list[str]:
     ]
 
 
+def per_language_choice(report: dict, batches: list[int]) -> dict:
+    """ADASPEC per request against its alternatives, on the same prompts (issue: which default):
+    per batch size, × plain of ``adaspec@k`` (one server, a drafter per language), the one
+    multilingual drafter (``eagle3@k``) and one server per language (the language drafters'
+    ``eagle3@k`` runs together: their tokens over their summed seconds, against plain on every
+    prompt). {} where adaspec did not run."""
+    modes = report["modes"]
+    ada = [e for e in modes if e["mode"].startswith("adaspec@")]
+    if not ada:
+        return {}
+    k = ada[0]["mode"].split("@")[1]
+    multi = ada[0]["drafter"]
+    at = lambda e, b: e["by_batch"].get(b) or e["by_batch"].get(str(b)) or {}  # noqa: E731
+    plain = report["plain"]
+    out = {}
+    for b in batches:
+        ref = plain.get(b) or plain.get(str(b)) or {}
+        own = [
+            at(e, b)
+            for e in modes
+            if e["mode"] == f"eagle3@{k}" and e["drafter"] in e["langs"] and len(e["langs"]) == 1
+        ]
+        servers = (
+            sum(r["tokens"] for r in own) / sum(r["seconds"] for r in own)
+            if own and all(r.get("seconds") for r in own)
+            else None
+        )
+        row = {
+            "one server per language": round_or_none(servers / ref["tok_s"], 4)
+            if servers and ref.get("tok_s")
+            else None,
+        }
+        for e in modes:
+            if e["mode"] == "ngram":
+                row["ngram"] = at(e, b).get("speedup")
+            elif e["drafter"] == multi and e["mode"] == f"eagle3@{k}":
+                row["the multilingual drafter"] = at(e, b).get("speedup")
+            elif e["drafter"] == multi and e["mode"].startswith(("hybrid", "adaspec")):
+                adaspec = e["mode"].startswith("adaspec")
+                row[e["mode"] if adaspec else f"{e['mode']} (multilingual)"] = at(e, b).get(
+                    "speedup"
+                )
+        out[b] = row
+    return out
+
+
+def _choice_lines(report: dict, batches: list[int]) -> list[str]:
+    got = per_language_choice(report, batches)
+    if not got:
+        return []
+    cols = list(dict.fromkeys(c for row in got.values() for c in row))
+    head = ["batch"] + cols
+    return [
+        "",
+        "## One server, a drafter per language (adaspec) or not — × plain on the same prompts",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *(
+            f"| {b} | " + " | ".join(_f(row.get(c), "{:.2f}×") for c in cols) + " |"
+            for b, row in got.items()
+        ),
+    ]
+
+
 def markdown(report: dict) -> str:
     st, m = report["settings"], report["machine"]
     batches = st["batches"]
@@ -244,7 +309,9 @@ def markdown(report: dict) -> str:
         f"{st['n']} new tokens, "
         f"{sum(st['prompts'].values())} held-out prompts "
         f"({', '.join(f'{k} {v}' for k, v in st['prompts'].items())}); "
-        f"batch {', '.join(map(str, batches))} (prompts in groups of that size); ngram k "
+        f"batch {', '.join(map(str, batches))} (prompts in groups of that size"
+        + ("; the languages mixed in every group" if st.get("mixed") else ", one language a group")
+        + "); ngram k "
         f"{st['ngram']['k']}, "
         f"n {st['ngram']['n_max']}..1; enforce_eager {st['enforce_eager']}. Load average "
         f"{m['loadavg_1m_start']} → "
@@ -293,6 +360,7 @@ def markdown(report: dict) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += _by_lang_lines(report, batches)
+    lines += _choice_lines(report, batches)
     for name, d in (report.get("draft_length") or {}).items():
         ks = list(d["predicted_speedup"])
         big = list(d.get("best_measured_at_batch", {}).items())

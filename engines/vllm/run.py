@@ -110,7 +110,7 @@ class Settings:
     hybrid_min: tuple[int, ...] = ()
     hybrid_drafter: tuple[int, ...] = (2,)
     questions: str | None = None  # question files instead of the held-out prompts
-    # groups of several prompts mix languages (:func:`_groups`); else one language a group
+    # groups of several prompts mix languages (:func:`prompt_groups`); else one language a group
     mixed: bool = False
     hybrid_for: tuple[str, ...] = ()  # the drafters the calibrated hybrid runs for (empty: all)
 
@@ -175,7 +175,7 @@ def counter_delta(after: dict, before: dict) -> dict:
     }
 
 
-def _groups(rows: list[dict], batch: int, mixed: bool) -> list[list[dict]]:
+def prompt_groups(rows: list[dict], batch: int, mixed: bool) -> list[list[dict]]:
     """The ``generate`` calls of a pass: each language's prompts in groups of ``batch``; or, mixed,
     the languages taken in turn (vi, de, ja, vi, …) so that every group of more than one prompt
     mixes them (ADASPEC per request: one server, requests of several languages in one batch)."""
@@ -213,14 +213,15 @@ def _sum(a: dict | None, b: dict) -> dict:
 def run_pass(
     engine: VLLMProcess, rows: list[dict], params: dict, batch: int, mixed: bool = False
 ) -> dict:
-    """All ``rows`` through ``engine`` in ``generate`` calls of ``batch`` prompts (:func:`_groups`),
-    each request tagged with its language (``extra_args.lang``: the plugin's per-request drafters
-    read it, vLLM ignores it otherwise): outputs by prompt id, tokens and seconds, vLLM's
-    speculative counters over the pass — per language too where a group holds one language (a
-    mixed group's seconds are split by its tokens, its counters kept under ``mixed``)."""
+    """All ``rows`` through ``engine`` in ``generate`` calls of ``batch`` prompts
+    (:func:`prompt_groups`), each request tagged with its language (``extra_args.lang``: the
+    plugin's per-request drafters read it, vLLM ignores it otherwise): outputs by prompt id,
+    tokens and seconds, vLLM's speculative counters over the pass — per language too where a group
+    holds one language (a mixed group's seconds are split by its tokens, its counters kept under
+    ``mixed``)."""
     start = spec_counters(engine.metrics())
     outputs, seconds, spec = {}, {}, {}
-    for group in _groups(rows, batch, mixed):
+    for group in prompt_groups(rows, batch, mixed):
         before = spec_counters(engine.metrics())
         got, sec = engine.generate(
             [r["ids"] for r in group],
@@ -949,6 +950,7 @@ def _settings_record(ctx: Context) -> dict:
         "ngram": {"k": s.ngram_k, "n_max": s.ngram_n, "n_min": 1},
         "enforce_eager": s.eager,
         "temperature": 0,
+        "mixed": s.mixed,
     }
 
 

@@ -2,13 +2,16 @@
 127.0.0.1 with a run's drafter and polyspec's plugin.
 
     python -m engines.vllm.serve --run runs/demo [--target gemma3-270m] [--lang vi]
-        [--mode hybrid|eagle3|ngram|plain] [--port 8000] [--dtype float32|bfloat16] [--eager]
-        [--print-only]
+        [--mode hybrid|eagle3|ngram|plain|adaspec|adaspec-hybrid] [--port 8000]
+        [--dtype float32|bfloat16] [--eager] [--print-only]
 
 The drafter is the run's engines export (``<run>/export/engines/speculators/<lang>``), at the
 ``draft_n`` and the draft length by batch size ``make check-vllm`` wrote into its ``engines.json``
 (2 and none where it has not run); ``hybrid`` serves it through the plugin's n-gram + drafter rule
-(a folder of links and ``polyspec_vllm.json`` under ``<run>/vllm/serve/``). The command prints the
+(a folder of links and ``polyspec_vllm.json`` under ``<run>/vllm/serve/``); ``adaspec`` serves the
+multilingual drafter with every language drafter beside it, each request drafted by its language's
+(the client's ``vllm_xargs: {"lang": …}``, else fastText's language ID of the prompt), and
+``adaspec-hybrid`` adds the n-gram rows. The command prints the
 server's command line and a client's, then becomes the server (Ctrl-C stops it). :class:`Server`
 runs the same command as a context manager (the load test, :mod:`engines.vllm.load`)."""
 
@@ -32,7 +35,8 @@ from polyspec.errors import PolyspecError, cli_entry
 from polyspec.io import read_json_or_none
 from polyspec.vllm_process import cpu_env, vllm_python
 
-MODES = ("plain", "ngram", "eagle3", "hybrid")
+MODES = ("plain", "ngram", "eagle3", "hybrid", "adaspec", "adaspec-hybrid")
+MULTILINGUAL = "multilingual"  # the engines export's folder of the multilingual drafter
 SERVED_NAME = "polyspec"
 DEFAULT_DRAFT_N = 2
 
@@ -104,7 +108,9 @@ def speculative_config(
     ``engines.json``; hybrid: prompt lookup's ``ngram_k`` drafts where the last ``hybrid_min`` …
     ``ngram_n`` tokens recur, else the drafter's ``draft_n`` — or the hybrid ``make check-vllm``
     calibrated for this drafter (``engines.json``: ``hybrid.vllm``, with its own length by batch
-    size)."""
+    size). adaspec / adaspec-hybrid: the same for a multilingual drafter with the language drafters
+    beside it (:func:`language_folders`), each request drafted by its language's (ADASPEC per
+    request: the plugin's ``languages``; settings and links in ``hybrid_dir``)."""
     if mode not in MODES:
         raise PolyspecError(f"--mode {mode!r}: one of {', '.join(MODES)}")
     if mode == "plain":
@@ -126,21 +132,36 @@ def speculative_config(
     draft_n = (mine.get("draft_n") or {}).get("vllm") or DEFAULT_DRAFT_N
     calibrated = (mine.get("hybrid") or {}).get("vllm")  # make check-vllm's --hybrid-min auto
     schedule = (mine.get("num_speculative_tokens_per_batch_size") or {}).get("vllm")
-    if mode == "eagle3":
-        cfg = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": draft_n}
+    languages = language_folders(drafter) if mode.startswith("adaspec") else None
+    if mode.startswith("adaspec") and not languages:
+        raise PolyspecError(
+            f"--mode {mode} serves a drafter per language beside the multilingual one: "
+            f"{drafter.parent} has no language drafter folders beside {drafter.name}"
+        )
+    if mode in ("eagle3", "adaspec"):
+        model = drafter
+        if languages:  # the plugin's per-request drafters: the multilingual folder + languages
+            if hybrid_dir is None:
+                raise PolyspecError(f"--mode {mode} needs a folder for the plugin's settings")
+            model = plugin_folder(hybrid_dir, drafter, None, languages)
+        cfg = {"method": "eagle3", "model": str(model), "num_speculative_tokens": draft_n}
         if schedule:
             cfg["num_speculative_tokens"] = max([draft_n] + [k for _, _, k in schedule])
             cfg["num_speculative_tokens_per_batch_size"] = schedule
         return cfg
     if hybrid_dir is None:
-        raise PolyspecError("--mode hybrid needs a folder for the plugin's settings")
+        raise PolyspecError(f"--mode {mode} needs a folder for the plugin's settings")
+    from polyspec_vllm.settings import Hybrid
+
     max_batch = None
     if calibrated:
         hybrid_min, ngram_n = calibrated["ngram_min"], calibrated["ngram_max"]
         draft_n, ngram_k = calibrated["drafter_tokens"], calibrated["ngram_tokens"]
         max_batch = calibrated.get("drafter_max_batch")
     n_max = max(hybrid_min, ngram_n)
-    folder = hybrid_folder(hybrid_dir, drafter, hybrid_min, n_max, draft_n, max_batch)
+    folder = plugin_folder(
+        hybrid_dir, drafter, Hybrid(hybrid_min, n_max, draft_n, max_batch), languages
+    )
     cfg = {
         "method": "eagle3",
         "model": str(folder),
@@ -149,6 +170,21 @@ def speculative_config(
     if calibrated and calibrated.get("schedule"):  # measured per batch size: none where it lost
         cfg["num_speculative_tokens_per_batch_size"] = calibrated["schedule"]
     return cfg
+
+
+def language_folders(drafter: Path) -> dict[str, Path]:
+    """The language drafters beside a multilingual drafter folder in an engines export
+    (``speculators/<lang>/``: their ``polyspec.json`` names one language)."""
+    out = {}
+    for f in sorted(Path(drafter).parent.iterdir()):
+        info = read_json_or_none(f / "polyspec.json") or {}
+        if (
+            f.resolve() != Path(drafter).resolve()
+            and (f / "config.json").is_file()
+            and info.get("lang") == f.name
+        ):
+            out[f.name] = f
+    return out
 
 
 def hybrid_folder(
@@ -277,10 +313,12 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--drafter", default=None, help="a drafter folder instead of the run's")
 
 
-def drafter_of(a: argparse.Namespace) -> tuple[Path, Path | None]:
-    """The drafter folder ``add_run_args``' options name, and the run's ``engines.json`` (None where
-    it has none)."""
-    drafter, engines = run_paths(Path(a.run), a.lang)
+def drafter_of(a: argparse.Namespace, mode: str = "") -> tuple[Path, Path | None]:
+    """The drafter folder ``add_run_args``' options name (for the adaspec modes the run's
+    multilingual drafter), and the run's ``engines.json`` (None where it has none)."""
+    drafter, engines = run_paths(
+        Path(a.run), MULTILINGUAL if mode.startswith("adaspec") else a.lang
+    )
     return (Path(a.drafter) if a.drafter else drafter), (engines if engines.is_file() else None)
 
 
@@ -302,8 +340,8 @@ def config_from_args(a: argparse.Namespace) -> ServeConfig:
     from polyspec.targets import load_target, model_path
 
     target = load_target(a.target, device="cpu", with_model=False)
-    drafter, engines = drafter_of(a)
-    hybrid_dir = Path(a.run) / "vllm" / "serve" / f"hybrid-{drafter.name}"
+    drafter, engines = drafter_of(a, a.mode)
+    hybrid_dir = Path(a.run) / "vllm" / "serve" / f"{a.mode}-{drafter.name}"
     spec = speculative_config(a.mode, drafter, engines, hybrid_dir=hybrid_dir)
     return ServeConfig(
         model_path(target.spec),
@@ -316,8 +354,12 @@ def config_from_args(a: argparse.Namespace) -> ServeConfig:
     )
 
 
-def client_example(port: int, prompt: str = "Xin chào! Hãy giới thiệu về Hà Nội.") -> str:
+def client_example(
+    port: int, prompt: str = "Xin chào! Hãy giới thiệu về Hà Nội.", lang: str | None = None
+) -> str:
     body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 64, "temperature": 0}
+    if lang:  # the plugin's per-request drafters read it (else the language ID decides)
+        body["vllm_xargs"] = {"lang": lang}
     return (
         f"curl -s http://127.0.0.1:{port}/v1/completions -H 'Content-Type: application/json' "
         f"-d {shlex.quote(json.dumps(body, ensure_ascii=False))}"
@@ -331,7 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     python = vllm_python()
     cmd = cfg.command(python)
     print("server: " + shlex.join(cmd))
-    print("client: " + client_example(cfg.port))
+    print(
+        "client: " + client_example(cfg.port, lang="vi" if a.mode.startswith("adaspec") else None)
+    )
     if a.print_only:
         return 0
     sys.stdout.flush()

@@ -597,7 +597,7 @@ def test_adaspec_serves_each_language_drafter_per_request_on_mixed_language_batc
     own; per-language figures only where a batch held one language."""
     import shutil
 
-    from engines.vllm.run import _groups
+    from engines.vllm.run import prompt_groups
     from polyspec_vllm.settings import read
 
     folders = tmp_path / "speculators"
@@ -637,13 +637,67 @@ def test_adaspec_serves_each_language_drafter_per_request_on_mixed_language_batc
     b4 = adaspec[0]["by_batch"]["4"]
     assert b4["identical"] == b4["prompts"] == 4 and "by_lang" not in b4
     assert set(adaspec[0]["by_batch"]["1"]["by_lang"]) == {"de", "en"}
+    # the choice of the default: one server per language (the language drafters' runs together),
+    # the multilingual drafter and adaspec, × plain on the same prompts
+    from engines.vllm.report import per_language_choice
+
+    rep["plain"] = {int(k): v for k, v in rep["plain"].items()}
+    choice = per_language_choice(rep, [1, 4])
+    own = [modes[("eagle3@2", x)]["by_batch"]["1"] for x in ("en", "de")]
+    servers = sum(r["tokens"] for r in own) / sum(r["seconds"] for r in own)
+    assert choice[1]["one server per language"] == pytest.approx(
+        servers / rep["plain"][1]["tok_s"], rel=1e-3
+    )
+    assert choice[1]["adaspec@2"] == adaspec[0]["by_batch"]["1"]["speedup"]
+    assert (
+        "| batch | one server per language | ngram | the multilingual drafter |"
+        in (tmp_path / "out" / "vllm.md").read_text()
+    )
     # the adaspec engine's batches of 4 mix en and de, every request tagged with its language
     mixed = [tags for spec, tags in seen if spec and "adaspec" in str(spec) and len(tags) == 4]
     assert mixed and all({t["lang"] for t in tags} == {"en", "de"} for tags in mixed)
     rows = [{"id": f"{x}{i}", "lang": x} for x in ("vi", "de", "ja") for i in range(3)]
-    assert [[r["id"] for r in g] for g in _groups(rows, 4, True)] == [
+    assert [[r["id"] for r in g] for g in prompt_groups(rows, 4, True)] == [
         ["vi0", "de0", "ja0", "vi1"],
         ["de1", "ja1", "vi2", "de2"],
         ["ja2"],
     ]
-    assert [len(g) for g in _groups(rows, 4, False)] == [3, 3, 3]
+    assert [len(g) for g in prompt_groups(rows, 4, False)] == [3, 3, 3]
+
+
+def test_serve_adaspec_holds_the_multilingual_drafter_and_each_language_drafter_beside_it(
+    drafters, tmp_path
+):
+    """make serve-vllm VLLM_MODE=adaspec: the engines export's multilingual folder, with every
+    language drafter beside it in the plugin's settings (each request drafted by its language's);
+    adaspec-hybrid adds the n-gram rows; an export without language drafters is one line."""
+    import shutil
+
+    from engines.vllm.serve import drafter_of, speculative_config
+    from polyspec_vllm.settings import read
+
+    folders = tmp_path / "run" / "export" / "engines" / "speculators"
+    for name in ("en", "de", "multilingual"):
+        shutil.copytree(drafters / "en", folders / name)
+        info = json.loads((folders / name / "polyspec.json").read_text())
+        lang = None if name == "multilingual" else name
+        (folders / name / "polyspec.json").write_text(json.dumps({**info, "lang": lang}))
+    a = SimpleNamespace(run=str(tmp_path / "run"), lang="vi", drafter=None)
+    multi, _ = drafter_of(a, "adaspec")
+    assert multi == folders / "multilingual"
+    spec = speculative_config("adaspec", multi, None, hybrid_dir=tmp_path / "serve")
+    got = read(spec["model"])
+    assert got.hybrid is None
+    assert {k: v.resolve() for k, v in got.languages.items()} == {
+        "de": (folders / "de").resolve(),
+        "en": (folders / "en").resolve(),
+    }
+    spec = speculative_config("adaspec-hybrid", multi, None, hybrid_dir=tmp_path / "serve-h")
+    assert read(spec["model"]).hybrid is not None and set(read(spec["model"]).languages) == {
+        "de",
+        "en",
+    }
+    alone = tmp_path / "alone" / "multilingual"
+    shutil.copytree(folders / "multilingual", alone)
+    with pytest.raises(PolyspecError, match="has no language drafter folders beside"):
+        speculative_config("adaspec", alone, None, hybrid_dir=tmp_path / "s2")

@@ -472,3 +472,29 @@ def test_a_profile_with_the_corpus_prefills_it_for_the_pretrain(tmp_path):
     assert any(
         "corpus:vi" in line for line in validate_plan(stages, prof, "gemma3-270m", ["vi", "de"])
     )
+
+
+def test_the_report_counts_the_answers_in_each_sets_language(tmp_path):
+    """On-policy answers are kept whatever their language: the synth table says how often the
+    target answered in the language it was asked in (fastText, as the self-synthesis filter)."""
+    from pipelines.report import answers_in_language, synth_row
+
+    data = tmp_path / "data.jsonl"
+    answers = [
+        "Le chat dort sur le canapé du salon depuis ce matin.",
+        "The cat has been sleeping on the living-room sofa since this morning.",
+        "Nous partirons demain matin pour visiter le musée de la ville.",
+    ]
+    data.write_text(
+        "".join(
+            json.dumps(
+                {"conversations": [{"from": "human", "value": "?"}, {"from": "gpt", "value": a}]}
+            )
+            + "\n"
+            for a in answers
+        )
+    )
+    assert answers_in_language(data, "fr") == (2, 3)
+    assert answers_in_language(tmp_path / "none.jsonl", "fr") is None
+    row = synth_row("fr-distill", {"accepted": 3, "attempted": 3, "tokens": 40}, (2, 3))
+    assert "| 2/3 (67%) | 40 |" in row

@@ -31,6 +31,9 @@ def install() -> None:
 # the languages this process's server drafts per request (set where its VllmConfig is checked: the
 # API server's process too, which validates each request's tag); None: no per-language drafters
 SERVED_LANGUAGES: set[str] | None = None
+# (drafter folder, target) pairs found fit: vLLM builds a VllmConfig again for every drafter it
+# loads, and each check loads two tokenizers
+_CHECKED: set[tuple[str, str]] = set()
 
 
 def settings_of(speculative_config) -> Settings | None:
@@ -82,13 +85,15 @@ def _check(config) -> None:
 
     model_config = config.model_config
     text = model_config.hf_text_config
-    problems = drafter_problems(spec.model, text, getattr(model_config, "tokenizer", None))
-    if problems:
-        raise PolyspecVllmError(
-            f"drafter {spec.model} was not trained for target {model_config.model}: "
-            f"{'; '.join(problems)}. Export a drafter for this target "
-            "(python -m export --target …) or serve the target it was trained for"
-        )
+    if (str(spec.model), model_config.model) not in _CHECKED:
+        problems = drafter_problems(spec.model, text, getattr(model_config, "tokenizer", None))
+        if problems:
+            raise PolyspecVllmError(
+                f"drafter {spec.model} was not trained for target {model_config.model}: "
+                f"{'; '.join(problems)}. Export a drafter for this target "
+                "(python -m export --target …) or serve the target it was trained for"
+            )
+        _CHECKED.add((str(spec.model), model_config.model))
     settings = settings_of(spec)
     if settings is None or (settings.hybrid is None and not settings.languages):
         return
@@ -123,6 +128,8 @@ def _check_languages(main: str, languages: dict, text_config, model_config) -> N
     from polyspec_vllm.checks import drafter_problems, shape_problems
 
     for lang, folder in languages.items():
+        if (str(folder), model_config.model) in _CHECKED:
+            continue
         if not (folder / "config.json").is_file():
             raise PolyspecVllmError(
                 f"languages.{lang}: {folder} is no drafter folder (no config.json); export it with "
@@ -133,6 +140,7 @@ def _check_languages(main: str, languages: dict, text_config, model_config) -> N
         ) or shape_problems(main, folder)
         if problems:
             raise PolyspecVllmError(f"languages.{lang}: drafter {folder}: {'; '.join(problems)}")
+        _CHECKED.add((str(folder), model_config.model))
     SERVED_LANGUAGES = set(languages)
     logger.info("polyspec adaspec: per-request drafters for %s", ", ".join(sorted(languages)))
 
