@@ -250,7 +250,8 @@ check-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 		$(if $(wildcard $(dir $(SPEC_BUNDLE))engines.json),--engines $(dir $(SPEC_BUNDLE))engines.json) $(VLLM_ARGS)
 	$(if $(wildcard $(RUN)/report/report.md),$(PY) -m pipelines report --run $(RUN))
 
-# make serve-vllm RUN=… [TARGET=…] [LANG=vi] [VLLM_MODE=hybrid|eagle3|ngram|plain] [PORT=8000] [VLLM_DTYPE=float32]
+# make serve-vllm RUN=… [TARGET=…] [LANG=vi] [VLLM_MODE=hybrid|eagle3|ngram|plain|adaspec|adaspec-hybrid] [PORT=8000] [VLLM_DTYPE=float32]
+# (adaspec: the multilingual drafter with every language's drafter beside it, each request drafted by its language's)
 # vLLM's OpenAI-compatible server on 127.0.0.1 with polyspec's plugin and the run's drafter for LANG (its engines export,
 # at the draft length and the schedule by batch size check-vllm wrote); prints the server's and a client's command
 # (python -m engines.vllm.serve). Ctrl-C stops it.
@@ -260,7 +261,7 @@ serve-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m engines.vllm.serve --run $(RUN) --target $(TARGET) \
 		--lang $(LANG_CODE) --mode $(VLLM_MODE) --port $(PORT) --dtype $(VLLM_DTYPE)
 
-# make load-vllm RUN=… [TARGET=…] [LANG=vi] [LOAD_MODES=plain,ngram,eagle3,hybrid] [LOAD_CONCURRENCY=1,4,16]
+# make load-vllm RUN=… [TARGET=…] [LANG=vi] [LOAD_LANGS=vi,de,ja] [LOAD_MODES=plain,ngram,eagle3,hybrid] [LOAD_CONCURRENCY=1,4,16]
 #      [LOAD_TEMPERATURES=0,0.7] [LOAD_PROMPTS=16] [LOAD_N=64] [VLLM_DTYPE=float32]
 # vllm serve under load: each mode's server in turn on 127.0.0.1, bounded clients over LANG's held-out prompts;
 # throughput, p50/p95 latency, failures, greedy answers against the plain server's, a client dropped mid-stream and
@@ -273,7 +274,8 @@ LOAD_N            ?= 64
 load-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 	POLYSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m engines.vllm.load --run $(RUN) --target $(TARGET) \
 		--lang $(LANG_CODE) --modes $(LOAD_MODES) --concurrency $(LOAD_CONCURRENCY) \
-		--temperatures $(LOAD_TEMPERATURES) --prompts $(LOAD_PROMPTS) --n $(LOAD_N) --dtype $(VLLM_DTYPE)
+		--temperatures $(LOAD_TEMPERATURES) --prompts $(LOAD_PROMPTS) --n $(LOAD_N) --dtype $(VLLM_DTYPE) \
+		$(if $(LOAD_LANGS),--langs $(LOAD_LANGS))
 
 # make eval BUNDLE=<bundle> [QUESTIONS=question.jsonl] [METHODS=ar,adaspec,...] [MAX_NEW_TOKENS=128] [PER_CELL=1] [GAMMA=4]
 eval: $(STAMP)
