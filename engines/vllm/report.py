@@ -222,14 +222,12 @@ def _by_lang_lines(report: dict, batches: list[int]) -> list[str]:
     if not rows:
         return []
     head = ["mode", "drafter", "language"] + [f"b{b} ×" for b in batches] + ["α₁…α_k (vLLM)"]
-    return [
-        "",
-        "## By language (the modes that ran several)",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *rows,
-    ]
+    return _table_section("By language (the modes that ran several)", head, rows)
+
+
+def _table_section(title: str, head: list[str], rows: list[str]) -> list[str]:
+    """A report section: its heading and a table of ``head`` over ``rows`` (rows already cells)."""
+    return ["", f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows]
 
 
 def per_language_choice(report: dict, batches: list[int]) -> dict:
@@ -283,18 +281,14 @@ def _choice_lines(report: dict, batches: list[int]) -> list[str]:
     if not got:
         return []
     cols = list(dict.fromkeys(c for row in got.values() for c in row))
-    head = ["batch"] + cols
-    return [
-        "",
-        "## One server, a drafter per language (adaspec) or not — × plain on the same prompts",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *(
+    return _table_section(
+        "One server, a drafter per language (adaspec) or not — × plain on the same prompts",
+        ["batch"] + cols,
+        [
             f"| {b} | " + " | ".join(_f(row.get(c), "{:.2f}×") for c in cols) + " |"
             for b, row in got.items()
-        ),
-    ]
+        ],
+    )
 
 
 def markdown(report: dict) -> str:
